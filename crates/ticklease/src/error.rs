@@ -1,0 +1,98 @@
+//! Errors. Normal outcomes (a held lease, a lost term) are values elsewhere;
+//! these are failures. Display texts name the value at fault and leave the
+//! cause to `source()`.
+
+use std::time::Duration;
+
+/// A role name that fails the naming rule.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RoleError {
+    #[error("invalid role name {name:?}: {problem}")]
+    Invalid { name: String, problem: &'static str },
+}
+
+/// A lease timing configuration that breaks a rule.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("{name} must be greater than zero")]
+    Zero { name: &'static str },
+    #[error("{name} = {value:?} exceeds the limit of {max:?}")]
+    TooLong { name: &'static str, value: Duration, max: Duration },
+    #[error("{name} = {value:?} is not a whole number of milliseconds")]
+    SubMillisecond { name: &'static str, value: Duration },
+    #[error(
+        "abandon_after ({abandon_after:?}) + statement_timeout ({statement_timeout:?}) must be less than \
+         lease_ttl ({lease_ttl:?}): a leader must stop before its lease can expire"
+    )]
+    AbandonTooLate { abandon_after: Duration, statement_timeout: Duration, lease_ttl: Duration },
+    #[error("heartbeat_every ({heartbeat_every:?}) must be less than abandon_after ({abandon_after:?})")]
+    HeartbeatTooSlow { heartbeat_every: Duration, abandon_after: Duration },
+}
+
+/// A lease store statement that failed. A failed RENEW is a missed beat, not a loss.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("{statement} did not answer within {after:?}")]
+    Timeout { statement: &'static str, after: Duration },
+    #[error("could not get a database connection for {statement}")]
+    Connect {
+        statement: &'static str,
+        #[source]
+        source: deadpool_postgres::PoolError,
+    },
+    #[error("the database is not migrated for ticklease: {detail} (run `ticklease migrate`)")]
+    NotMigrated { detail: String },
+    #[error("unknown role {role:?}: no such row in leader_leases")]
+    UnknownRole { role: String },
+    #[error("{statement} was refused: permission denied")]
+    PermissionDenied {
+        statement: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("{statement} failed")]
+    Db {
+        statement: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("invalid argument to {statement}")]
+    Invalid {
+        statement: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+/// A migration run that failed; nothing of it was committed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MigrateError {
+    #[error("migration {version} ({name}) was modified after it was applied: its checksum differs")]
+    Modified { version: i32, name: String },
+    #[error("the database has migration {version} applied, which this build does not know (a newer ticklease?)")]
+    UnknownApplied { version: i32 },
+    #[error("migration step {step} failed")]
+    Db {
+        step: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+/// A failure of [`crate::Manager`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("unknown role {role:?}: not declared to this manager")]
+    UnknownRole { role: String },
+    #[error("tick interval for role {role:?} must be greater than zero")]
+    ZeroInterval { role: String },
+    #[error("tick interval {interval:?} for role {role:?} exceeds the limit of {max:?}")]
+    IntervalTooLong { role: String, interval: Duration, max: Duration },
+    #[error("lease store failed")]
+    Store(#[from] StoreError),
+}

@@ -1,0 +1,47 @@
+//! The fence: proof, inside a claim statement, that the caller's term is live.
+
+use tokio_postgres::types::{ToSql, Type};
+
+use crate::role::Role;
+use crate::token::Token;
+
+/// A role and the token of a term this process acquired. Only [`crate::Manager::lead`]
+/// makes one, so a leader-only store method that takes `&Fence` cannot run outside
+/// a term: there is no unfenced fallback to forget.
+///
+/// A fence outlives its term harmlessly: the predicate it yields is false once the
+/// term is over, so a stale fence claims nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    role: Role,
+    token: Token,
+}
+
+impl Fence {
+    pub(crate) fn new(role: Role, token: Token) -> Self {
+        Fence { role, token }
+    }
+
+    pub fn role(&self) -> &Role {
+        &self.role
+    }
+
+    pub fn token(&self) -> Token {
+        self.token
+    }
+
+    /// The SQL predicate for a claim statement's WHERE clause, with its two
+    /// parameters numbered from `first_param`: `(SELECT leader_fence_lock($n, $n+1))`.
+    ///
+    /// The uncorrelated scalar subquery runs once per statement (an InitPlan),
+    /// not once per candidate row. It share-locks the lease row until the
+    /// claim's transaction ends, so the claim commits before any takeover.
+    pub fn predicate(&self, first_param: usize) -> String {
+        format!("(SELECT leader_fence_lock(${}, ${}))", first_param, first_param + 1)
+    }
+
+    /// The two parameters of [`Fence::predicate`], typed for `query_typed`.
+    pub fn params(&self) -> [(&(dyn ToSql + Sync), Type); 2] {
+        [(&self.role.0, Type::TEXT), (&self.token.0, Type::INT8)]
+    }
+}

@@ -1,0 +1,76 @@
+//! The heartbeat: RENEW every `heartbeat_every` while a tick runs, on a task of
+//! its own, and the one place the local clock decides anything.
+//!
+//! `last_ack` is the monotonic instant at which the last acknowledged RENEW
+//! (or the ACQUIRE) was *sent*. The database set the expiry from its own clock
+//! at or after that instant, so `last_ack + lease_ttl` is no later than the
+//! real expiry. Before each RENEW the heartbeat checks `abandon_after`; past
+//! it, it reports `HeartbeatTimeout` and starts nothing more. A RENEW that
+//! fails or does not answer is a missed beat; 0 rows is a definitive loss.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::time::{sleep_until, timeout_at, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::lead::Drift;
+use crate::role::Role;
+use crate::store::{LeaseStore, LossReason, Renew};
+use crate::token::Token;
+
+pub(crate) struct Heartbeat<S> {
+    pub(crate) store: Arc<S>,
+    pub(crate) role: Role,
+    pub(crate) token: Token,
+    pub(crate) config: Config,
+    /// When the ACQUIRE that started the term was sent.
+    pub(crate) acquire_sent: Instant,
+    pub(crate) drift: Arc<Drift>,
+}
+
+impl<S: LeaseStore> Heartbeat<S> {
+    /// Runs until the term is lost (`Some(reason)`) or `stop` fires (`None`).
+    /// `stop` is honoured between beats; a RENEW in flight is let finish.
+    pub(crate) async fn run(self, stop: CancellationToken) -> Option<LossReason> {
+        let cfg = self.config;
+        let mut last_ack = self.acquire_sent;
+        let mut last_sent = self.acquire_sent;
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return None,
+                _ = sleep_until((last_sent + cfg.heartbeat_every()).min(last_ack + cfg.abandon_after())) => {}
+            }
+            let abandon_at = last_ack + cfg.abandon_after();
+            let sent = Instant::now();
+            if sent >= abandon_at {
+                tracing::warn!(role = %self.role, token = %self.token, since_ack = ?sent - last_ack,
+                    "no RENEW acknowledged within abandon_after; abandoning the tick");
+                return Some(LossReason::HeartbeatTimeout);
+            }
+            last_sent = sent;
+            let wall = SystemTime::now();
+            let deadline = (sent + cfg.statement_timeout()).min(abandon_at);
+            match timeout_at(deadline, self.store.renew(&self.role, self.token, cfg.lease_ttl())).await {
+                Ok(Ok(Renew::Renewed { db_now })) => {
+                    last_ack = sent;
+                    self.drift.observe(wall, sent.elapsed(), db_now);
+                }
+                Ok(Ok(Renew::Lost(reason))) => {
+                    tracing::info!(role = %self.role, token = %self.token, %reason, "lease lost");
+                    return Some(reason);
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(role = %self.role, token = %self.token, error = &error as &dyn std::error::Error,
+                        "RENEW failed; missed beat");
+                }
+                Err(_) => {
+                    tracing::warn!(role = %self.role, token = %self.token, after = ?deadline - sent,
+                        "RENEW did not answer; missed beat");
+                }
+            }
+        }
+    }
+}

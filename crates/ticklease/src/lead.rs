@@ -1,0 +1,363 @@
+//! `Manager::lead`: ACQUIRE → work under a heartbeat → RELEASE.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use futures::FutureExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, DURATION_MAX};
+use crate::error::Error;
+use crate::fence::Fence;
+use crate::heartbeat::Heartbeat;
+use crate::role::Role;
+use crate::store::{Acquire, LeaseStatus, LeaseStore, LossReason, Release};
+use crate::token::Token;
+
+/// The error type work may return.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a tick's cancellation fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Cancel {
+    /// The term is over; the work future is dropped right after this fires.
+    LeaseLost(LossReason),
+    /// The manager is shutting down; the work should return soon.
+    Shutdown,
+}
+
+/// What work receives: the fence of its term and a cancellation with a cause.
+#[derive(Debug, Clone)]
+pub struct Tick {
+    fence: Fence,
+    cancel: CancellationToken,
+    lost: Arc<OnceLock<LossReason>>,
+}
+
+impl Tick {
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+    pub fn role(&self) -> &Role {
+        self.fence.role()
+    }
+    pub fn token(&self) -> Token {
+        self.fence.token()
+    }
+    /// The cause, once cancelled. A loss wins over a shutdown.
+    pub fn cause(&self) -> Option<Cancel> {
+        if let Some(reason) = self.lost.get() {
+            Some(Cancel::LeaseLost(*reason))
+        } else if self.cancel.is_cancelled() {
+            Some(Cancel::Shutdown)
+        } else {
+            None
+        }
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+    /// Resolves when the tick is cancelled, with the cause.
+    pub async fn cancelled(&self) -> Cancel {
+        self.cancel.cancelled().await;
+        self.cause().unwrap_or(Cancel::Shutdown)
+    }
+    fn lose(&self, reason: LossReason) {
+        let _ = self.lost.set(reason);
+        self.cancel.cancel();
+    }
+}
+
+/// What one call of [`Manager::lead`] did.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Lead<T> {
+    /// ACQUIRE started no term (held elsewhere, paused, not due, contended).
+    Refused(Acquire),
+    /// The manager is shutting down; nothing was attempted.
+    ShuttingDown,
+    /// Work returned `Ok`; released as completed.
+    Completed { token: Token, value: T },
+    /// Work returned `Err`; released as failed (cooldown of one interval).
+    Failed { token: Token, error: BoxError },
+    /// Shutdown cancelled the tick; released as interrupted (due again at once).
+    Interrupted { token: Token },
+    /// The term ended under the work; the work was cancelled and dropped.
+    Lost { token: Token, reason: LossReason },
+}
+
+/// Declared roles compared with the rows present.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoleReport {
+    /// Declared here, no row in the table.
+    pub missing: Vec<Role>,
+    /// A row in the table, not declared here (another release, or a leftover).
+    pub undeclared: Vec<String>,
+}
+
+/// Database-vs-local clock offset seen in ACQUIRE/RENEW replies. Observed
+/// only: no decision ever compares a database timestamp with a local one.
+#[derive(Debug, Default)]
+pub(crate) struct Drift {
+    micros: AtomicI64,
+    seen: std::sync::atomic::AtomicBool,
+}
+
+impl Drift {
+    /// `db_now` is taken somewhere between the send and the reply; assume the middle.
+    pub(crate) fn observe(&self, sent_wall: SystemTime, round_trip: Duration, db_now: SystemTime) {
+        let local = sent_wall + round_trip / 2;
+        let micros = match db_now.duration_since(local) {
+            Ok(ahead) => ahead.as_micros() as i64,
+            Err(behind) => -(behind.duration().as_micros() as i64),
+        };
+        self.micros.store(micros, Ordering::Relaxed);
+        self.seen.store(true, Ordering::Relaxed);
+    }
+
+    fn seconds(&self) -> Option<f64> {
+        self.seen.load(Ordering::Relaxed).then(|| self.micros.load(Ordering::Relaxed) as f64 / 1e6)
+    }
+}
+
+struct Inner<S> {
+    store: Arc<S>,
+    config: Config,
+    holder_id: String,
+    roles: BTreeSet<Role>,
+    shutdown: CancellationToken,
+    drift: Arc<Drift>,
+}
+
+/// Leads the roles an application declares, one tick at a time.
+pub struct Manager<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Manager<S> {
+    fn clone(&self) -> Self {
+        Manager { inner: self.inner.clone() }
+    }
+}
+
+/// `hostname:pid:8hex`: who holds a lease (observability only, never part of the fence).
+pub fn holder_id() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("{host}:{}:{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+impl<S: LeaseStore> Manager<S> {
+    /// Declares `roles`, creates their missing rows, and reports rows for
+    /// roles not declared here (a warning, not an error: during a rolling
+    /// upgrade other replicas may declare more).
+    pub async fn start(store: S, config: Config, roles: impl IntoIterator<Item = Role>) -> Result<Self, Error> {
+        let roles: BTreeSet<Role> = roles.into_iter().collect();
+        let declared: Vec<Role> = roles.iter().cloned().collect();
+        store.seed(&declared).await?;
+        let manager = Manager {
+            inner: Arc::new(Inner {
+                store: Arc::new(store),
+                config,
+                holder_id: holder_id(),
+                roles,
+                shutdown: CancellationToken::new(),
+                drift: Arc::default(),
+            }),
+        };
+        let report = manager.check_roles().await?;
+        for role in &report.missing {
+            tracing::warn!(%role, "declared role has no row in leader_leases");
+        }
+        for role in &report.undeclared {
+            tracing::warn!(%role, "leader_leases has a row for a role this replica does not declare");
+        }
+        Ok(manager)
+    }
+
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+    pub fn holder_id(&self) -> &str {
+        &self.inner.holder_id
+    }
+    pub fn roles(&self) -> impl Iterator<Item = &Role> {
+        self.inner.roles.iter()
+    }
+    /// The last observed database-minus-local clock offset, in seconds.
+    pub fn db_clock_drift_seconds(&self) -> Option<f64> {
+        self.inner.drift.seconds()
+    }
+
+    /// Compares the declared roles with the table's rows.
+    pub async fn check_roles(&self) -> Result<RoleReport, Error> {
+        let present: Vec<LeaseStatus> = self.inner.store.status().await?;
+        let names: BTreeSet<&str> = present.iter().map(|s| s.role.as_str()).collect();
+        Ok(RoleReport {
+            missing: self.inner.roles.iter().filter(|r| !names.contains(r.as_str())).cloned().collect(),
+            undeclared: names
+                .iter()
+                .filter(|n| !self.inner.roles.iter().any(|r| r.as_str() == **n))
+                .map(|n| n.to_string())
+                .collect(),
+        })
+    }
+
+    /// Cancels in-flight ticks (they release as interrupted) and refuses new ones.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    /// One tick of `role`: ACQUIRE; if a term starts, run `work` under a
+    /// heartbeat, then RELEASE with the outcome. A panic in `work` releases the
+    /// tick as failed and then continues unwinding from here.
+    ///
+    /// RELEASE runs even if this future is dropped mid-tick (as interrupted).
+    pub async fn lead<F, Fut, T, E>(&self, role: &Role, interval: Duration, work: F) -> Result<Lead<T>, Error>
+    where
+        F: FnOnce(Tick) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<BoxError>,
+    {
+        let inner = &self.inner;
+        if !inner.roles.contains(role) {
+            return Err(Error::UnknownRole { role: role.to_string() });
+        }
+        if interval.is_zero() {
+            return Err(Error::ZeroInterval { role: role.to_string() });
+        }
+        if interval > DURATION_MAX {
+            return Err(Error::IntervalTooLong { role: role.to_string(), interval, max: DURATION_MAX });
+        }
+        if inner.shutdown.is_cancelled() {
+            return Ok(Lead::ShuttingDown);
+        }
+        let sent = Instant::now();
+        let sent_wall = SystemTime::now();
+        let term = match inner.store.acquire(role, &inner.holder_id, inner.config.lease_ttl(), interval).await? {
+            Acquire::Acquired(term) => term,
+            refused => return Ok(Lead::Refused(refused)),
+        };
+        inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
+        let token = term.token;
+        tracing::info!(%role, %token, holder = %inner.holder_id, "acquired");
+
+        let mut guard = TermGuard { inner: inner.clone(), role: role.clone(), token, interval, armed: true };
+        let tick = Tick {
+            fence: Fence::new(role.clone(), token),
+            cancel: inner.shutdown.child_token(),
+            lost: Arc::default(),
+        };
+        let stop_heartbeat = CancellationToken::new();
+        let _stop_on_drop = stop_heartbeat.clone().drop_guard();
+        let mut heartbeat = tokio::spawn(
+            Heartbeat {
+                store: inner.store.clone(),
+                role: role.clone(),
+                token,
+                config: inner.config,
+                acquire_sent: sent,
+                drift: inner.drift.clone(),
+            }
+            .run(stop_heartbeat.clone()),
+        );
+
+        let work = AssertUnwindSafe(work(tick.clone())).catch_unwind();
+        let ended = tokio::select! {
+            biased;
+            lost = &mut heartbeat => {
+                // Without a reason the heartbeat task itself died: treat as a timeout.
+                let reason = lost.ok().flatten().unwrap_or(LossReason::HeartbeatTimeout);
+                tick.lose(reason);
+                Ended::Lost(reason)
+            }
+            result = work => Ended::Returned(result),
+        };
+        stop_heartbeat.cancel();
+
+        let (release, lead) = match ended {
+            Ended::Lost(reason) => (Release::Lost, Ok(Lead::Lost { token, reason })),
+            Ended::Returned(result) => {
+                let interrupted = tick.is_cancelled();
+                match result {
+                    // A shutdown-cancelled tick is interrupted even if its work then panicked.
+                    Err(panic) if interrupted => (Release::Interrupted, Err(panic)),
+                    Err(panic) => (Release::Failed, Err(panic)),
+                    Ok(_) if interrupted => (Release::Interrupted, Ok(Lead::Interrupted { token })),
+                    Ok(Ok(value)) => (Release::Completed, Ok(Lead::Completed { token, value })),
+                    Ok(Err(e)) => {
+                        let error: BoxError = e.into();
+                        tracing::warn!(%role, %token, error = &*error as &dyn std::error::Error, "tick failed");
+                        (Release::Failed, Ok(Lead::Failed { token, error }))
+                    }
+                }
+            }
+        };
+        guard.armed = false;
+        let released = guard.release(release).await;
+        tracing::info!(%role, %token, outcome = release.as_str(), released, "released");
+        match lead {
+            Ok(lead) => Ok(lead),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+enum Ended<R> {
+    Lost(LossReason),
+    Returned(R),
+}
+
+/// Releases the term on a task of its own, so neither a cancelled parent nor a
+/// dropped `lead` future can skip RELEASE (dropped mid-tick: released as interrupted).
+struct TermGuard<S: LeaseStore> {
+    inner: Arc<Inner<S>>,
+    role: Role,
+    token: Token,
+    interval: Duration,
+    armed: bool,
+}
+
+impl<S: LeaseStore> TermGuard<S> {
+    fn spawn_release(&self, outcome: Release) -> tokio::task::JoinHandle<bool> {
+        let (inner, role, token, interval) = (self.inner.clone(), self.role.clone(), self.token, self.interval);
+        tokio::spawn(async move {
+            let bound = inner.config.statement_timeout();
+            match tokio::time::timeout(bound, inner.store.release(&role, token, outcome, interval)).await {
+                Ok(Ok(released)) => released,
+                Ok(Err(error)) => {
+                    tracing::warn!(%role, %token, error = &error as &dyn std::error::Error,
+                        "RELEASE failed; the lease expires on its own");
+                    false
+                }
+                Err(_) => {
+                    tracing::warn!(%role, %token, "RELEASE did not answer; the lease expires on its own");
+                    false
+                }
+            }
+        })
+    }
+
+    async fn release(&self, outcome: Release) -> bool {
+        self.spawn_release(outcome).await.unwrap_or(false)
+    }
+}
+
+impl<S: LeaseStore> Drop for TermGuard<S> {
+    fn drop(&mut self) {
+        if self.armed && tokio::runtime::Handle::try_current().is_ok() {
+            drop(self.spawn_release(Release::Interrupted));
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Embedded schema migrations: versions and checksums in a table, every
+//! pending file in one transaction under an advisory transaction lock, so
+//! replicas may run it concurrently; an applied file that changed is refused.
+//!
+//! Migrations use the simple query protocol and a transaction-scoped lock,
+//! so they also run through a transaction-mode pooler.
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::error::{MigrateError, StoreError};
+
+/// One embedded migration file.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// SHA-256 of the file, hex.
+    pub fn checksum(&self) -> String {
+        Sha256::digest(self.sql.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The library's migrations, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "leader_leases",
+    sql: include_str!("migrations/0001_leader_leases.sql"),
+}];
+
+/// The table that records applied migrations.
+pub const MIGRATIONS_TABLE: &str = "ticklease_schema_migrations";
+
+// "tickleas" in ASCII: the advisory lock that serializes concurrent runners.
+const LOCK_KEY: i64 = 0x7469_636b_6c65_6173;
+
+/// What a migration run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigrateReport {
+    pub applied: Vec<i32>,
+    pub already_applied: Vec<i32>,
+}
+
+/// Applies every pending migration in one transaction.
+pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError> {
+    let db = |step: &str| {
+        let step = step.to_string();
+        move |source| MigrateError::Db { step, source }
+    };
+    let tx = client.transaction().await.map_err(db("begin"))?;
+    tx.batch_execute(&format!(
+        "SELECT pg_advisory_xact_lock({LOCK_KEY});
+         CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             checksum   text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now())"
+    ))
+    .await
+    .map_err(db("lock and create the migrations table"))?;
+    let applied = applied(&tx).await.map_err(db("read applied migrations"))?;
+
+    let mut report = MigrateReport::default();
+    for (version, checksum) in &applied {
+        match MIGRATIONS.iter().find(|m| m.version == *version) {
+            None => return Err(MigrateError::UnknownApplied { version: *version }),
+            Some(m) if m.checksum() != *checksum => {
+                return Err(MigrateError::Modified { version: m.version, name: m.name.to_string() })
+            }
+            Some(m) => report.already_applied.push(m.version),
+        }
+    }
+    for m in MIGRATIONS.iter().filter(|m| !applied.iter().any(|(v, _)| *v == m.version)) {
+        let step = format!("{:04}_{}", m.version, m.name);
+        tx.batch_execute(m.sql).await.map_err(db(&step))?;
+        tx.batch_execute(&format!(
+            "INSERT INTO {MIGRATIONS_TABLE} (version, name, checksum) VALUES ({}, '{}', '{}')",
+            m.version,
+            m.name,
+            m.checksum()
+        ))
+        .await
+        .map_err(db(&step))?;
+        report.applied.push(m.version);
+    }
+    tx.commit().await.map_err(db("commit"))?;
+    Ok(report)
+}
+
+async fn applied(tx: &tokio_postgres::Transaction<'_>) -> Result<Vec<(i32, String)>, tokio_postgres::Error> {
+    let rows = tx
+        .simple_query(&format!("SELECT version, checksum FROM {MIGRATIONS_TABLE} ORDER BY version"))
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some((
+                r.get(0).and_then(|v| v.parse().ok()).unwrap_or_default(),
+                r.get(1).unwrap_or_default().to_string(),
+            )),
+            _ => None,
+        })
+        .collect())
+}
+
+/// Checks that every embedded migration is applied, unchanged.
+pub async fn check_schema(client: &Client) -> Result<(), StoreError> {
+    let sql = format!("SELECT version, checksum FROM {MIGRATIONS_TABLE}");
+    let rows = match client.query_typed(&sql, &[]).await {
+        Ok(rows) => rows,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            return Err(StoreError::NotMigrated { detail: format!("table {MIGRATIONS_TABLE} does not exist") })
+        }
+        Err(source) => return Err(StoreError::Db { statement: "schema check", source }),
+    };
+    for m in MIGRATIONS {
+        let found = rows.iter().find(|r| r.get::<_, i32>(0) == m.version);
+        match found {
+            None => {
+                return Err(StoreError::NotMigrated {
+                    detail: format!("migration {} ({}) is not applied", m.version, m.name),
+                })
+            }
+            Some(r) if r.get::<_, String>(1) != m.checksum() => {
+                return Err(StoreError::NotMigrated {
+                    detail: format!("migration {} ({}) was applied with a different checksum", m.version, m.name),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! The lease store: the four statements and the operator calls, as a trait so
+//! the heartbeat state machine can run against a fake under paused time. The
+//! Postgres store is the one that matters; a fake must pass the same
+//! conformance suite (`ticklease-testkit`).
+
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use crate::error::StoreError;
+use crate::role::Role;
+use crate::token::Token;
+
+mod cancel;
+mod postgres;
+
+pub use postgres::{PgStore, PgStoreOptions};
+
+/// A term that ACQUIRE started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Term {
+    pub token: Token,
+    /// The database clock when the term started (observability only).
+    pub db_now: SystemTime,
+}
+
+/// What one ACQUIRE did. Only `Acquired` starts a term; the rest are normal outcomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acquire {
+    Acquired(Term),
+    /// Another live term holds the role.
+    Held { holder: String, expires_at: SystemTime },
+    /// An operator paused the role.
+    Paused { by: String, reason: String },
+    /// The last completed tick is younger than the interval, or a cooldown runs.
+    NotDue { due_at: SystemTime },
+    /// Another replica acquired the role during this statement.
+    Contended,
+}
+
+/// What one RENEW did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Renew {
+    Renewed { db_now: SystemTime },
+    /// 0 rows: the term is over, definitively.
+    Lost(LossReason),
+}
+
+/// Why a term ended before its tick did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A later term exists (our lease expired and another replica acquired it).
+    TakenOver,
+    /// An operator paused the role.
+    Paused,
+    /// The row no longer names us as holder with our token (cleared or deleted).
+    Released,
+    /// No RENEW was acknowledged within `abandon_after`; we stopped on our own clock.
+    HeartbeatTimeout,
+}
+
+impl LossReason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::TakenOver => "taken_over",
+            LossReason::Paused => "paused",
+            LossReason::Released => "released",
+            LossReason::HeartbeatTimeout => "heartbeat_timeout",
+        }
+    }
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a tick ended, which decides what RELEASE writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Release {
+    /// Work returned `Ok`: stamps `last_tick_ended_at` / `last_tick_holder`.
+    Completed,
+    /// Shutdown cancelled the tick: due again at once, no cooldown.
+    Interrupted,
+    /// The term was lost while we still hold the row (abandon): `not_before = now + min(interval, 60 s)`.
+    Lost,
+    /// Work returned `Err` or panicked: `not_before = now + interval`, `last_tick_*` untouched.
+    Failed,
+}
+
+impl Release {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Release::Completed => "completed",
+            Release::Interrupted => "interrupted",
+            Release::Lost => "lost",
+            Release::Failed => "failed",
+        }
+    }
+}
+
+/// Longest cooldown after a lost tick.
+pub const LOST_COOLDOWN_MAX: Duration = Duration::from_secs(60);
+
+/// One row of `leader_status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseStatus {
+    pub role: String,
+    /// A live term exists (holder set and not expired on the database clock).
+    pub held: bool,
+    pub holder_id: Option<String>,
+    pub token: Token,
+    pub acquired_at: Option<SystemTime>,
+    pub expires_at: Option<SystemTime>,
+    pub db_now: SystemTime,
+    pub remaining: Option<Duration>,
+    pub paused_at: Option<SystemTime>,
+    pub paused_by: Option<String>,
+    pub pause_reason: Option<String>,
+    pub last_tick_ended_at: Option<SystemTime>,
+    pub last_tick_holder: Option<String>,
+    pub not_before: Option<SystemTime>,
+}
+
+/// The statements of the lease protocol. Every method is one statement, on the
+/// store's clock; RENEW and RELEASE are term-scoped by `(role, token)`.
+pub trait LeaseStore: Send + Sync + 'static {
+    fn acquire(
+        &self,
+        role: &Role,
+        holder: &str,
+        lease_ttl: Duration,
+        interval: Duration,
+    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send;
+
+    fn renew(
+        &self,
+        role: &Role,
+        token: Token,
+        lease_ttl: Duration,
+    ) -> impl Future<Output = Result<Renew, StoreError>> + Send;
+
+    /// Ends the term `(role, token)`; `false` when it was already over.
+    fn release(
+        &self,
+        role: &Role,
+        token: Token,
+        outcome: Release,
+        interval: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// `true` when this call paused the role; `StoreError::UnknownRole` when it has no row.
+    fn pause(
+        &self,
+        role: &Role,
+        by: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// `true` when this call unpaused the role. Leaves `not_before` alone.
+    fn unpause(&self, role: &Role) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Creates the rows of roles that have none; existing rows are untouched.
+    fn seed(&self, roles: &[Role]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    fn status(&self) -> impl Future<Output = Result<Vec<LeaseStatus>, StoreError>> + Send;
+}

@@ -1,0 +1,283 @@
+//! The Postgres lease store. Every statement is one autocommit `query_typed`
+//! (an unnamed statement, so it runs through PgBouncer in transaction mode),
+//! bounded by the statement timeout. A statement that does not answer in time
+//! loses its connection: it is taken out of the pool, a cancel is sent, and
+//! the connection is closed, since a dropped tokio-postgres query leaves the
+//! connection busy with it.
+
+use std::time::{Duration, SystemTime};
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use tokio::time::{timeout_at, Instant};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{NoTls, Row};
+
+use super::cancel::CancelTarget;
+use super::{Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Term};
+use crate::config::Config;
+use crate::error::StoreError;
+use crate::migrate::check_schema;
+use crate::role::Role;
+use crate::token::Token;
+
+const ACQUIRE: &str = include_str!("acquire.sql");
+const RENEW: &str = include_str!("renew.sql");
+const RELEASE: &str = include_str!("release.sql");
+const STATUS: &str = include_str!("status.sql");
+const PAUSE: &str = "SELECT leader_pause($1, $2, $3)";
+const UNPAUSE: &str = "SELECT leader_unpause($1)";
+const SEED: &str = "INSERT INTO leader_leases (role) SELECT unnest($1::text[]) ON CONFLICT (role) DO NOTHING";
+
+/// Largest pool the store accepts.
+pub const POOL_SIZE_MAX: usize = 64;
+
+/// Connection options of [`PgStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PgStoreOptions {
+    /// Connections kept for lease statements (1..=[`POOL_SIZE_MAX`]).
+    pub pool_size: usize,
+    /// Bound on every statement, including the wait for a connection.
+    pub statement_timeout: Duration,
+}
+
+impl PgStoreOptions {
+    pub fn from_config(config: &Config) -> Self {
+        PgStoreOptions { pool_size: 4, statement_timeout: config.statement_timeout() }
+    }
+}
+
+/// The lease store on Postgres.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    statement_timeout: Duration,
+    cancel: CancelTarget,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("statement_timeout", &self.statement_timeout).finish()
+    }
+}
+
+impl PgStore {
+    /// Builds the pool and checks the schema: an unmigrated database is
+    /// `StoreError::NotMigrated`, before anything is written.
+    pub async fn connect(pg: tokio_postgres::Config, options: PgStoreOptions) -> Result<Self, StoreError> {
+        let pool_size = options.pool_size.clamp(1, POOL_SIZE_MAX);
+        let cancel = CancelTarget::from_config(&pg, options.statement_timeout);
+        let mut pg = pg;
+        pg.connect_timeout(options.statement_timeout);
+        let manager =
+            Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager).max_size(pool_size).build().expect("no runtime-dependent options");
+        let store = PgStore { pool, statement_timeout: options.statement_timeout, cancel };
+        let conn = store.conn("schema check", Instant::now() + store.statement_timeout).await?;
+        check_schema(&conn).await?;
+        Ok(store)
+    }
+
+    async fn conn(&self, statement: &'static str, deadline: Instant) -> Result<Object, StoreError> {
+        match timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(source)) => Err(StoreError::Connect { statement, source }),
+            Err(_) => Err(StoreError::Timeout { statement, after: self.statement_timeout }),
+        }
+    }
+
+    async fn query(
+        &self,
+        statement: &'static str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let deadline = Instant::now() + self.statement_timeout;
+        let conn = self.conn(statement, deadline).await?;
+        let in_flight = InFlight { conn: Some(conn), cancel: &self.cancel };
+        let client = in_flight.conn.as_ref().expect("set above");
+        match timeout_at(deadline, client.query_typed(sql, params)).await {
+            Ok(result) => {
+                in_flight.done();
+                result.map_err(|source| classify(statement, source))
+            }
+            Err(_) => Err(StoreError::Timeout { statement, after: self.statement_timeout }),
+        }
+    }
+}
+
+/// A connection with a statement in flight. Dropped before `done` (timeout, or
+/// the caller's future dropped), it leaves the pool and its statement is cancelled.
+struct InFlight<'a> {
+    conn: Option<Object>,
+    cancel: &'a CancelTarget,
+}
+
+impl InFlight<'_> {
+    fn done(mut self) {
+        self.conn.take();
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.cancel.cancel_and_close(Object::take(conn));
+        }
+    }
+}
+
+fn classify(statement: &'static str, source: tokio_postgres::Error) -> StoreError {
+    let code = source.code().cloned();
+    match code {
+        Some(c) if c == SqlState::UNDEFINED_TABLE || c == SqlState::UNDEFINED_FUNCTION => {
+            StoreError::NotMigrated { detail: source.as_db_error().map(|e| e.message().to_string()).unwrap_or_default() }
+        }
+        Some(c) if c == SqlState::INSUFFICIENT_PRIVILEGE => StoreError::PermissionDenied { statement, source },
+        Some(c) if c == SqlState::INVALID_PARAMETER_VALUE || c == SqlState::CHECK_VIOLATION => {
+            StoreError::Invalid { statement, source }
+        }
+        _ => StoreError::Db { statement, source },
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn one(statement: &'static str, rows: Vec<Row>) -> Result<Row, StoreError> {
+    rows.into_iter().next().ok_or(StoreError::NotMigrated { detail: format!("{statement} returned no row") })
+}
+
+impl LeaseStore for PgStore {
+    async fn acquire(
+        &self,
+        role: &Role,
+        holder: &str,
+        lease_ttl: Duration,
+        interval: Duration,
+    ) -> Result<Acquire, StoreError> {
+        let (ttl, interval) = (millis(lease_ttl), millis(interval));
+        let rows = self
+            .query(
+                "ACQUIRE",
+                ACQUIRE,
+                &[(&role.as_str(), Type::TEXT), (&holder, Type::TEXT), (&ttl, Type::INT8), (&interval, Type::INT8)],
+            )
+            .await?;
+        let row = one("ACQUIRE", rows)?;
+        let db_now: SystemTime = row.get("db_now");
+        if let Some(token) = row.get::<_, Option<i64>>("holder_token") {
+            return Ok(Acquire::Acquired(Term { token: Token(token), db_now }));
+        }
+        let paused_by: Option<String> = row.get("paused_by");
+        let held: Option<bool> = row.get("held");
+        let due_at: Option<SystemTime> = row.get("due_at");
+        Ok(if let Some(by) = paused_by {
+            Acquire::Paused { by, reason: row.get::<_, Option<String>>("pause_reason").unwrap_or_default() }
+        } else if held == Some(true) {
+            Acquire::Held { holder: row.get("holder_id"), expires_at: row.get("expires_at") }
+        } else if let Some(due_at) = due_at.filter(|d| *d > db_now) {
+            Acquire::NotDue { due_at }
+        } else {
+            Acquire::Contended
+        })
+    }
+
+    async fn renew(&self, role: &Role, token: Token, lease_ttl: Duration) -> Result<Renew, StoreError> {
+        let ttl = millis(lease_ttl);
+        let rows = self
+            .query("RENEW", RENEW, &[(&role.as_str(), Type::TEXT), (&token.0, Type::INT8), (&ttl, Type::INT8)])
+            .await?;
+        let row = one("RENEW", rows)?;
+        if row.get::<_, bool>("renewed") {
+            return Ok(Renew::Renewed { db_now: row.get("db_now") });
+        }
+        let current: Option<i64> = row.get("holder_token");
+        let holder: Option<String> = row.get("holder_id");
+        let paused: Option<bool> = row.get("paused");
+        Ok(Renew::Lost(match (current, holder, paused) {
+            (_, _, Some(true)) => LossReason::Paused,
+            (Some(t), _, _) if t != token.0 => LossReason::TakenOver,
+            (Some(_), None, _) | (None, _, _) => LossReason::Released,
+            // Our term looked live before the statement and ended during it:
+            // only an expiry plus a takeover does that concurrently.
+            (Some(_), Some(_), _) => LossReason::TakenOver,
+        }))
+    }
+
+    async fn release(
+        &self,
+        role: &Role,
+        token: Token,
+        outcome: Release,
+        interval: Duration,
+    ) -> Result<bool, StoreError> {
+        let interval = millis(interval);
+        let outcome = outcome.as_str();
+        let rows = self
+            .query(
+                "RELEASE",
+                RELEASE,
+                &[(&role.as_str(), Type::TEXT), (&token.0, Type::INT8), (&outcome, Type::TEXT), (&interval, Type::INT8)],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
+        let rows = self
+            .query("PAUSE", PAUSE, &[(&role.as_str(), Type::TEXT), (&by, Type::TEXT), (&reason, Type::TEXT)])
+            .await
+            .map_err(|e| unknown_role(e, role))?;
+        Ok(one("PAUSE", rows)?.get(0))
+    }
+
+    async fn unpause(&self, role: &Role) -> Result<bool, StoreError> {
+        let rows = self
+            .query("UNPAUSE", UNPAUSE, &[(&role.as_str(), Type::TEXT)])
+            .await
+            .map_err(|e| unknown_role(e, role))?;
+        Ok(one("UNPAUSE", rows)?.get(0))
+    }
+
+    async fn seed(&self, roles: &[Role]) -> Result<(), StoreError> {
+        let names: Vec<&str> = roles.iter().map(Role::as_str).collect();
+        self.query("SEED", SEED, &[(&names, Type::TEXT_ARRAY)]).await?;
+        Ok(())
+    }
+
+    async fn status(&self) -> Result<Vec<LeaseStatus>, StoreError> {
+        let rows = self.query("STATUS", STATUS, &[]).await?;
+        Ok(rows
+            .iter()
+            .map(|r| LeaseStatus {
+                role: r.get("role"),
+                held: r.get("held"),
+                holder_id: r.get("holder_id"),
+                token: Token(r.get("holder_token")),
+                acquired_at: r.get("acquired_at"),
+                expires_at: r.get("expires_at"),
+                db_now: r.get("db_now"),
+                remaining: r
+                    .get::<_, Option<f64>>("remaining_seconds")
+                    .map(|s| Duration::from_secs_f64(s.max(0.0))),
+                paused_at: r.get("paused_at"),
+                paused_by: r.get("paused_by"),
+                pause_reason: r.get("pause_reason"),
+                last_tick_ended_at: r.get("last_tick_ended_at"),
+                last_tick_holder: r.get("last_tick_holder"),
+                not_before: r.get("not_before"),
+            })
+            .collect())
+    }
+}
+
+fn unknown_role(e: StoreError, role: &Role) -> StoreError {
+    match &e {
+        StoreError::Db { source, .. } if source.code() == Some(&SqlState::NO_DATA_FOUND) => {
+            StoreError::UnknownRole { role: role.to_string() }
+        }
+        _ => e,
+    }
+}
