@@ -59,6 +59,8 @@ pub enum StoreError {
         #[source]
         source: tokio_postgres::Error,
     },
+    #[error("{statement} refused: {problem}")]
+    Rejected { statement: &'static str, problem: &'static str },
     #[error("invalid argument to {statement}")]
     Invalid {
         statement: &'static str,

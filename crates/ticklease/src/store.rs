@@ -14,7 +14,7 @@ use crate::token::Token;
 mod cancel;
 mod postgres;
 
-pub use postgres::{PgStore, PgStoreOptions};
+pub use postgres::{check_pauser, PgStore, PgStoreOptions};
 
 /// A term that ACQUIRE started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

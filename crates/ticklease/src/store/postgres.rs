@@ -226,6 +226,7 @@ impl LeaseStore for PgStore {
     }
 
     async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
+        check_pauser(by)?;
         let rows = self
             .query("PAUSE", PAUSE, &[(&role.as_str(), Type::TEXT), (&by, Type::TEXT), (&reason, Type::TEXT)])
             .await
@@ -271,6 +272,14 @@ impl LeaseStore for PgStore {
             })
             .collect())
     }
+}
+
+/// Who paused a role must be named (the SQL function checks the same for psql callers).
+pub fn check_pauser(by: &str) -> Result<(), StoreError> {
+    if by.trim().is_empty() {
+        return Err(StoreError::Rejected { statement: "PAUSE", problem: "who paused the role must be named" });
+    }
+    Ok(())
 }
 
 fn unknown_role(e: StoreError, role: &Role) -> StoreError {

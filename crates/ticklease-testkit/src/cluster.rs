@@ -1,0 +1,372 @@
+//! Throwaway Postgres clusters from the local server binaries.
+//!
+//! `initdb` into a temp dir, a postmaster on its own port and socket dir,
+//! run as user `postgres` when the test runs as root (Postgres refuses root).
+//! A fresh database per test; the cluster can be signalled (SIGKILL, SIGSTOP,
+//! SIGCONT) and restarted.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::{Gid, Pid, Uid, User};
+
+/// Why a cluster could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KitError {
+    #[error(
+        "no PostgreSQL server binaries found (looked at $TICKLEASE_PG_BINDIR, `pg_config --bindir` and \
+         /usr/lib/postgresql/*/bin); install the Debian package postgresql-15 or set TICKLEASE_PG_BINDIR"
+    )]
+    NoBinaries,
+    #[error("running as root and there is no `postgres` user to run the server as")]
+    NoPostgresUser,
+    #[error("{what} failed")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} failed: {output}")]
+    Command { what: String, output: String },
+    #[error("the postmaster did not accept connections within {after:?}; its log: {log}")]
+    StartTimeout { after: Duration, log: String },
+    #[error("database statement failed: {what}")]
+    Db {
+        what: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> KitError {
+    let what = what.into();
+    move |source| KitError::Io { what, source }
+}
+
+/// How long a postmaster may take to accept connections.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The directory holding the server binaries.
+pub fn bindir() -> Result<PathBuf, KitError> {
+    let has_postgres = |p: &Path| p.join("postgres").is_file() && p.join("initdb").is_file();
+    if let Some(dir) = std::env::var_os("TICKLEASE_PG_BINDIR").map(PathBuf::from) {
+        return if has_postgres(&dir) { Ok(dir) } else { Err(KitError::NoBinaries) };
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if has_postgres(&dir) {
+            return Ok(dir);
+        }
+    }
+    let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .filter(|(_, p)| has_postgres(p))
+        .collect();
+    candidates.sort();
+    candidates.pop().map(|(_, p)| p).ok_or(KitError::NoBinaries)
+}
+
+/// The uid/gid to run the server as: `postgres` when we are root, else ourselves.
+fn server_user() -> Result<Option<(Uid, Gid)>, KitError> {
+    if !Uid::effective().is_root() {
+        return Ok(None);
+    }
+    let user = User::from_name("postgres").ok().flatten().ok_or(KitError::NoPostgresUser)?;
+    Ok(Some((user.uid, user.gid)))
+}
+
+fn free_port() -> Result<u16, KitError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free port"))?;
+    Ok(listener.local_addr().map_err(io("read the bound port"))?.port())
+}
+
+/// A running Postgres cluster in a temp dir; stopped and removed on drop.
+pub struct PgCluster {
+    bindir: PathBuf,
+    root: tempfile::TempDir,
+    port: u16,
+    user: Option<(Uid, Gid)>,
+    postmaster: Mutex<Option<Child>>,
+    databases: AtomicU32,
+    /// The postmaster gets SIGQUIT when the thread that spawned it exits.
+    die_with_parent: bool,
+}
+
+impl std::fmt::Debug for PgCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgCluster").field("root", &self.root.path()).field("port", &self.port).finish()
+    }
+}
+
+impl PgCluster {
+    /// Starts a cluster of its own (for tests that kill or restart it).
+    pub fn start() -> Result<PgCluster, KitError> {
+        PgCluster::start_inner(false)
+    }
+
+    fn start_inner(die_with_parent: bool) -> Result<PgCluster, KitError> {
+        sweep_stale();
+        let bindir = bindir()?;
+        let user = server_user()?;
+        let root = tempfile::Builder::new().prefix("ticklease-pg-").tempdir().map_err(io("create a temp dir"))?;
+        if let Some((uid, gid)) = user {
+            nix::unistd::chown(root.path(), Some(uid), Some(gid))
+                .map_err(|e| io("chown the temp dir to postgres")(e.into()))?;
+        }
+        let cluster = PgCluster {
+            bindir,
+            port: free_port()?,
+            root,
+            user,
+            postmaster: Mutex::new(None),
+            databases: AtomicU32::new(0),
+            die_with_parent,
+        };
+        std::fs::create_dir_all(cluster.socket_dir()).map_err(io("create the socket dir"))?;
+        if let Some((uid, gid)) = user {
+            nix::unistd::chown(&cluster.socket_dir(), Some(uid), Some(gid))
+                .map_err(|e| io("chown the socket dir")(e.into()))?;
+        }
+        let out = cluster
+            .command("initdb")
+            .args(["-D"])
+            .arg(cluster.data_dir())
+            .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+            .output()
+            .map_err(io("run initdb"))?;
+        if !out.status.success() {
+            return Err(KitError::Command {
+                what: "initdb".into(),
+                output: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        cluster.spawn_postmaster()?;
+        Ok(cluster)
+    }
+
+    /// One cluster shared by the tests of this process, started on first use.
+    /// Tests get a fresh database each; tests that signal the postmaster use
+    /// [`PgCluster::start`] instead.
+    pub fn shared() -> &'static PgCluster {
+        static SHARED: OnceLock<PgCluster> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            // A static is never dropped, so the server is tied to a thread that
+            // lives as long as the process: when the process exits, so does it.
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(PgCluster::start_inner(true));
+                loop {
+                    std::thread::park();
+                }
+            });
+            match rx.recv().expect("cluster thread") {
+                Ok(c) => c,
+                Err(e) => panic!("test kit could not start Postgres: {e}"),
+            }
+        })
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(self.bindir.join(program));
+        if let Some((uid, gid)) = self.user {
+            cmd.uid(uid.as_raw()).gid(gid.as_raw());
+        }
+        cmd.env_remove("PGDATA").env("LC_ALL", "C");
+        cmd
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.root.path().join("data")
+    }
+    pub fn socket_dir(&self) -> PathBuf {
+        self.root.path().join("sock")
+    }
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+    fn log_path(&self) -> PathBuf {
+        self.root.path().join("postmaster.log")
+    }
+
+    fn spawn_postmaster(&self) -> Result<(), KitError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .map_err(io("open the postmaster log"))?;
+        let mut cmd = self.command("postgres");
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .args(["-p", &self.port.to_string(), "-k"])
+            .arg(self.socket_dir())
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off"])
+            .args(["-c", "full_page_writes=off", "-c", "max_connections=400", "-c", "shared_buffers=64MB"])
+            .args(["-c", "log_min_messages=warning"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(io("dup the log"))?)
+            .stderr(log);
+        // Our own process group: a ^C at the terminal must not reach the server
+        // before the test that owns it decides to stop it.
+        cmd.process_group(0);
+        if self.die_with_parent {
+            // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::sys::prctl::set_pdeathsig(Signal::SIGQUIT).map_err(std::io::Error::from)
+                });
+            }
+        }
+        let child = cmd.spawn().map_err(io("spawn postgres"))?;
+        *self.postmaster.lock().expect("postmaster lock") = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&self) -> Result<(), KitError> {
+        let started = Instant::now();
+        let socket = self.socket_dir().join(format!(".s.PGSQL.{}", self.port));
+        while started.elapsed() < START_TIMEOUT {
+            if let Some(child) = self.postmaster.lock().expect("postmaster lock").as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(KitError::Command { what: format!("postgres exited ({status})"), output: self.log() });
+                }
+            }
+            let ready = self
+                .command("pg_isready")
+                .args(["-q", "-h"])
+                .arg(&self.socket_dir())
+                .args(["-p", &self.port.to_string(), "-U", "postgres"])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if socket.exists() && ready {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(KitError::StartTimeout { after: START_TIMEOUT, log: self.log() })
+    }
+
+    /// The postmaster's log so far.
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(self.log_path()) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// The postmaster's pid, while it runs.
+    pub fn postmaster_pid(&self) -> Option<Pid> {
+        self.postmaster.lock().expect("postmaster lock").as_ref().map(|c| Pid::from_raw(c.id() as i32))
+    }
+
+    /// Sends `signal` to the postmaster (SIGKILL, SIGSTOP, SIGCONT, ...).
+    pub fn signal(&self, signal: Signal) -> Result<(), KitError> {
+        let pid = self.postmaster_pid().ok_or(KitError::Command {
+            what: "signal the postmaster".into(),
+            output: "not running".into(),
+        })?;
+        kill(pid, signal).map_err(|e| io(format!("send {signal} to the postmaster"))(e.into()))
+    }
+
+    /// Stops the postmaster immediately (SIGQUIT; SIGKILL after 10 s) and waits for it.
+    pub fn stop(&self) {
+        let child = self.postmaster.lock().expect("postmaster lock").take();
+        if let Some(mut child) = child {
+            let pid = Pid::from_raw(child.id() as i32);
+            let _ = kill(pid, Signal::SIGCONT);
+            let _ = kill(pid, Signal::SIGQUIT);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops and starts the postmaster on the same port and data dir.
+    pub fn restart(&self) -> Result<(), KitError> {
+        self.stop();
+        self.spawn_postmaster()
+    }
+
+    /// A client config for `dbname` as the superuser, over TCP on 127.0.0.1.
+    pub fn config(&self, dbname: &str) -> tokio_postgres::Config {
+        let mut c = tokio_postgres::Config::new();
+        c.host("127.0.0.1").port(self.port).user("postgres").dbname(dbname).application_name("ticklease-test");
+        c
+    }
+
+    /// The same as a URL, for child processes and the CLI.
+    pub fn url(&self, dbname: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{dbname}", self.port)
+    }
+
+    /// Creates an empty database with a fresh name.
+    pub async fn create_database(&self) -> Result<String, KitError> {
+        let n = self.databases.fetch_add(1, Ordering::Relaxed);
+        let name = format!("t{}_{n}", std::process::id());
+        let client = connect(&self.config("postgres")).await?;
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .map_err(|source| KitError::Db { what: format!("CREATE DATABASE {name}"), source })?;
+        Ok(name)
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Removes cluster dirs left by test processes that died without cleaning up:
+/// no live postmaster, untouched for ten minutes.
+fn sweep_stale() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !entry.file_name().to_string_lossy().starts_with("ticklease-pg-") {
+            continue;
+        }
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600));
+        let alive = std::fs::read_to_string(path.join("data/postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next()?.trim().parse::<i32>().ok())
+            .is_some_and(|pid| kill(Pid::from_raw(pid), None).is_ok());
+        if old && !alive {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// Connects one client and drives its connection on a task.
+pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, KitError> {
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|source| KitError::Db { what: "connect".into(), source })?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}

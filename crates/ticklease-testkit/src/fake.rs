@@ -1,0 +1,241 @@
+//! An in-memory lease store on tokio's clock, for deterministic paused-time
+//! tests of the heartbeat state machine. It passes the same conformance suite
+//! as the Postgres store, and it can be told to hang or fail RENEWs.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use ticklease::store::LOST_COOLDOWN_MAX;
+
+use ticklease::{Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Role, StoreError, Term, Token};
+
+#[derive(Debug, Clone, Default)]
+struct Row {
+    token: i64,
+    holder_id: Option<String>,
+    acquired_at: Option<SystemTime>,
+    expires_at: Option<SystemTime>,
+    last_tick_ended_at: Option<SystemTime>,
+    last_tick_holder: Option<String>,
+    paused_at: Option<SystemTime>,
+    paused_by: Option<String>,
+    pause_reason: Option<String>,
+    not_before: Option<SystemTime>,
+}
+
+impl Row {
+    fn live(&self, now: SystemTime) -> bool {
+        self.holder_id.is_some() && self.expires_at.is_some_and(|e| e > now)
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    rows: BTreeMap<String, Row>,
+    renew_sends: Vec<Instant>,
+    fail_renews: usize,
+}
+
+/// The fake store. Clones share state.
+#[derive(Debug, Clone)]
+pub struct FakeStore {
+    state: Arc<Mutex<State>>,
+    hang: Arc<watch::Sender<bool>>,
+    epoch: (Instant, SystemTime),
+}
+
+impl Default for FakeStore {
+    fn default() -> Self {
+        FakeStore::new()
+    }
+}
+
+impl FakeStore {
+    pub fn new() -> Self {
+        FakeStore {
+            state: Arc::new(Mutex::new(State { rows: BTreeMap::new(), renew_sends: Vec::new(), fail_renews: 0 })),
+            hang: Arc::new(watch::channel(false).0),
+            epoch: (Instant::now(), SystemTime::now()),
+        }
+    }
+
+    /// The store's clock: tokio's (pausable) clock, as wall time.
+    pub fn now(&self) -> SystemTime {
+        self.epoch.1 + (Instant::now() - self.epoch.0)
+    }
+
+    /// While set, every RENEW waits (as a statement stuck on a lock would).
+    pub fn hang_renews(&self, hang: bool) {
+        self.hang.send_replace(hang);
+    }
+
+    /// The next `n` RENEWs fail with an error.
+    pub fn fail_renews(&self, n: usize) {
+        self.state.lock().expect("state").fail_renews = n;
+    }
+
+    /// The instants at which RENEWs were received.
+    pub fn renew_sends(&self) -> Vec<Instant> {
+        self.state.lock().expect("state").renew_sends.clone()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.state.lock().expect("state"))
+    }
+}
+
+fn seed_token(now: SystemTime) -> i64 {
+    now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+}
+
+impl LeaseStore for FakeStore {
+    async fn acquire(
+        &self,
+        role: &Role,
+        holder: &str,
+        lease_ttl: Duration,
+        interval: Duration,
+    ) -> Result<Acquire, StoreError> {
+        let now = self.now();
+        self.with(|s| {
+            let row = s
+                .rows
+                .entry(role.to_string())
+                .or_insert_with(|| Row { token: seed_token(now) - 1, ..Row::default() });
+            if let Some(by) = &row.paused_by {
+                return Ok(Acquire::Paused { by: by.clone(), reason: row.pause_reason.clone().unwrap_or_default() });
+            }
+            if row.live(now) {
+                return Ok(Acquire::Held {
+                    holder: row.holder_id.clone().unwrap_or_default(),
+                    expires_at: row.expires_at.unwrap_or(now),
+                });
+            }
+            let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before].into_iter().flatten().max();
+            if let Some(due_at) = due_at.filter(|d| *d > now) {
+                return Ok(Acquire::NotDue { due_at });
+            }
+            row.token += 1;
+            row.holder_id = Some(holder.to_string());
+            row.acquired_at = Some(now);
+            row.expires_at = Some(now + lease_ttl);
+            Ok(Acquire::Acquired(Term { token: Token(row.token), db_now: now }))
+        })
+    }
+
+    async fn renew(&self, role: &Role, token: Token, lease_ttl: Duration) -> Result<Renew, StoreError> {
+        self.with(|s| s.renew_sends.push(Instant::now()));
+        let mut hang = self.hang.subscribe();
+        // The statement waits while hung, and is dropped if the caller times out.
+        let _ = hang.wait_for(|h| !*h).await;
+        let now = self.now();
+        self.with(|s| {
+            if s.fail_renews > 0 {
+                s.fail_renews -= 1;
+                return Err(StoreError::Timeout { statement: "RENEW", after: Duration::ZERO });
+            }
+            let Some(row) = s.rows.get_mut(role.as_str()) else { return Ok(Renew::Lost(LossReason::Released)) };
+            if row.token == token.0 && row.holder_id.is_some() {
+                row.expires_at = Some(now + lease_ttl);
+                return Ok(Renew::Renewed { db_now: now });
+            }
+            Ok(Renew::Lost(if row.paused_at.is_some() {
+                LossReason::Paused
+            } else if row.token != token.0 {
+                LossReason::TakenOver
+            } else {
+                LossReason::Released
+            }))
+        })
+    }
+
+    async fn release(&self, role: &Role, token: Token, outcome: Release, interval: Duration) -> Result<bool, StoreError> {
+        let now = self.now();
+        self.with(|s| {
+            let Some(row) = s.rows.get_mut(role.as_str()) else { return Ok(false) };
+            if row.token != token.0 || row.holder_id.is_none() {
+                return Ok(false);
+            }
+            if outcome == Release::Completed {
+                row.last_tick_ended_at = Some(now);
+                row.last_tick_holder = row.holder_id.clone();
+            }
+            row.not_before = match outcome {
+                Release::Lost => Some(now + interval.min(LOST_COOLDOWN_MAX)),
+                Release::Failed => Some(now + interval),
+                _ => None,
+            };
+            row.holder_id = None;
+            row.acquired_at = None;
+            row.expires_at = None;
+            Ok(true)
+        })
+    }
+
+    async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
+        ticklease::store::check_pauser(by)?;
+        let now = self.now();
+        self.with(|s| {
+            let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole { role: role.to_string() })?;
+            if row.paused_at.is_some() {
+                return Ok(false);
+            }
+            row.paused_at = Some(now);
+            row.paused_by = Some(by.to_string());
+            row.pause_reason = Some(reason.to_string());
+            row.holder_id = None;
+            row.acquired_at = None;
+            row.expires_at = None;
+            Ok(true)
+        })
+    }
+
+    async fn unpause(&self, role: &Role) -> Result<bool, StoreError> {
+        self.with(|s| {
+            let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole { role: role.to_string() })?;
+            let was = row.paused_at.take().is_some();
+            row.paused_by = None;
+            row.pause_reason = None;
+            Ok(was)
+        })
+    }
+
+    async fn seed(&self, roles: &[Role]) -> Result<(), StoreError> {
+        let now = self.now();
+        self.with(|s| {
+            for role in roles {
+                s.rows.entry(role.to_string()).or_insert_with(|| Row { token: seed_token(now), ..Row::default() });
+            }
+        });
+        Ok(())
+    }
+
+    async fn status(&self) -> Result<Vec<LeaseStatus>, StoreError> {
+        let now = self.now();
+        Ok(self.with(|s| {
+            s.rows
+                .iter()
+                .map(|(role, r)| LeaseStatus {
+                    role: role.clone(),
+                    held: r.live(now),
+                    holder_id: r.holder_id.clone(),
+                    token: Token(r.token),
+                    acquired_at: r.acquired_at,
+                    expires_at: r.expires_at,
+                    db_now: now,
+                    remaining: r.expires_at.filter(|_| r.live(now)).and_then(|e| e.duration_since(now).ok()),
+                    paused_at: r.paused_at,
+                    paused_by: r.paused_by.clone(),
+                    pause_reason: r.pause_reason.clone(),
+                    last_tick_ended_at: r.last_tick_ended_at,
+                    last_tick_holder: r.last_tick_holder.clone(),
+                    not_before: r.not_before,
+                })
+                .collect()
+        }))
+    }
+}
