@@ -6,7 +6,10 @@
 //! at or after that instant, so `last_ack + lease_ttl` is no later than the
 //! real expiry. Before each RENEW the heartbeat checks `abandon_after`; past
 //! it, it reports `HeartbeatTimeout` and starts nothing more. A RENEW that
-//! fails or does not answer is a missed beat; 0 rows is a definitive loss.
+//! fails or does not answer is a missed beat, retried after half a beat (so
+//! with the defaults one missed beat is not yet an abandon); 0 rows is a
+//! definitive loss. Every wait is capped at the abandon instant, and a RENEW
+//! in flight is cut there.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -37,11 +40,13 @@ impl<S: LeaseStore> Heartbeat<S> {
         let cfg = self.config;
         let mut last_ack = self.acquire_sent;
         let mut last_sent = self.acquire_sent;
+        let mut missed = false;
         loop {
+            let wait = if missed { cfg.heartbeat_every() / 2 } else { cfg.heartbeat_every() };
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => return None,
-                _ = sleep_until((last_sent + cfg.heartbeat_every()).min(last_ack + cfg.abandon_after())) => {}
+                _ = sleep_until((last_sent + wait).min(last_ack + cfg.abandon_after())) => {}
             }
             let abandon_at = last_ack + cfg.abandon_after();
             let sent = Instant::now();
@@ -53,9 +58,11 @@ impl<S: LeaseStore> Heartbeat<S> {
             last_sent = sent;
             let wall = SystemTime::now();
             let deadline = (sent + cfg.statement_timeout()).min(abandon_at);
+            missed = true;
             match timeout_at(deadline, self.store.renew(&self.role, self.token, cfg.lease_ttl())).await {
                 Ok(Ok(Renew::Renewed { db_now })) => {
                     last_ack = sent;
+                    missed = false;
                     self.drift.observe(wall, sent.elapsed(), db_now);
                 }
                 Ok(Ok(Renew::Lost(reason))) => {

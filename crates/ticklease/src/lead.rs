@@ -273,18 +273,22 @@ impl<S: LeaseStore> Manager<S> {
             .run(stop_heartbeat.clone()),
         );
 
-        let work = AssertUnwindSafe(work(tick.clone())).catch_unwind();
+        let mut work = Box::pin(AssertUnwindSafe(work(tick.clone())).catch_unwind());
         let ended = tokio::select! {
             biased;
             lost = &mut heartbeat => {
                 // Without a reason the heartbeat task itself died: treat as a timeout.
-                let reason = lost.ok().flatten().unwrap_or(LossReason::HeartbeatTimeout);
-                tick.lose(reason);
-                Ended::Lost(reason)
+                Ended::Lost(lost.ok().flatten().unwrap_or(LossReason::HeartbeatTimeout))
             }
-            result = work => Ended::Returned(result),
+            result = &mut work => Ended::Returned(result),
         };
         stop_heartbeat.cancel();
+        if let Ended::Lost(reason) = ended {
+            // The cause is set before the work is dropped, so anything the work
+            // spawned with its Tick sees why.
+            tick.lose(reason);
+        }
+        drop(work);
 
         let (release, lead) = match ended {
             Ended::Lost(reason) => (Release::Lost, Ok(Lead::Lost { token, reason })),
