@@ -48,10 +48,11 @@ AS $$
 $$;
 
 -- The fence a claim statement uses: as leader_fence, and it takes FOR KEY SHARE
--- on the lease row until the claim's transaction ends. Takeover (ACQUIRE) and
--- PAUSE write the key column and so need the FOR UPDATE lock, which waits for
--- that share lock: a claim that passed the fence commits before the next term
--- starts. RENEW and RELEASE write only non-key columns and do not wait.
+-- on the lease row until the claim's transaction ends. Takeover (ACQUIRE, whose
+-- ON CONFLICT DO UPDATE names the key column) and PAUSE (SELECT ... FOR UPDATE)
+-- take the FOR UPDATE lock, which waits for that share lock: a claim that
+-- passed the fence commits before the term ends. RENEW and RELEASE write only
+-- non-key columns and do not wait.
 -- VOLATILE because it locks; call it as an uncorrelated scalar subquery,
 -- (SELECT leader_fence_lock($r, $t)), so it runs once per statement, not per row.
 CREATE FUNCTION leader_fence_lock(p_role text, p_token bigint) RETURNS boolean
@@ -77,9 +78,12 @@ BEGIN
         RAISE EXCEPTION 'ticklease: leader_pause(%): who paused it must be named', p_role
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- FOR UPDATE waits for the share locks of in-flight fenced claims, so a
+    -- claim that passed the fence commits before the pause does. (A plain
+    -- UPDATE that leaves the key unchanged would not wait.)
+    PERFORM 1 FROM leader_leases WHERE role = p_role FOR UPDATE;
     UPDATE leader_leases
-       SET role = role, -- key write: waits for in-flight fenced claims
-           paused_at = now(), paused_by = p_by, pause_reason = coalesce(p_reason, ''),
+       SET paused_at = now(), paused_by = p_by, pause_reason = coalesce(p_reason, ''),
            holder_id = NULL, acquired_at = NULL, expires_at = NULL
      WHERE role = p_role AND paused_at IS NULL
     RETURNING true INTO changed;
