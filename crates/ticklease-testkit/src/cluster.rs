@@ -58,7 +58,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub fn bindir() -> Result<PathBuf, KitError> {
     let has_postgres = |p: &Path| p.join("postgres").is_file() && p.join("initdb").is_file();
     if let Some(dir) = std::env::var_os("TICKLEASE_PG_BINDIR").map(PathBuf::from) {
-        return if has_postgres(&dir) { Ok(dir) } else { Err(KitError::NoBinaries) };
+        return if has_postgres(&dir) {
+            Ok(dir)
+        } else {
+            Err(KitError::NoBinaries)
+        };
     }
     if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
         let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
@@ -82,7 +86,10 @@ fn server_user() -> Result<Option<(Uid, Gid)>, KitError> {
     if !Uid::effective().is_root() {
         return Ok(None);
     }
-    let user = User::from_name("postgres").ok().flatten().ok_or(KitError::NoPostgresUser)?;
+    let user = User::from_name("postgres")
+        .ok()
+        .flatten()
+        .ok_or(KitError::NoPostgresUser)?;
     Ok(Some((user.uid, user.gid)))
 }
 
@@ -105,7 +112,10 @@ pub struct PgCluster {
 
 impl std::fmt::Debug for PgCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgCluster").field("root", &self.root.path()).field("port", &self.port).finish()
+        f.debug_struct("PgCluster")
+            .field("root", &self.root.path())
+            .field("port", &self.port)
+            .finish()
     }
 }
 
@@ -119,7 +129,10 @@ impl PgCluster {
         sweep_stale();
         let bindir = bindir()?;
         let user = server_user()?;
-        let root = tempfile::Builder::new().prefix("ticklease-pg-").tempdir().map_err(io("create a temp dir"))?;
+        let root = tempfile::Builder::new()
+            .prefix("ticklease-pg-")
+            .tempdir()
+            .map_err(io("create a temp dir"))?;
         if let Some((uid, gid)) = user {
             nix::unistd::chown(root.path(), Some(uid), Some(gid))
                 .map_err(|e| io("chown the temp dir to postgres")(e.into()))?;
@@ -142,7 +155,15 @@ impl PgCluster {
             .command("initdb")
             .args(["-D"])
             .arg(cluster.data_dir())
-            .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ])
             .output()
             .map_err(io("run initdb"))?;
         if !out.status.success() {
@@ -210,8 +231,22 @@ impl PgCluster {
             .arg(self.data_dir())
             .args(["-p", &self.port.to_string(), "-k"])
             .arg(self.socket_dir())
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off"])
-            .args(["-c", "full_page_writes=off", "-c", "max_connections=400", "-c", "shared_buffers=64MB"])
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+            ])
+            .args([
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=400",
+                "-c",
+                "shared_buffers=64MB",
+            ])
             .args(["-c", "log_min_messages=warning"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(io("dup the log"))?)
@@ -238,13 +273,16 @@ impl PgCluster {
         while started.elapsed() < START_TIMEOUT {
             if let Some(child) = self.postmaster.lock().expect("postmaster lock").as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    return Err(KitError::Command { what: format!("postgres exited ({status})"), output: self.log() });
+                    return Err(KitError::Command {
+                        what: format!("postgres exited ({status})"),
+                        output: self.log(),
+                    });
                 }
             }
             let ready = self
                 .command("pg_isready")
                 .args(["-q", "-h"])
-                .arg(&self.socket_dir())
+                .arg(self.socket_dir())
                 .args(["-p", &self.port.to_string(), "-U", "postgres"])
                 .status()
                 .map(|s| s.success())
@@ -254,7 +292,10 @@ impl PgCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(KitError::StartTimeout { after: START_TIMEOUT, log: self.log() })
+        Err(KitError::StartTimeout {
+            after: START_TIMEOUT,
+            log: self.log(),
+        })
     }
 
     /// The postmaster's log so far.
@@ -268,7 +309,11 @@ impl PgCluster {
 
     /// The postmaster's pid, while it runs.
     pub fn postmaster_pid(&self) -> Option<Pid> {
-        self.postmaster.lock().expect("postmaster lock").as_ref().map(|c| Pid::from_raw(c.id() as i32))
+        self.postmaster
+            .lock()
+            .expect("postmaster lock")
+            .as_ref()
+            .map(|c| Pid::from_raw(c.id() as i32))
     }
 
     /// Sends `signal` to the postmaster (SIGKILL, SIGSTOP, SIGCONT, ...).
@@ -308,7 +353,11 @@ impl PgCluster {
     /// A client config for `dbname` as the superuser, over TCP on 127.0.0.1.
     pub fn config(&self, dbname: &str) -> tokio_postgres::Config {
         let mut c = tokio_postgres::Config::new();
-        c.host("127.0.0.1").port(self.port).user("postgres").dbname(dbname).application_name("ticklease-test");
+        c.host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname(dbname)
+            .application_name("ticklease-test");
         c
     }
 
@@ -325,7 +374,10 @@ impl PgCluster {
         client
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
-            .map_err(|source| KitError::Db { what: format!("CREATE DATABASE {name}"), source })?;
+            .map_err(|source| KitError::Db {
+                what: format!("CREATE DATABASE {name}"),
+                source,
+            })?;
         Ok(name)
     }
 }
@@ -339,7 +391,9 @@ impl Drop for PgCluster {
 /// Removes cluster dirs left by test processes that died without cleaning up:
 /// no live postmaster, untouched for ten minutes.
 fn sweep_stale() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if !entry.file_name().to_string_lossy().starts_with("ticklease-pg-") {
@@ -361,10 +415,14 @@ fn sweep_stale() {
 
 /// Connects one client and drives its connection on a task.
 pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, KitError> {
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|source| KitError::Db { what: "connect".into(), source })?;
+    let (client, connection) =
+        config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|source| KitError::Db {
+                what: "connect".into(),
+                source,
+            })?;
     tokio::spawn(async move {
         let _ = connection.await;
     });

@@ -25,7 +25,9 @@ async fn acquired<S: LeaseStore>(store: &S, role: &Role, holder: &str, interval:
 
 async fn row<S: LeaseStore>(store: &S, role: &Role) -> LeaseStatus {
     let all = store.status().await.expect("status");
-    all.into_iter().find(|s| s.role == role.as_str()).unwrap_or_else(|| panic!("no row for {role}"))
+    all.into_iter()
+        .find(|s| s.role == role.as_str())
+        .unwrap_or_else(|| panic!("no row for {role}"))
 }
 
 fn near(actual: SystemTime, expected: SystemTime) -> bool {
@@ -51,8 +53,17 @@ pub async fn expired_term_is_taken_over_with_a_larger_token<S: LeaseStore>(store
     tokio::time::sleep(TTL * 2).await;
     let t2 = acquired(store, &r, "b", Duration::from_millis(1)).await;
     assert!(t2 > t1, "{t2} > {t1}");
-    assert_eq!(store.renew(&r, t1, TTL).await.expect("RENEW"), Renew::Lost(LossReason::TakenOver));
-    assert!(!store.release(&r, t1, Release::Completed, HOUR).await.expect("RELEASE"), "stale release matched");
+    assert_eq!(
+        store.renew(&r, t1, TTL).await.expect("RENEW"),
+        Renew::Lost(LossReason::TakenOver)
+    );
+    assert!(
+        !store
+            .release(&r, t1, Release::Completed, HOUR)
+            .await
+            .expect("RELEASE"),
+        "stale release matched"
+    );
     assert_eq!(row(store, &r).await.holder_id.as_deref(), Some("b"));
 }
 
@@ -61,24 +72,39 @@ pub async fn renew_keeps_the_term_live_past_its_first_ttl<S: LeaseStore>(store: 
     let t = acquired(store, &r, "a", HOUR).await;
     for _ in 0..3 {
         tokio::time::sleep(TTL / 2).await;
-        assert!(matches!(store.renew(&r, t, TTL).await.expect("RENEW"), Renew::Renewed { .. }));
+        assert!(matches!(
+            store.renew(&r, t, TTL).await.expect("RENEW"),
+            Renew::Renewed { .. }
+        ));
     }
-    assert!(matches!(store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE"), Acquire::Held { .. }));
+    assert!(matches!(
+        store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE"),
+        Acquire::Held { .. }
+    ));
 }
 
 pub async fn release_and_renew_are_term_scoped<S: LeaseStore>(store: &S) {
     let r = role("dunning");
     let t = acquired(store, &r, "a", HOUR).await;
     let other = Token(t.0 - 1);
-    assert!(!store.release(&r, other, Release::Completed, HOUR).await.expect("RELEASE"));
-    assert!(matches!(store.renew(&r, other, TTL).await.expect("RENEW"), Renew::Lost(_)));
+    assert!(!store
+        .release(&r, other, Release::Completed, HOUR)
+        .await
+        .expect("RELEASE"));
+    assert!(matches!(
+        store.renew(&r, other, TTL).await.expect("RENEW"),
+        Renew::Lost(_)
+    ));
     assert!(row(store, &r).await.held, "a wrong token must not end the term");
 }
 
 pub async fn completed_release_stamps_the_tick_and_waits_an_interval<S: LeaseStore>(store: &S) {
     let r = role("email_outbox");
     let t = acquired(store, &r, "a", HOUR).await;
-    assert!(store.release(&r, t, Release::Completed, HOUR).await.expect("RELEASE"));
+    assert!(store
+        .release(&r, t, Release::Completed, HOUR)
+        .await
+        .expect("RELEASE"));
     let s = row(store, &r).await;
     assert!(!s.held && s.holder_id.is_none());
     assert_eq!(s.last_tick_holder.as_deref(), Some("a"));
@@ -95,7 +121,10 @@ pub async fn completed_release_stamps_the_tick_and_waits_an_interval<S: LeaseSto
 pub async fn interrupted_release_leaves_the_role_due_at_once<S: LeaseStore>(store: &S) {
     let r = role("email_outbox");
     let t = acquired(store, &r, "a", HOUR).await;
-    assert!(store.release(&r, t, Release::Interrupted, HOUR).await.expect("RELEASE"));
+    assert!(store
+        .release(&r, t, Release::Interrupted, HOUR)
+        .await
+        .expect("RELEASE"));
     let s = row(store, &r).await;
     assert_eq!((s.last_tick_ended_at, s.not_before), (None, None));
     acquired(store, &r, "b", HOUR).await;
@@ -104,27 +133,48 @@ pub async fn interrupted_release_leaves_the_role_due_at_once<S: LeaseStore>(stor
 pub async fn lost_release_cools_down_for_the_interval_capped_at_60s<S: LeaseStore>(store: &S) {
     let (long, short) = (role("webhook_outbox"), role("webhook_delivery"));
     let t = acquired(store, &long, "a", HOUR).await;
-    assert!(store.release(&long, t, Release::Lost, HOUR).await.expect("RELEASE"));
+    assert!(store
+        .release(&long, t, Release::Lost, HOUR)
+        .await
+        .expect("RELEASE"));
     let s = row(store, &long).await;
-    assert!(near(s.not_before.expect("cooldown"), s.db_now + Duration::from_secs(60)));
+    assert!(near(
+        s.not_before.expect("cooldown"),
+        s.db_now + Duration::from_secs(60)
+    ));
     assert_eq!(s.last_tick_ended_at, None);
-    assert!(matches!(store.acquire(&long, "b", TTL, HOUR).await.expect("ACQUIRE"), Acquire::NotDue { .. }));
+    assert!(matches!(
+        store.acquire(&long, "b", TTL, HOUR).await.expect("ACQUIRE"),
+        Acquire::NotDue { .. }
+    ));
 
     let t = acquired(store, &short, "a", Duration::from_secs(5)).await;
-    assert!(store.release(&short, t, Release::Lost, Duration::from_secs(5)).await.expect("RELEASE"));
+    assert!(store
+        .release(&short, t, Release::Lost, Duration::from_secs(5))
+        .await
+        .expect("RELEASE"));
     let s = row(store, &short).await;
-    assert!(near(s.not_before.expect("cooldown"), s.db_now + Duration::from_secs(5)));
+    assert!(near(
+        s.not_before.expect("cooldown"),
+        s.db_now + Duration::from_secs(5)
+    ));
 }
 
 pub async fn failed_release_waits_a_full_interval_and_is_not_a_completion<S: LeaseStore>(store: &S) {
     let r = role("billing");
     let t = acquired(store, &r, "a", HOUR).await;
-    assert!(store.release(&r, t, Release::Failed, HOUR).await.expect("RELEASE"));
+    assert!(store
+        .release(&r, t, Release::Failed, HOUR)
+        .await
+        .expect("RELEASE"));
     let s = row(store, &r).await;
     assert!(near(s.not_before.expect("cooldown"), s.db_now + HOUR));
     assert_eq!((s.last_tick_ended_at, s.last_tick_holder), (None, None));
     assert!(matches!(
-        store.acquire(&r, "b", TTL, Duration::from_millis(1)).await.expect("ACQUIRE"),
+        store
+            .acquire(&r, "b", TTL, Duration::from_millis(1))
+            .await
+            .expect("ACQUIRE"),
         Acquire::NotDue { .. }
     ));
 }
@@ -133,16 +183,27 @@ pub async fn pause_ends_the_term_and_refuses_acquire_until_unpause<S: LeaseStore
     let r = role("email_outbox");
     let t = acquired(store, &r, "a", HOUR).await;
     assert!(store.pause(&r, "ops", "smtp key rotation").await.expect("PAUSE"));
-    assert!(!store.pause(&r, "ops", "again").await.expect("PAUSE"), "second pause reports no change");
-    assert_eq!(store.renew(&r, t, TTL).await.expect("RENEW"), Renew::Lost(LossReason::Paused));
+    assert!(
+        !store.pause(&r, "ops", "again").await.expect("PAUSE"),
+        "second pause reports no change"
+    );
+    assert_eq!(
+        store.renew(&r, t, TTL).await.expect("RENEW"),
+        Renew::Lost(LossReason::Paused)
+    );
     match store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE") {
-        Acquire::Paused { by, reason } => assert_eq!((by.as_str(), reason.as_str()), ("ops", "smtp key rotation")),
+        Acquire::Paused { by, reason } => {
+            assert_eq!((by.as_str(), reason.as_str()), ("ops", "smtp key rotation"))
+        }
         other => panic!("expected Paused, got {other:?}"),
     }
     let s = row(store, &r).await;
     assert!(!s.held && s.holder_id.is_none() && s.paused_at.is_some());
     assert!(store.unpause(&r).await.expect("UNPAUSE"));
-    assert!(!store.unpause(&r).await.expect("UNPAUSE"), "second unpause reports no change");
+    assert!(
+        !store.unpause(&r).await.expect("UNPAUSE"),
+        "second unpause reports no change"
+    );
     let t2 = acquired(store, &r, "b", HOUR).await;
     assert!(t2 > t);
 }
@@ -150,25 +211,43 @@ pub async fn pause_ends_the_term_and_refuses_acquire_until_unpause<S: LeaseStore
 pub async fn unpause_leaves_not_before_alone<S: LeaseStore>(store: &S) {
     let r = role("dunning");
     let t = acquired(store, &r, "a", HOUR).await;
-    assert!(store.release(&r, t, Release::Failed, HOUR).await.expect("RELEASE"));
+    assert!(store
+        .release(&r, t, Release::Failed, HOUR)
+        .await
+        .expect("RELEASE"));
     let before = row(store, &r).await.not_before;
     assert!(store.pause(&r, "ops", "investigating").await.expect("PAUSE"));
     assert!(store.unpause(&r).await.expect("UNPAUSE"));
     assert_eq!(row(store, &r).await.not_before, before);
-    assert!(matches!(store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE"), Acquire::NotDue { .. }));
+    assert!(matches!(
+        store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE"),
+        Acquire::NotDue { .. }
+    ));
 }
 
 pub async fn pause_of_an_unknown_role_is_an_error<S: LeaseStore>(store: &S) {
     let r = role("nope");
-    assert!(matches!(store.pause(&r, "ops", "x").await, Err(StoreError::UnknownRole { .. })));
-    assert!(matches!(store.unpause(&r).await, Err(StoreError::UnknownRole { .. })));
-    assert!(store.status().await.expect("status").is_empty(), "nothing written");
+    assert!(matches!(
+        store.pause(&r, "ops", "x").await,
+        Err(StoreError::UnknownRole { .. })
+    ));
+    assert!(matches!(
+        store.unpause(&r).await,
+        Err(StoreError::UnknownRole { .. })
+    ));
+    assert!(
+        store.status().await.expect("status").is_empty(),
+        "nothing written"
+    );
 }
 
 pub async fn pause_without_a_name_is_refused_and_writes_nothing<S: LeaseStore>(store: &S) {
     let r = role("billing");
     store.seed(std::slice::from_ref(&r)).await.expect("SEED");
-    assert!(matches!(store.pause(&r, " ", "x").await, Err(StoreError::Rejected { .. })));
+    assert!(matches!(
+        store.pause(&r, " ", "x").await,
+        Err(StoreError::Rejected { .. })
+    ));
     assert_eq!(row(store, &r).await.paused_at, None);
 }
 
@@ -178,7 +257,11 @@ pub async fn seed_creates_missing_rows_and_leaves_existing_ones<S: LeaseStore>(s
     let t = acquired(store, &a, "x", HOUR).await;
     store.seed(&[a.clone(), b.clone()]).await.expect("SEED");
     let s = row(store, &a).await;
-    assert_eq!((s.held, s.token), (true, t), "seeding must not touch an existing row");
+    assert_eq!(
+        (s.held, s.token),
+        (true, t),
+        "seeding must not touch an existing row"
+    );
     assert!(!row(store, &b).await.held);
 }
 
@@ -186,14 +269,20 @@ pub async fn acquire_recreates_a_missing_row<S: LeaseStore>(store: &S) {
     let r = role("billing:shard-3");
     let t = acquired(store, &r, "a", HOUR).await;
     let seeded_from_epoch_ms = SystemTime::UNIX_EPOCH + Duration::from_millis(t.0 as u64);
-    assert!(near(seeded_from_epoch_ms, row(store, &r).await.db_now), "token {t} not seeded from the epoch in ms");
+    assert!(
+        near(seeded_from_epoch_ms, row(store, &r).await.db_now),
+        "token {t} not seeded from the epoch in ms"
+    );
 }
 
 pub async fn every_acquire_increments_the_token<S: LeaseStore>(store: &S) {
     let r = role("billing");
     let mut last = acquired(store, &r, "a", Duration::from_millis(1)).await;
     for i in 0..5 {
-        assert!(store.release(&r, last, Release::Interrupted, HOUR).await.expect("RELEASE"));
+        assert!(store
+            .release(&r, last, Release::Interrupted, HOUR)
+            .await
+            .expect("RELEASE"));
         let t = acquired(store, &r, &format!("h{i}"), Duration::from_millis(1)).await;
         assert_eq!(t.0, last.0 + 1);
         last = t;

@@ -11,7 +11,9 @@ use tokio::time::Instant;
 
 use ticklease::store::LOST_COOLDOWN_MAX;
 
-use ticklease::{Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Role, StoreError, Term, Token};
+use ticklease::{
+    Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Role, StoreError, Term, Token,
+};
 
 #[derive(Debug, Clone, Default)]
 struct Row {
@@ -57,7 +59,11 @@ impl Default for FakeStore {
 impl FakeStore {
     pub fn new() -> Self {
         FakeStore {
-            state: Arc::new(Mutex::new(State { rows: BTreeMap::new(), renew_sends: Vec::new(), fail_renews: 0 })),
+            state: Arc::new(Mutex::new(State {
+                rows: BTreeMap::new(),
+                renew_sends: Vec::new(),
+                fail_renews: 0,
+            })),
             hang: Arc::new(watch::channel(false).0),
             epoch: (Instant::now(), SystemTime::now()),
         }
@@ -89,7 +95,9 @@ impl FakeStore {
 }
 
 fn seed_token(now: SystemTime) -> i64 {
-    now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+    now.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
 }
 
 impl LeaseStore for FakeStore {
@@ -102,12 +110,15 @@ impl LeaseStore for FakeStore {
     ) -> Result<Acquire, StoreError> {
         let now = self.now();
         self.with(|s| {
-            let row = s
-                .rows
-                .entry(role.to_string())
-                .or_insert_with(|| Row { token: seed_token(now) - 1, ..Row::default() });
+            let row = s.rows.entry(role.to_string()).or_insert_with(|| Row {
+                token: seed_token(now) - 1,
+                ..Row::default()
+            });
             if let Some(by) = &row.paused_by {
-                return Ok(Acquire::Paused { by: by.clone(), reason: row.pause_reason.clone().unwrap_or_default() });
+                return Ok(Acquire::Paused {
+                    by: by.clone(),
+                    reason: row.pause_reason.clone().unwrap_or_default(),
+                });
             }
             if row.live(now) {
                 return Ok(Acquire::Held {
@@ -115,7 +126,10 @@ impl LeaseStore for FakeStore {
                     expires_at: row.expires_at.unwrap_or(now),
                 });
             }
-            let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before].into_iter().flatten().max();
+            let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before]
+                .into_iter()
+                .flatten()
+                .max();
             if let Some(due_at) = due_at.filter(|d| *d > now) {
                 return Ok(Acquire::NotDue { due_at });
             }
@@ -123,7 +137,10 @@ impl LeaseStore for FakeStore {
             row.holder_id = Some(holder.to_string());
             row.acquired_at = Some(now);
             row.expires_at = Some(now + lease_ttl);
-            Ok(Acquire::Acquired(Term { token: Token(row.token), db_now: now }))
+            Ok(Acquire::Acquired(Term {
+                token: Token(row.token),
+                db_now: now,
+            }))
         })
     }
 
@@ -136,9 +153,14 @@ impl LeaseStore for FakeStore {
         self.with(|s| {
             if s.fail_renews > 0 {
                 s.fail_renews -= 1;
-                return Err(StoreError::Timeout { statement: "RENEW", after: Duration::ZERO });
+                return Err(StoreError::Timeout {
+                    statement: "RENEW",
+                    after: Duration::ZERO,
+                });
             }
-            let Some(row) = s.rows.get_mut(role.as_str()) else { return Ok(Renew::Lost(LossReason::Released)) };
+            let Some(row) = s.rows.get_mut(role.as_str()) else {
+                return Ok(Renew::Lost(LossReason::Released));
+            };
             if row.token == token.0 && row.holder_id.is_some() {
                 row.expires_at = Some(now + lease_ttl);
                 return Ok(Renew::Renewed { db_now: now });
@@ -153,10 +175,18 @@ impl LeaseStore for FakeStore {
         })
     }
 
-    async fn release(&self, role: &Role, token: Token, outcome: Release, interval: Duration) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        role: &Role,
+        token: Token,
+        outcome: Release,
+        interval: Duration,
+    ) -> Result<bool, StoreError> {
         let now = self.now();
         self.with(|s| {
-            let Some(row) = s.rows.get_mut(role.as_str()) else { return Ok(false) };
+            let Some(row) = s.rows.get_mut(role.as_str()) else {
+                return Ok(false);
+            };
             if row.token != token.0 || row.holder_id.is_none() {
                 return Ok(false);
             }
@@ -180,7 +210,9 @@ impl LeaseStore for FakeStore {
         ticklease::store::check_pauser(by)?;
         let now = self.now();
         self.with(|s| {
-            let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole { role: role.to_string() })?;
+            let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {
+                role: role.to_string(),
+            })?;
             if row.paused_at.is_some() {
                 return Ok(false);
             }
@@ -196,7 +228,9 @@ impl LeaseStore for FakeStore {
 
     async fn unpause(&self, role: &Role) -> Result<bool, StoreError> {
         self.with(|s| {
-            let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole { role: role.to_string() })?;
+            let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {
+                role: role.to_string(),
+            })?;
             let was = row.paused_at.take().is_some();
             row.paused_by = None;
             row.pause_reason = None;
@@ -208,7 +242,10 @@ impl LeaseStore for FakeStore {
         let now = self.now();
         self.with(|s| {
             for role in roles {
-                s.rows.entry(role.to_string()).or_insert_with(|| Row { token: seed_token(now), ..Row::default() });
+                s.rows.entry(role.to_string()).or_insert_with(|| Row {
+                    token: seed_token(now),
+                    ..Row::default()
+                });
             }
         });
         Ok(())
@@ -227,7 +264,10 @@ impl LeaseStore for FakeStore {
                     acquired_at: r.acquired_at,
                     expires_at: r.expires_at,
                     db_now: now,
-                    remaining: r.expires_at.filter(|_| r.live(now)).and_then(|e| e.duration_since(now).ok()),
+                    remaining: r
+                        .expires_at
+                        .filter(|_| r.live(now))
+                        .and_then(|e| e.duration_since(now).ok()),
                     paused_at: r.paused_at,
                     paused_by: r.paused_by.clone(),
                     pause_reason: r.pause_reason.clone(),

@@ -39,6 +39,8 @@ pub async fn migrated_db(cluster: &PgCluster) -> tokio_postgres::Config {
 /// A store on a fresh, migrated database of the shared cluster.
 pub async fn pg_store(config: &Config) -> (PgStore, tokio_postgres::Config) {
     let db = migrated_db(PgCluster::shared()).await;
-    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(config)).await.expect("PgStore");
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(config))
+        .await
+        .expect("PgStore");
     (store, db)
 }

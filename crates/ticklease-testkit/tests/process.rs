@@ -16,7 +16,9 @@ async fn sigkilled_leader_is_taken_over_within_ttl_plus_max_poll() {
     let name = db.get_dbname().unwrap().to_string();
     let config = test_config();
     let role = Role::new("billing").unwrap();
-    let store = PgStore::connect(db, PgStoreOptions::from_config(&config)).await.unwrap();
+    let store = PgStore::connect(db, PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
     let follower = Manager::start(store, config, [role.clone()]).await.unwrap();
     let bound = config.lease_ttl() + config.max_poll() + Duration::from_millis(800);
 
@@ -28,20 +30,36 @@ async fn sigkilled_leader_is_taken_over_within_ttl_plus_max_poll() {
             .spawn()
             .unwrap();
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let child_token: i64 = line.trim().strip_prefix("LEADING ").expect("LEADING line").parse().unwrap();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let child_token: i64 = line
+            .trim()
+            .strip_prefix("LEADING ")
+            .expect("LEADING line")
+            .parse()
+            .unwrap();
         // Let a few heartbeats land so the kill is mid-term, not at its start.
         tokio::time::sleep(config.heartbeat_every() * 2).await;
         child.kill().unwrap(); // SIGKILL: no RELEASE
         let killed = Instant::now();
         child.wait().unwrap();
         let token = loop {
-            match follower.lead(&role, Duration::from_millis(1), |t| async move { Ok::<_, Infallible>(t.token()) }).await {
+            match follower
+                .lead(&role, Duration::from_millis(1), |t| async move {
+                    Ok::<_, Infallible>(t.token())
+                })
+                .await
+            {
                 Ok(Lead::Completed { value, .. }) => break value,
                 Ok(_) => {}
                 Err(e) => panic!("{e}"),
             }
-            assert!(killed.elapsed() < bound * 2, "no takeover after {:?}", killed.elapsed());
+            assert!(
+                killed.elapsed() < bound * 2,
+                "no takeover after {:?}",
+                killed.elapsed()
+            );
             tokio::time::sleep(config.max_poll()).await;
         };
         let took = killed.elapsed();
@@ -51,5 +69,10 @@ async fn sigkilled_leader_is_taken_over_within_ttl_plus_max_poll() {
         takeovers.push(took);
     }
     takeovers.sort();
-    println!("SIGKILL takeover over {} trials: min {:?}, max {:?}", takeovers.len(), takeovers[0], takeovers[takeovers.len() - 1]);
+    println!(
+        "SIGKILL takeover over {} trials: min {:?}, max {:?}",
+        takeovers.len(),
+        takeovers[0],
+        takeovers[takeovers.len() - 1]
+    );
 }

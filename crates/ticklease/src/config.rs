@@ -66,7 +66,11 @@ impl Config {
                 return Err(ConfigError::Zero { name });
             }
             if value > DURATION_MAX {
-                return Err(ConfigError::TooLong { name, value, max: DURATION_MAX });
+                return Err(ConfigError::TooLong {
+                    name,
+                    value,
+                    max: DURATION_MAX,
+                });
             }
             if value.subsec_nanos() % 1_000_000 != 0 {
                 return Err(ConfigError::SubMillisecond { name, value });

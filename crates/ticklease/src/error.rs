@@ -19,16 +19,27 @@ pub enum ConfigError {
     #[error("{name} must be greater than zero")]
     Zero { name: &'static str },
     #[error("{name} = {value:?} exceeds the limit of {max:?}")]
-    TooLong { name: &'static str, value: Duration, max: Duration },
+    TooLong {
+        name: &'static str,
+        value: Duration,
+        max: Duration,
+    },
     #[error("{name} = {value:?} is not a whole number of milliseconds")]
     SubMillisecond { name: &'static str, value: Duration },
     #[error(
         "abandon_after ({abandon_after:?}) + statement_timeout ({statement_timeout:?}) must be less than \
          lease_ttl ({lease_ttl:?}): a leader must stop before its lease can expire"
     )]
-    AbandonTooLate { abandon_after: Duration, statement_timeout: Duration, lease_ttl: Duration },
+    AbandonTooLate {
+        abandon_after: Duration,
+        statement_timeout: Duration,
+        lease_ttl: Duration,
+    },
     #[error("heartbeat_every ({heartbeat_every:?}) must be less than abandon_after ({abandon_after:?})")]
-    HeartbeatTooSlow { heartbeat_every: Duration, abandon_after: Duration },
+    HeartbeatTooSlow {
+        heartbeat_every: Duration,
+        abandon_after: Duration,
+    },
 }
 
 /// A lease store statement that failed. A failed RENEW is a missed beat, not a loss.
@@ -36,7 +47,10 @@ pub enum ConfigError {
 #[non_exhaustive]
 pub enum StoreError {
     #[error("{statement} did not answer within {after:?}")]
-    Timeout { statement: &'static str, after: Duration },
+    Timeout {
+        statement: &'static str,
+        after: Duration,
+    },
     #[error("could not get a database connection for {statement}")]
     Connect {
         statement: &'static str,
@@ -60,7 +74,10 @@ pub enum StoreError {
         source: tokio_postgres::Error,
     },
     #[error("{statement} refused: {problem}")]
-    Rejected { statement: &'static str, problem: &'static str },
+    Rejected {
+        statement: &'static str,
+        problem: &'static str,
+    },
     #[error("invalid argument to {statement}")]
     Invalid {
         statement: &'static str,
@@ -75,7 +92,9 @@ pub enum StoreError {
 pub enum MigrateError {
     #[error("migration {version} ({name}) was modified after it was applied: its checksum differs")]
     Modified { version: i32, name: String },
-    #[error("the database has migration {version} applied, which this build does not know (a newer ticklease?)")]
+    #[error(
+        "the database has migration {version} applied, which this build does not know (a newer ticklease?)"
+    )]
     UnknownApplied { version: i32 },
     #[error("migration step {step} failed")]
     Db {
@@ -94,7 +113,11 @@ pub enum Error {
     #[error("tick interval for role {role:?} must be greater than zero")]
     ZeroInterval { role: String },
     #[error("tick interval {interval:?} for role {role:?} exceeds the limit of {max:?}")]
-    IntervalTooLong { role: String, interval: Duration, max: Duration },
+    IntervalTooLong {
+        role: String,
+        interval: Duration,
+        max: Duration,
+    },
     #[error("lease store failed")]
     Store(#[from] StoreError),
 }

@@ -37,7 +37,11 @@ impl Fence {
     /// not once per candidate row. It share-locks the lease row until the
     /// claim's transaction ends, so the claim commits before any takeover.
     pub fn predicate(&self, first_param: usize) -> String {
-        format!("(SELECT leader_fence_lock(${}, ${}))", first_param, first_param + 1)
+        format!(
+            "(SELECT leader_fence_lock(${}, ${}))",
+            first_param,
+            first_param + 1
+        )
     }
 
     /// The two parameters of [`Fence::predicate`], typed for `query_typed`.

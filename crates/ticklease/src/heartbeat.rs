@@ -42,7 +42,11 @@ impl<S: LeaseStore> Heartbeat<S> {
         let mut last_sent = self.acquire_sent;
         let mut missed = false;
         loop {
-            let wait = if missed { cfg.heartbeat_every() / 2 } else { cfg.heartbeat_every() };
+            let wait = if missed {
+                cfg.heartbeat_every() / 2
+            } else {
+                cfg.heartbeat_every()
+            };
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => return None,
@@ -59,7 +63,12 @@ impl<S: LeaseStore> Heartbeat<S> {
             let wall = SystemTime::now();
             let deadline = (sent + cfg.statement_timeout()).min(abandon_at);
             missed = true;
-            match timeout_at(deadline, self.store.renew(&self.role, self.token, cfg.lease_ttl())).await {
+            match timeout_at(
+                deadline,
+                self.store.renew(&self.role, self.token, cfg.lease_ttl()),
+            )
+            .await
+            {
                 Ok(Ok(Renew::Renewed { db_now })) => {
                     last_ack = sent;
                     missed = false;

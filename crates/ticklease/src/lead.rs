@@ -122,7 +122,9 @@ impl Drift {
     }
 
     fn seconds(&self) -> Option<f64> {
-        self.seen.load(Ordering::Relaxed).then(|| self.micros.load(Ordering::Relaxed) as f64 / 1e6)
+        self.seen
+            .load(Ordering::Relaxed)
+            .then(|| self.micros.load(Ordering::Relaxed) as f64 / 1e6)
     }
 }
 
@@ -142,7 +144,9 @@ pub struct Manager<S> {
 
 impl<S> Clone for Manager<S> {
     fn clone(&self) -> Self {
-        Manager { inner: self.inner.clone() }
+        Manager {
+            inner: self.inner.clone(),
+        }
     }
 }
 
@@ -156,7 +160,11 @@ impl<S: LeaseStore> Manager<S> {
     /// Declares `roles`, creates their missing rows, and reports rows for
     /// roles not declared here (a warning, not an error: during a rolling
     /// upgrade other replicas may declare more).
-    pub async fn start(store: S, config: Config, roles: impl IntoIterator<Item = Role>) -> Result<Self, Error> {
+    pub async fn start(
+        store: S,
+        config: Config,
+        roles: impl IntoIterator<Item = Role>,
+    ) -> Result<Self, Error> {
         let roles: BTreeSet<Role> = roles.into_iter().collect();
         let declared: Vec<Role> = roles.iter().cloned().collect();
         store.seed(&declared).await?;
@@ -202,7 +210,13 @@ impl<S: LeaseStore> Manager<S> {
         let present: Vec<LeaseStatus> = self.inner.store.status().await?;
         let names: BTreeSet<&str> = present.iter().map(|s| s.role.as_str()).collect();
         Ok(RoleReport {
-            missing: self.inner.roles.iter().filter(|r| !names.contains(r.as_str())).cloned().collect(),
+            missing: self
+                .inner
+                .roles
+                .iter()
+                .filter(|r| !names.contains(r.as_str()))
+                .cloned()
+                .collect(),
             undeclared: names
                 .iter()
                 .filter(|n| !self.inner.roles.iter().any(|r| r.as_str() == **n))
@@ -232,20 +246,32 @@ impl<S: LeaseStore> Manager<S> {
     {
         let inner = &self.inner;
         if !inner.roles.contains(role) {
-            return Err(Error::UnknownRole { role: role.to_string() });
+            return Err(Error::UnknownRole {
+                role: role.to_string(),
+            });
         }
         if interval.is_zero() {
-            return Err(Error::ZeroInterval { role: role.to_string() });
+            return Err(Error::ZeroInterval {
+                role: role.to_string(),
+            });
         }
         if interval > DURATION_MAX {
-            return Err(Error::IntervalTooLong { role: role.to_string(), interval, max: DURATION_MAX });
+            return Err(Error::IntervalTooLong {
+                role: role.to_string(),
+                interval,
+                max: DURATION_MAX,
+            });
         }
         if inner.shutdown.is_cancelled() {
             return Ok(Lead::ShuttingDown);
         }
         let sent = Instant::now();
         let sent_wall = SystemTime::now();
-        let term = match inner.store.acquire(role, &inner.holder_id, inner.config.lease_ttl(), interval).await? {
+        let term = match inner
+            .store
+            .acquire(role, &inner.holder_id, inner.config.lease_ttl(), interval)
+            .await?
+        {
             Acquire::Acquired(term) => term,
             refused => return Ok(Lead::Refused(refused)),
         };
@@ -253,7 +279,13 @@ impl<S: LeaseStore> Manager<S> {
         let token = term.token;
         tracing::info!(%role, %token, holder = %inner.holder_id, "acquired");
 
-        let mut guard = TermGuard { inner: inner.clone(), role: role.clone(), token, interval, armed: true };
+        let mut guard = TermGuard {
+            inner: inner.clone(),
+            role: role.clone(),
+            token,
+            interval,
+            armed: true,
+        };
         let tick = Tick {
             fence: Fence::new(role.clone(), token),
             cancel: inner.shutdown.child_token(),
@@ -335,7 +367,8 @@ struct TermGuard<S: LeaseStore> {
 
 impl<S: LeaseStore> TermGuard<S> {
     fn spawn_release(&self, outcome: Release) -> tokio::task::JoinHandle<bool> {
-        let (inner, role, token, interval) = (self.inner.clone(), self.role.clone(), self.token, self.interval);
+        let (inner, role, token, interval) =
+            (self.inner.clone(), self.role.clone(), self.token, self.interval);
         tokio::spawn(async move {
             let bound = inner.config.statement_timeout();
             match tokio::time::timeout(bound, inner.store.release(&role, token, outcome, interval)).await {

@@ -21,7 +21,10 @@ pub struct Migration {
 impl Migration {
     /// SHA-256 of the file, hex.
     pub fn checksum(&self) -> String {
-        Sha256::digest(self.sql.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+        Sha256::digest(self.sql.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 }
 
@@ -69,12 +72,18 @@ pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError>
         match MIGRATIONS.iter().find(|m| m.version == *version) {
             None => return Err(MigrateError::UnknownApplied { version: *version }),
             Some(m) if m.checksum() != *checksum => {
-                return Err(MigrateError::Modified { version: m.version, name: m.name.to_string() })
+                return Err(MigrateError::Modified {
+                    version: m.version,
+                    name: m.name.to_string(),
+                })
             }
             Some(m) => report.already_applied.push(m.version),
         }
     }
-    for m in MIGRATIONS.iter().filter(|m| !applied.iter().any(|(v, _)| *v == m.version)) {
+    for m in MIGRATIONS
+        .iter()
+        .filter(|m| !applied.iter().any(|(v, _)| *v == m.version))
+    {
         let step = format!("{:04}_{}", m.version, m.name);
         tx.batch_execute(m.sql).await.map_err(db(&step))?;
         tx.batch_execute(&format!(
@@ -93,7 +102,9 @@ pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError>
 
 async fn applied(tx: &tokio_postgres::Transaction<'_>) -> Result<Vec<(i32, String)>, tokio_postgres::Error> {
     let rows = tx
-        .simple_query(&format!("SELECT version, checksum FROM {MIGRATIONS_TABLE} ORDER BY version"))
+        .simple_query(&format!(
+            "SELECT version, checksum FROM {MIGRATIONS_TABLE} ORDER BY version"
+        ))
         .await?;
     Ok(rows
         .iter()
@@ -113,9 +124,16 @@ pub async fn check_schema(client: &Client) -> Result<(), StoreError> {
     let rows = match client.query_typed(&sql, &[]).await {
         Ok(rows) => rows,
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
-            return Err(StoreError::NotMigrated { detail: format!("table {MIGRATIONS_TABLE} does not exist") })
+            return Err(StoreError::NotMigrated {
+                detail: format!("table {MIGRATIONS_TABLE} does not exist"),
+            })
         }
-        Err(source) => return Err(StoreError::Db { statement: "schema check", source }),
+        Err(source) => {
+            return Err(StoreError::Db {
+                statement: "schema check",
+                source,
+            })
+        }
     };
     for m in MIGRATIONS {
         let found = rows.iter().find(|r| r.get::<_, i32>(0) == m.version);
@@ -127,7 +145,10 @@ pub async fn check_schema(client: &Client) -> Result<(), StoreError> {
             }
             Some(r) if r.get::<_, String>(1) != m.checksum() => {
                 return Err(StoreError::NotMigrated {
-                    detail: format!("migration {} ({}) was applied with a different checksum", m.version, m.name),
+                    detail: format!(
+                        "migration {} ({}) was applied with a different checksum",
+                        m.version, m.name
+                    ),
                 })
             }
             Some(_) => {}

@@ -49,7 +49,10 @@ fn problem(name: &str) -> Option<&'static str> {
     }
     if let Some(key) = key {
         let mut chars = key.chars();
-        if !chars.next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit()) {
+        if !chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        {
             return Some("has a key that does not start with a-z or 0-9");
         }
         if !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_.-".contains(c)) {

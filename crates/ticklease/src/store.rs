@@ -30,11 +30,19 @@ pub struct Term {
 pub enum Acquire {
     Acquired(Term),
     /// Another live term holds the role.
-    Held { holder: String, expires_at: SystemTime },
+    Held {
+        holder: String,
+        expires_at: SystemTime,
+    },
     /// An operator paused the role.
-    Paused { by: String, reason: String },
+    Paused {
+        by: String,
+        reason: String,
+    },
     /// The last completed tick is younger than the interval, or a cooldown runs.
-    NotDue { due_at: SystemTime },
+    NotDue {
+        due_at: SystemTime,
+    },
     /// Another replica acquired the role during this statement.
     Contended,
 }
@@ -43,7 +51,9 @@ pub enum Acquire {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Renew {
-    Renewed { db_now: SystemTime },
+    Renewed {
+        db_now: SystemTime,
+    },
     /// 0 rows: the term is over, definitively.
     Lost(LossReason),
 }

@@ -7,7 +7,10 @@ mod postgres {
         pg_store(&test_config()).await.0
     }
 
-    conformance_suite!(#[tokio::test] store());
+    conformance_suite!(
+        #[tokio::test]
+        store()
+    );
 }
 
 mod fake {
@@ -17,5 +20,8 @@ mod fake {
         FakeStore::new()
     }
 
-    conformance_suite!(#[tokio::test(start_paused = true)] store());
+    conformance_suite!(
+        #[tokio::test(start_paused = true)]
+        store()
+    );
 }

@@ -26,7 +26,10 @@ async fn claim(client: &Client, fence: &Fence, limit: i64) -> Vec<i32> {
     );
     let [role, token] = fence.params();
     let rows = client
-        .query_typed(&sql, &[role, token, (&fence.token().0, Type::INT8), (&limit, Type::INT8)])
+        .query_typed(
+            &sql,
+            &[role, token, (&fence.token().0, Type::INT8), (&limit, Type::INT8)],
+        )
         .await
         .unwrap();
     rows.iter().map(|r| r.get(0)).collect()
@@ -40,7 +43,11 @@ async fn claim_with(client: &Client, function: &str, role: &str, token: Token) -
             AND (SELECT {function}($1, $2))
          RETURNING id"
     );
-    client.query_typed(&sql, &[(&role, Type::TEXT), (&token.0, Type::INT8)]).await.unwrap().len()
+    client
+        .query_typed(&sql, &[(&role, Type::TEXT), (&token.0, Type::INT8)])
+        .await
+        .unwrap()
+        .len()
 }
 
 /// Copies of the fence with one conjunct removed each.
@@ -71,7 +78,9 @@ async fn setup() -> Setup {
     client.batch_execute(JOBS).await.unwrap();
     client.batch_execute(MUTANTS).await.unwrap();
     let config = test_config();
-    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config)).await.unwrap();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
     let manager = Manager::start(store, config, [billing()]).await.unwrap();
     Setup { manager, client, db }
 }
@@ -98,7 +107,11 @@ async fn tick_claiming(s: &Setup, n: i64) -> (Fence, Vec<i32>) {
 }
 
 async fn unclaimed(client: &Client) -> i64 {
-    client.query_one("SELECT count(*) FROM jobs WHERE claimed_by IS NULL", &[]).await.unwrap().get(0)
+    client
+        .query_one("SELECT count(*) FROM jobs WHERE claimed_by IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0)
 }
 
 #[tokio::test]
@@ -114,15 +127,26 @@ async fn claim_with_the_current_fence_claims_and_with_a_superseded_one_claims_no
     // A later term exists and is live (acquired, not yet released): the old token claims nothing.
     let store = s.manager.store();
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let Acquire::Acquired(term) = store.acquire(&billing(), "b", Duration::from_secs(30), Duration::from_millis(1)).await.unwrap() else {
+    let Acquire::Acquired(term) = store
+        .acquire(&billing(), "b", Duration::from_secs(30), Duration::from_millis(1))
+        .await
+        .unwrap()
+    else {
         panic!("acquire")
     };
     assert_eq!(claim(&s.client, &old, 5).await, Vec::<i32>::new());
     assert_eq!(claim(&s.client, &new, 5).await, Vec::<i32>::new());
     assert_eq!(unclaimed(&s.client).await, 95, "nothing changed");
     // Mutation: without the token conjunct the stale claim goes through.
-    assert_eq!(claim_with(&s.client, "fence_without_token", "billing", old.token()).await, 1);
-    assert_eq!(claim_with(&s.client, "leader_fence", "billing", term.token).await, 1, "the live term claims");
+    assert_eq!(
+        claim_with(&s.client, "fence_without_token", "billing", old.token()).await,
+        1
+    );
+    assert_eq!(
+        claim_with(&s.client, "leader_fence", "billing", term.token).await,
+        1,
+        "the live term claims"
+    );
 }
 
 #[tokio::test]
@@ -130,7 +154,11 @@ async fn claim_in_a_paused_or_released_or_expired_term_claims_nothing() {
     let s = setup().await;
     let store = s.manager.store();
     let ttl = Duration::from_millis(600);
-    let Acquire::Acquired(term) = store.acquire(&billing(), "a", ttl, Duration::from_millis(1)).await.unwrap() else {
+    let Acquire::Acquired(term) = store
+        .acquire(&billing(), "a", ttl, Duration::from_millis(1))
+        .await
+        .unwrap()
+    else {
         panic!("acquire")
     };
     let t = term.token;
@@ -139,11 +167,18 @@ async fn claim_in_a_paused_or_released_or_expired_term_claims_nothing() {
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
     assert_eq!(claim_with(&s.client, "leader_fence", "billing", t).await, 0);
     assert_eq!(claim_with(&s.client, "leader_fence_lock", "billing", t).await, 0);
-    assert_eq!(claim_with(&s.client, "fence_without_expiry", "billing", t).await, 1, "mutation: expiry ignored");
+    assert_eq!(
+        claim_with(&s.client, "fence_without_expiry", "billing", t).await,
+        1,
+        "mutation: expiry ignored"
+    );
 
     // Paused: pause clears the holder in the same statement. Make the row look
     // held again by hand, to show the paused_at conjunct on its own.
-    s.client.batch_execute("SELECT leader_pause('billing', 'ops', 'drill')").await.unwrap();
+    s.client
+        .batch_execute("SELECT leader_pause('billing', 'ops', 'drill')")
+        .await
+        .unwrap();
     assert_eq!(claim_with(&s.client, "leader_fence", "billing", t).await, 0);
     s.client
         .batch_execute(
@@ -154,7 +189,11 @@ async fn claim_in_a_paused_or_released_or_expired_term_claims_nothing() {
         .unwrap();
     assert_eq!(claim_with(&s.client, "leader_fence", "billing", t).await, 0);
     assert_eq!(claim_with(&s.client, "leader_fence_lock", "billing", t).await, 0);
-    assert_eq!(claim_with(&s.client, "fence_without_pause", "billing", t).await, 1, "mutation: pause ignored");
+    assert_eq!(
+        claim_with(&s.client, "fence_without_pause", "billing", t).await,
+        1,
+        "mutation: pause ignored"
+    );
 
     // Released: the holder is cleared, the token unchanged.
     s.client
@@ -176,7 +215,11 @@ async fn fence_reads_the_statement_clock_not_the_transaction_start() {
     let s = setup().await;
     let store = s.manager.store();
     let ttl = Duration::from_millis(600);
-    let Acquire::Acquired(term) = store.acquire(&billing(), "a", ttl, Duration::from_millis(1)).await.unwrap() else {
+    let Acquire::Acquired(term) = store
+        .acquire(&billing(), "a", ttl, Duration::from_millis(1))
+        .await
+        .unwrap()
+    else {
         panic!("acquire")
     };
     let mut client = connect(&s.db).await.unwrap();
@@ -184,12 +227,23 @@ async fn fence_reads_the_statement_clock_not_the_transaction_start() {
     let fence = |f: &'static str| {
         let sql = format!("SELECT {f}('billing', $1)");
         let tx = &tx;
-        async move { tx.query_typed(&sql, &[(&term.token.0, Type::INT8)]).await.unwrap()[0].get::<_, bool>(0) }
+        async move {
+            tx.query_typed(&sql, &[(&term.token.0, Type::INT8)])
+                .await
+                .unwrap()[0]
+                .get::<_, bool>(0)
+        }
     };
     assert!(fence("leader_fence").await && fence("fence_at_now").await);
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
-    assert!(!fence("leader_fence").await, "an expired lease must fail the fence inside a long transaction");
-    assert!(fence("fence_at_now").await, "mutation: now() is frozen at BEGIN and still accepts it");
+    assert!(
+        !fence("leader_fence").await,
+        "an expired lease must fail the fence inside a long transaction"
+    );
+    assert!(
+        fence("fence_at_now").await,
+        "mutation: now() is frozen at BEGIN and still accepts it"
+    );
 }
 
 #[derive(Clone, Copy)]
@@ -205,7 +259,11 @@ enum EndTerm {
 async fn term_ends_during_open_claim(s: &Setup, function: &str, end: EndTerm) -> bool {
     let store = s.manager.store();
     let ttl = Duration::from_millis(600);
-    let Acquire::Acquired(term) = store.acquire(&billing(), "a", ttl, Duration::from_millis(1)).await.unwrap() else {
+    let Acquire::Acquired(term) = store
+        .acquire(&billing(), "a", ttl, Duration::from_millis(1))
+        .await
+        .unwrap()
+    else {
         panic!("acquire")
     };
     let mut claimer = connect(&s.db).await.unwrap();
@@ -214,19 +272,33 @@ async fn term_ends_during_open_claim(s: &Setup, function: &str, end: EndTerm) ->
         "UPDATE jobs SET claimed_by = $2 WHERE id IN (SELECT id FROM jobs WHERE claimed_by IS NULL LIMIT 1)
             AND (SELECT {function}($1, $2)) RETURNING id"
     );
-    let claimed = tx.query_typed(&sql, &[(&"billing", Type::TEXT), (&term.token.0, Type::INT8)]).await.unwrap();
+    let claimed = tx
+        .query_typed(&sql, &[(&"billing", Type::TEXT), (&term.token.0, Type::INT8)])
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 1, "the live term claims");
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
 
-    let contender = PgStore::connect(s.db.clone(), PgStoreOptions { pool_size: 1, statement_timeout: Duration::from_secs(20) })
-        .await
-        .unwrap();
+    let contender = PgStore::connect(
+        s.db.clone(),
+        PgStoreOptions {
+            pool_size: 1,
+            statement_timeout: Duration::from_secs(20),
+        },
+    )
+    .await
+    .unwrap();
     let ender = tokio::spawn(async move {
         match end {
             EndTerm::Takeover => {
-                let acquired =
-                    contender.acquire(&billing(), "b", Duration::from_secs(30), Duration::from_millis(1)).await.unwrap();
-                assert!(matches!(acquired, Acquire::Acquired(t) if t.token > term.token), "{acquired:?}");
+                let acquired = contender
+                    .acquire(&billing(), "b", Duration::from_secs(30), Duration::from_millis(1))
+                    .await
+                    .unwrap();
+                assert!(
+                    matches!(acquired, Acquire::Acquired(t) if t.token > term.token),
+                    "{acquired:?}"
+                );
             }
             EndTerm::Pause => assert!(contender.pause(&billing(), "ops", "drill").await.unwrap()),
         }
@@ -243,7 +315,12 @@ async fn claim_racing_a_takeover_commits_before_the_takeover() {
     let s = setup().await;
     let ended_first = term_ends_during_open_claim(&s, "leader_fence_lock", EndTerm::Takeover).await;
     assert!(!ended_first, "the takeover must wait for the claim to commit");
-    let by_old: i64 = s.client.query_one("SELECT count(*) FROM jobs WHERE claimed_by IS NOT NULL", &[]).await.unwrap().get(0);
+    let by_old: i64 = s
+        .client
+        .query_one("SELECT count(*) FROM jobs WHERE claimed_by IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(by_old, 1);
 }
 
@@ -264,8 +341,21 @@ async fn pause_waits_for_an_in_flight_claim_to_commit() {
 async fn fence_predicate_runs_once_per_statement() {
     let s = setup().await;
     let (fence, _) = tick_claiming(&s, 1).await;
-    let sql = format!("EXPLAIN UPDATE jobs SET claimed_by = 0 WHERE {}", fence.predicate(1));
+    let sql = format!(
+        "EXPLAIN UPDATE jobs SET claimed_by = 0 WHERE {}",
+        fence.predicate(1)
+    );
     let [role, token] = fence.params();
-    let plan: Vec<String> = s.client.query_typed(&sql, &[role, token]).await.unwrap().iter().map(|r| r.get(0)).collect();
-    assert!(plan.iter().any(|l| l.contains("InitPlan")), "expected an InitPlan: {plan:#?}");
+    let plan: Vec<String> = s
+        .client
+        .query_typed(&sql, &[role, token])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        plan.iter().any(|l| l.contains("InitPlan")),
+        "expected an InitPlan: {plan:#?}"
+    );
 }

@@ -18,11 +18,16 @@ fn billing() -> Role {
 }
 
 async fn manager(store: &FakeStore) -> Manager<FakeStore> {
-    Manager::start(store.clone(), Config::DEFAULT, [billing()]).await.unwrap()
+    Manager::start(store.clone(), Config::DEFAULT, [billing()])
+        .await
+        .unwrap()
 }
 
 /// Reports when the work future is dropped, and the tick's cancellation cause then.
-struct OnDrop(Option<oneshot::Sender<(Instant, Option<Cancel>)>>, ticklease::Tick);
+struct OnDrop(
+    Option<oneshot::Sender<(Instant, Option<Cancel>)>>,
+    ticklease::Tick,
+);
 
 impl Drop for OnDrop {
     fn drop(&mut self) {
@@ -33,7 +38,13 @@ impl Drop for OnDrop {
 }
 
 async fn status(store: &FakeStore) -> LeaseStatus {
-    store.status().await.unwrap().into_iter().find(|s| s.role == "billing").unwrap()
+    store
+        .status()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| s.role == "billing")
+        .unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -72,14 +83,30 @@ async fn hung_renew_abandons_at_abandon_after_and_starts_no_renew_after() {
         .await
         .unwrap();
     let (dropped_at, cause) = rx.await.unwrap();
-    assert_eq!(cause, Some(Cancel::LeaseLost(LossReason::HeartbeatTimeout)), "cancelled before the work is dropped");
-    assert!(matches!(lead, Lead::Lost { reason: LossReason::HeartbeatTimeout, .. }), "{lead:?}");
+    assert_eq!(
+        cause,
+        Some(Cancel::LeaseLost(LossReason::HeartbeatTimeout)),
+        "cancelled before the work is dropped"
+    );
+    assert!(
+        matches!(
+            lead,
+            Lead::Lost {
+                reason: LossReason::HeartbeatTimeout,
+                ..
+            }
+        ),
+        "{lead:?}"
+    );
     // The ACQUIRE was sent at `start`: the abandon is exactly abandon_after later,
     // well before the lease (TTL 10 s from a database instant at or after `start`) expires.
     assert_eq!(dropped_at - start, Duration::from_secs(6));
     let sends = store.renew_sends();
     assert!(!sends.is_empty());
-    assert!(sends.iter().all(|s| *s - start < Duration::from_secs(6)), "a RENEW started after the abandon: {sends:?}");
+    assert!(
+        sends.iter().all(|s| *s - start < Duration::from_secs(6)),
+        "a RENEW started after the abandon: {sends:?}"
+    );
     // The abandoned term was still ours, so RELEASE applied the lost-tick cooldown.
     let s = status(&store).await;
     assert_eq!(s.not_before, Some(s.db_now + Duration::from_secs(60)));
@@ -101,7 +128,14 @@ async fn one_failed_renew_is_a_missed_beat_retried_not_a_loss() {
         .unwrap();
     assert!(matches!(lead, Lead::Completed { .. }), "{lead:?}");
     let offsets: Vec<Duration> = store.renew_sends().iter().map(|s| *s - start).collect();
-    assert_eq!(offsets[..3], [Duration::from_millis(3000), Duration::from_millis(4500), Duration::from_millis(7500)]);
+    assert_eq!(
+        offsets[..3],
+        [
+            Duration::from_millis(3000),
+            Duration::from_millis(4500),
+            Duration::from_millis(7500)
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -124,8 +158,18 @@ async fn renew_returning_zero_rows_is_a_loss_within_one_beat() {
         .unwrap();
     let (at, cause) = rx.await.unwrap();
     assert_eq!(cause, Some(Cancel::LeaseLost(LossReason::Paused)));
-    assert!(matches!(lead, Lead::Lost { reason: LossReason::Paused, .. }));
-    assert_eq!(at - start, Duration::from_secs(6), "the first beat after the pause");
+    assert!(matches!(
+        lead,
+        Lead::Lost {
+            reason: LossReason::Paused,
+            ..
+        }
+    ));
+    assert_eq!(
+        at - start,
+        Duration::from_secs(6),
+        "the first beat after the pause"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -149,7 +193,11 @@ async fn dropping_the_lead_future_mid_tick_releases_as_interrupted() {
     tokio::task::yield_now().await;
     let s = status(&store).await;
     assert!(!s.held, "RELEASE must run even when the lead future is dropped");
-    assert_eq!((s.not_before, s.last_tick_ended_at), (None, None), "released as interrupted");
+    assert_eq!(
+        (s.not_before, s.last_tick_ended_at),
+        (None, None),
+        "released as interrupted"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -158,9 +206,16 @@ async fn undeclared_role_and_zero_interval_are_errors_and_write_nothing() {
     let m = manager(&store).await;
     let before = store.status().await.unwrap();
     let other = Role::new("dunning").unwrap();
-    let r = m.lead(&other, INTERVAL, |_| async { Ok::<_, Infallible>(()) }).await;
-    assert!(matches!(r, Err(Error::UnknownRole { ref role }) if role == "dunning"), "{r:?}");
-    let r = m.lead(&billing(), Duration::ZERO, |_| async { Ok::<_, Infallible>(()) }).await;
+    let r = m
+        .lead(&other, INTERVAL, |_| async { Ok::<_, Infallible>(()) })
+        .await;
+    assert!(
+        matches!(r, Err(Error::UnknownRole { ref role }) if role == "dunning"),
+        "{r:?}"
+    );
+    let r = m
+        .lead(&billing(), Duration::ZERO, |_| async { Ok::<_, Infallible>(()) })
+        .await;
     assert!(matches!(r, Err(Error::ZeroInterval { .. })), "{r:?}");
     assert_eq!(store.status().await.unwrap(), before);
 }

@@ -9,7 +9,9 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use ticklease::{Acquire, Cancel, Lead, LeaseStatus, LeaseStore, LossReason, Manager, PgStore, PgStoreOptions, Role, Tick};
+use ticklease::{
+    Acquire, Cancel, Lead, LeaseStatus, LeaseStore, LossReason, Manager, PgStore, PgStoreOptions, Role, Tick,
+};
 use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -20,16 +22,29 @@ fn role(name: &str) -> Role {
 
 async fn manager(db: &tokio_postgres::Config, roles: &[&str]) -> Manager<PgStore> {
     let config = test_config();
-    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config)).await.unwrap();
-    Manager::start(store, config, roles.iter().map(|r| role(r))).await.unwrap()
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    Manager::start(store, config, roles.iter().map(|r| role(r)))
+        .await
+        .unwrap()
 }
 
 async fn status(m: &Manager<PgStore>, name: &str) -> LeaseStatus {
-    m.store().status().await.unwrap().into_iter().find(|s| s.role == name).unwrap()
+    m.store()
+        .status()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| s.role == name)
+        .unwrap()
 }
 
 fn seconds_between(later: SystemTime, earlier: SystemTime) -> f64 {
-    later.duration_since(earlier).map(|d| d.as_secs_f64()).unwrap_or_else(|e| -e.duration().as_secs_f64())
+    later
+        .duration_since(earlier)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_else(|e| -e.duration().as_secs_f64())
 }
 
 /// Sends when the work future is dropped, with the tick's cause at that moment.
@@ -50,12 +65,17 @@ async fn two_managers_contend_and_exactly_one_leads_each_role() {
     let managers = [manager(&db, &roles).await, manager(&db, &roles).await];
     let in_flight: Arc<[AtomicUsize; 3]> = Arc::new(Default::default());
     let overlaps = Arc::new(AtomicUsize::new(0));
-    let ticks = Arc::new([[AtomicUsize::new(0), AtomicUsize::new(0)], [AtomicUsize::new(0), AtomicUsize::new(0)], [AtomicUsize::new(0), AtomicUsize::new(0)]]);
+    let ticks = Arc::new([
+        [AtomicUsize::new(0), AtomicUsize::new(0)],
+        [AtomicUsize::new(0), AtomicUsize::new(0)],
+        [AtomicUsize::new(0), AtomicUsize::new(0)],
+    ]);
     let deadline = Instant::now() + Duration::from_secs(3);
     let mut loops = Vec::new();
     for (mi, m) in managers.iter().enumerate() {
         for (ri, name) in roles.into_iter().enumerate() {
-            let (m, in_flight, overlaps, ticks) = (m.clone(), in_flight.clone(), overlaps.clone(), ticks.clone());
+            let (m, in_flight, overlaps, ticks) =
+                (m.clone(), in_flight.clone(), overlaps.clone(), ticks.clone());
             loops.push(tokio::spawn(async move {
                 while Instant::now() < deadline {
                     let lead = m
@@ -80,10 +100,20 @@ async fn two_managers_contend_and_exactly_one_leads_each_role() {
     for l in loops {
         l.await.unwrap();
     }
-    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two leaders of one role at once");
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two leaders of one role at once"
+    );
     for (ri, name) in roles.iter().enumerate() {
-        let counts = [ticks[ri][0].load(Ordering::SeqCst), ticks[ri][1].load(Ordering::SeqCst)];
-        assert!(counts[0] + counts[1] >= 10, "{name} was led too rarely: {counts:?}");
+        let counts = [
+            ticks[ri][0].load(Ordering::SeqCst),
+            ticks[ri][1].load(Ordering::SeqCst),
+        ];
+        assert!(
+            counts[0] + counts[1] >= 10,
+            "{name} was led too rarely: {counts:?}"
+        );
         println!("{name}: ticks per manager {counts:?}");
     }
 }
@@ -91,7 +121,10 @@ async fn two_managers_contend_and_exactly_one_leads_each_role() {
 #[tokio::test]
 async fn pause_mid_tick_cancels_within_one_heartbeat_and_unpause_leads_at_the_next_poll() {
     let db = migrated_db(PgCluster::shared()).await;
-    let (a, b) = (manager(&db, &["email_outbox"]).await, manager(&db, &["email_outbox"]).await);
+    let (a, b) = (
+        manager(&db, &["email_outbox"]).await,
+        manager(&db, &["email_outbox"]).await,
+    );
     let r = role("email_outbox");
     let (started_tx, started_rx) = oneshot::channel();
     let (dropped_tx, dropped_rx) = oneshot::channel();
@@ -110,29 +143,56 @@ async fn pause_mid_tick_cancels_within_one_heartbeat_and_unpause_leads_at_the_ne
     started_rx.await.unwrap();
     let psql = connect(&db).await.unwrap();
     let paused_at = Instant::now();
-    psql.batch_execute("SELECT leader_pause('email_outbox', 'ops', 'smtp key rotation')").await.unwrap();
+    psql.batch_execute("SELECT leader_pause('email_outbox', 'ops', 'smtp key rotation')")
+        .await
+        .unwrap();
     let (dropped_at, cause) = dropped_rx.await.unwrap();
     let cancel_after = dropped_at - paused_at;
     println!("pause → work cancelled: {cancel_after:?}");
     assert_eq!(cause, Some(Cancel::LeaseLost(LossReason::Paused)));
-    let bound = test_config().heartbeat_every() + test_config().statement_timeout() + Duration::from_millis(500);
-    assert!(cancel_after <= bound, "cancelled after {cancel_after:?}, bound {bound:?}");
-    assert!(matches!(tick.await.unwrap(), Lead::Lost { reason: LossReason::Paused, .. }));
+    let bound =
+        test_config().heartbeat_every() + test_config().statement_timeout() + Duration::from_millis(500);
+    assert!(
+        cancel_after <= bound,
+        "cancelled after {cancel_after:?}, bound {bound:?}"
+    );
+    assert!(matches!(
+        tick.await.unwrap(),
+        Lead::Lost {
+            reason: LossReason::Paused,
+            ..
+        }
+    ));
 
     for m in [&a, &b] {
-        match m.lead(&r, HOUR, |_| async { Ok::<_, Infallible>(()) }).await.unwrap() {
-            Lead::Refused(Acquire::Paused { by, reason }) => assert_eq!((by.as_str(), reason.as_str()), ("ops", "smtp key rotation")),
+        match m
+            .lead(&r, HOUR, |_| async { Ok::<_, Infallible>(()) })
+            .await
+            .unwrap()
+        {
+            Lead::Refused(Acquire::Paused { by, reason }) => {
+                assert_eq!((by.as_str(), reason.as_str()), ("ops", "smtp key rotation"))
+            }
             other => panic!("ACQUIRE must be refused while paused, got {other:?}"),
         }
     }
 
-    psql.batch_execute("SELECT leader_unpause('email_outbox')").await.unwrap();
+    psql.batch_execute("SELECT leader_unpause('email_outbox')")
+        .await
+        .unwrap();
     let unpaused_at = Instant::now();
     let led_after = loop {
-        if let Lead::Completed { .. } = b.lead(&r, HOUR, |_| async { Ok::<_, Infallible>(()) }).await.unwrap() {
+        if let Lead::Completed { .. } = b
+            .lead(&r, HOUR, |_| async { Ok::<_, Infallible>(()) })
+            .await
+            .unwrap()
+        {
             break unpaused_at.elapsed();
         }
-        assert!(unpaused_at.elapsed() < Duration::from_secs(5), "not led after unpause");
+        assert!(
+            unpaused_at.elapsed() < Duration::from_secs(5),
+            "not led after unpause"
+        );
         tokio::time::sleep(b.config().max_poll()).await;
     };
     println!("unpause → led: {led_after:?}");
@@ -163,9 +223,20 @@ async fn clean_shutdown_releases_at_once_and_the_role_is_due_elsewhere() {
     println!("shutdown → released: {:?}", asked.elapsed());
     assert!(!s.held && s.holder_id.is_none());
     assert_eq!((s.not_before, s.last_tick_ended_at), (None, None));
-    assert!(matches!(a.lead(&role("billing"), HOUR, |_| async { Ok::<_, Infallible>(()) }).await.unwrap(), Lead::ShuttingDown));
-    let other = b.lead(&role("billing"), HOUR, |_| async { Ok::<_, Infallible>(()) }).await.unwrap();
-    assert!(matches!(other, Lead::Completed { .. }), "due at once on the other manager: {other:?}");
+    assert!(matches!(
+        a.lead(&role("billing"), HOUR, |_| async { Ok::<_, Infallible>(()) })
+            .await
+            .unwrap(),
+        Lead::ShuttingDown
+    ));
+    let other = b
+        .lead(&role("billing"), HOUR, |_| async { Ok::<_, Infallible>(()) })
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, Lead::Completed { .. }),
+        "due at once on the other manager: {other:?}"
+    );
 }
 
 #[tokio::test]
@@ -174,26 +245,53 @@ async fn panicked_tick_is_not_a_completion_and_waits_a_full_interval() {
     let (a, b) = (manager(&db, &["billing"]).await, manager(&db, &["billing"]).await);
     let leader = a.clone();
     let joined = tokio::spawn(async move {
-        leader.lead(&role("billing"), HOUR, |_| async { panic!("malformed row") as Result<(), Infallible> }).await
+        leader
+            .lead(&role("billing"), HOUR, |_| async {
+                panic!("malformed row") as Result<(), Infallible>
+            })
+            .await
     })
     .await;
     let panic = joined.unwrap_err().into_panic();
-    assert_eq!(panic.downcast_ref::<&str>(), Some(&"malformed row"), "the panic continues past lead");
+    assert_eq!(
+        panic.downcast_ref::<&str>(),
+        Some(&"malformed row"),
+        "the panic continues past lead"
+    );
     let s = status(&a, "billing").await;
     assert!(!s.held);
     assert_eq!((s.last_tick_ended_at, s.last_tick_holder), (None, None));
     let wait = seconds_between(s.not_before.expect("cooldown"), s.db_now);
-    assert!((3590.0..=3600.0).contains(&wait), "not_before = now + interval, got {wait}s");
-    let other = b.lead(&role("billing"), Duration::from_millis(1), |_| async { Ok::<_, Infallible>(()) }).await.unwrap();
-    assert!(matches!(other, Lead::Refused(Acquire::NotDue { .. })), "{other:?}");
+    assert!(
+        (3590.0..=3600.0).contains(&wait),
+        "not_before = now + interval, got {wait}s"
+    );
+    let other = b
+        .lead(&role("billing"), Duration::from_millis(1), |_| async {
+            Ok::<_, Infallible>(())
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, Lead::Refused(Acquire::NotDue { .. })),
+        "{other:?}"
+    );
 }
 
 #[tokio::test]
 async fn work_error_is_released_as_failed() {
     let db = migrated_db(PgCluster::shared()).await;
     let a = manager(&db, &["billing"]).await;
-    let lead = a.lead(&role("billing"), HOUR, |_| async { Err::<(), _>(std::io::Error::other("smtp down")) }).await.unwrap();
-    assert!(matches!(&lead, Lead::Failed { error, .. } if error.to_string() == "smtp down"), "{lead:?}");
+    let lead = a
+        .lead(&role("billing"), HOUR, |_| async {
+            Err::<(), _>(std::io::Error::other("smtp down"))
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&lead, Lead::Failed { error, .. } if error.to_string() == "smtp down"),
+        "{lead:?}"
+    );
     let s = status(&a, "billing").await;
     assert_eq!(s.last_tick_ended_at, None);
     assert!((3590.0..=3600.0).contains(&seconds_between(s.not_before.unwrap(), s.db_now)));
@@ -220,7 +318,10 @@ async fn tick_cancelled_by_shutdown_whose_work_then_panics_releases_as_interrupt
     let s = status(&a, "billing").await;
     assert!(!s.held);
     assert_eq!(s.not_before, None, "interrupted: no cooldown");
-    let other = b.lead(&role("billing"), HOUR, |_| async { Ok::<_, Infallible>(()) }).await.unwrap();
+    let other = b
+        .lead(&role("billing"), HOUR, |_| async { Ok::<_, Infallible>(()) })
+        .await
+        .unwrap();
     assert!(matches!(other, Lead::Completed { .. }), "{other:?}");
 }
 
@@ -246,20 +347,31 @@ async fn hung_renew_is_a_missed_beat_and_past_abandon_the_work_stops_before_the_
     // Another session holds the lease row: every RENEW now waits on the lock.
     let mut locker = connect(&db).await.unwrap();
     let lock = locker.transaction().await.unwrap();
-    lock.batch_execute("SELECT 1 FROM leader_leases WHERE role = 'billing' FOR UPDATE").await.unwrap();
+    lock.batch_execute("SELECT 1 FROM leader_leases WHERE role = 'billing' FOR UPDATE")
+        .await
+        .unwrap();
     let locked_at = Instant::now();
 
     let (dropped_at, cause) = dropped_rx.await.unwrap();
     assert_eq!(cause, Some(Cancel::LeaseLost(LossReason::HeartbeatTimeout)));
     let observer = connect(&db).await.unwrap();
     let still_valid: bool = observer
-        .query_one("SELECT expires_at > clock_timestamp() FROM leader_leases WHERE role = 'billing'", &[])
+        .query_one(
+            "SELECT expires_at > clock_timestamp() FROM leader_leases WHERE role = 'billing'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
-    assert!(still_valid, "the work must stop while the lease is still valid on the database clock");
+    assert!(
+        still_valid,
+        "the work must stop while the lease is still valid on the database clock"
+    );
     let stopped_after_lock = dropped_at - locked_at;
-    println!("row locked → work abandoned: {stopped_after_lock:?} (started {:?} before the lock)", locked_at - started);
+    println!(
+        "row locked → work abandoned: {stopped_after_lock:?} (started {:?} before the lock)",
+        locked_at - started
+    );
     assert!(stopped_after_lock <= config.abandon_after() + Duration::from_millis(300));
 
     // Timed-out RENEWs were cancelled on the server, not left running.
@@ -277,15 +389,27 @@ async fn hung_renew_is_a_missed_beat_and_past_abandon_the_work_stops_before_the_
         if waiting == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "{waiting} RENEW statements still running on the server");
+        assert!(
+            Instant::now() < deadline,
+            "{waiting} RENEW statements still running on the server"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     // The RELEASE waits on the same lock; let it through.
     lock.commit().await.unwrap();
-    assert!(matches!(tick.await.unwrap(), Lead::Lost { reason: LossReason::HeartbeatTimeout, .. }));
+    assert!(matches!(
+        tick.await.unwrap(),
+        Lead::Lost {
+            reason: LossReason::HeartbeatTimeout,
+            ..
+        }
+    ));
     let s = status(&a, "billing").await;
     assert!(!s.held, "the abandoned term was released");
     let wait = seconds_between(s.not_before.expect("lost-tick cooldown"), s.db_now);
-    assert!((55.0..=60.0).contains(&wait), "not_before = now + min(interval, 60 s), got {wait}s");
+    assert!(
+        (55.0..=60.0).contains(&wait),
+        "not_before = now + min(interval, 60 s), got {wait}s"
+    );
 }

@@ -18,11 +18,23 @@ async fn four_concurrent_runners_apply_each_migration_once() {
             ticklease::migrate(&mut client).await
         })
     });
-    let reports: Vec<_> = futures::future::join_all(runs).await.into_iter().map(|r| r.unwrap().unwrap()).collect();
+    let reports: Vec<_> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
     let applied: usize = reports.iter().map(|r| r.applied.len()).sum();
-    assert_eq!(applied, MIGRATIONS.len(), "each migration applied by exactly one runner: {reports:?}");
+    assert_eq!(
+        applied,
+        MIGRATIONS.len(),
+        "each migration applied by exactly one runner: {reports:?}"
+    );
     let client = connect(&db).await.unwrap();
-    let n: i64 = client.query_one(&format!("SELECT count(*) FROM {MIGRATIONS_TABLE}"), &[]).await.unwrap().get(0);
+    let n: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {MIGRATIONS_TABLE}"), &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n as usize, MIGRATIONS.len());
 }
 
@@ -30,10 +42,20 @@ async fn four_concurrent_runners_apply_each_migration_once() {
 async fn a_modified_applied_migration_is_refused() {
     let db = migrated_db(PgCluster::shared()).await;
     let mut client = connect(&db).await.unwrap();
-    client.batch_execute(&format!("UPDATE {MIGRATIONS_TABLE} SET checksum = 'edited' WHERE version = 1")).await.unwrap();
+    client
+        .batch_execute(&format!(
+            "UPDATE {MIGRATIONS_TABLE} SET checksum = 'edited' WHERE version = 1"
+        ))
+        .await
+        .unwrap();
     let err = ticklease::migrate(&mut client).await.unwrap_err();
-    assert!(matches!(err, MigrateError::Modified { version: 1, .. }), "{err:?}");
-    let err = PgStore::connect(db, PgStoreOptions::from_config(&test_config())).await.unwrap_err();
+    assert!(
+        matches!(err, MigrateError::Modified { version: 1, .. }),
+        "{err:?}"
+    );
+    let err = PgStore::connect(db, PgStoreOptions::from_config(&test_config()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::NotMigrated { .. }), "{err:?}");
 }
 
@@ -41,7 +63,9 @@ async fn a_modified_applied_migration_is_refused() {
 async fn an_unmigrated_database_is_refused_before_anything_is_written() {
     let cluster = PgCluster::shared();
     let db = cluster.config(&cluster.create_database().await.unwrap());
-    let err = PgStore::connect(db.clone(), PgStoreOptions::from_config(&test_config())).await.unwrap_err();
+    let err = PgStore::connect(db.clone(), PgStoreOptions::from_config(&test_config()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::NotMigrated { .. }), "{err:?}");
     assert!(err.to_string().contains("ticklease migrate"), "{err}");
     let client = connect(&db).await.unwrap();
@@ -58,11 +82,18 @@ async fn dropped_and_remigrated_schema_reseeds_tokens_above_every_earlier_one() 
     let db = migrated_db(PgCluster::shared()).await;
     let config = test_config();
     let role = Role::new("billing").unwrap();
-    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config)).await.unwrap();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
     let m = Manager::start(store, config, [role.clone()]).await.unwrap();
     let mut earlier = Vec::new();
     for _ in 0..5 {
-        match m.lead(&role, Duration::from_millis(1), |t| async move { Ok::<_, Infallible>(t.token()) }).await {
+        match m
+            .lead(&role, Duration::from_millis(1), |t| async move {
+                Ok::<_, Infallible>(t.token())
+            })
+            .await
+        {
             Ok(Lead::Completed { value, .. }) => earlier.push(value),
             other => panic!("{other:?}"),
         }
@@ -77,13 +108,23 @@ async fn dropped_and_remigrated_schema_reseeds_tokens_above_every_earlier_one() 
         .await
         .unwrap();
     ticklease::migrate(&mut client).await.unwrap();
-    let store = PgStore::connect(db, PgStoreOptions::from_config(&config)).await.unwrap();
+    let store = PgStore::connect(db, PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
     let m = Manager::start(store, config, [role.clone()]).await.unwrap();
-    let next = match m.lead(&role, Duration::from_millis(1), |t| async move { Ok::<_, Infallible>(t.token()) }).await {
+    let next = match m
+        .lead(&role, Duration::from_millis(1), |t| async move {
+            Ok::<_, Infallible>(t.token())
+        })
+        .await
+    {
         Ok(Lead::Completed { value, .. }) => value,
         other => panic!("{other:?}"),
     };
-    assert!(earlier.iter().all(|t| next > *t), "{next} must exceed {earlier:?}");
+    assert!(
+        earlier.iter().all(|t| next > *t),
+        "{next} must exceed {earlier:?}"
+    );
 }
 
 #[tokio::test]
@@ -92,31 +133,65 @@ async fn role_name_rule_matches_the_tables_check() {
     let client = connect(&db).await.unwrap();
     let long = "a".repeat(64);
     let names = [
-        "billing", "webhook_delivery", "billing:shard-3", "a1:0.x_y-z", "b", &long[..63], &long, "", "Billing",
-        "1billing", "billing-run", "billing:", "billing:-x", "billing:Shard", "a:b:c", "bill ing", "_x", "é",
+        "billing",
+        "webhook_delivery",
+        "billing:shard-3",
+        "a1:0.x_y-z",
+        "b",
+        &long[..63],
+        &long,
+        "",
+        "Billing",
+        "1billing",
+        "billing-run",
+        "billing:",
+        "billing:-x",
+        "billing:Shard",
+        "a:b:c",
+        "bill ing",
+        "_x",
+        "é",
     ];
     for name in names {
         let rust = Role::new(name).is_ok();
         let sql = client
-            .execute("INSERT INTO leader_leases (role) VALUES ($1) ON CONFLICT DO NOTHING", &[&name])
+            .execute(
+                "INSERT INTO leader_leases (role) VALUES ($1) ON CONFLICT DO NOTHING",
+                &[&name],
+            )
             .await
             .is_ok();
         assert_eq!(rust, sql, "Role::new and the CHECK disagree on {name:?}");
     }
     let err = Role::new("Billing").unwrap_err();
-    assert_eq!(err.to_string(), "invalid role name \"Billing\": must start with a lowercase ASCII letter");
+    assert_eq!(
+        err.to_string(),
+        "invalid role name \"Billing\": must start with a lowercase ASCII letter"
+    );
 }
 
 #[tokio::test]
 async fn startup_reports_undeclared_rows_and_seeds_declared_ones() {
     let (store, db) = ticklease_testkit::pg_store(&test_config()).await;
     let client = connect(&db).await.unwrap();
-    client.batch_execute("INSERT INTO leader_leases (role) VALUES ('retired_job')").await.unwrap();
-    let m = Manager::start(store, test_config(), [Role::new("billing").unwrap()]).await.unwrap();
+    client
+        .batch_execute("INSERT INTO leader_leases (role) VALUES ('retired_job')")
+        .await
+        .unwrap();
+    let m = Manager::start(store, test_config(), [Role::new("billing").unwrap()])
+        .await
+        .unwrap();
     let report = m.check_roles().await.unwrap();
     assert_eq!(report.undeclared, vec!["retired_job".to_string()]);
     assert!(report.missing.is_empty());
-    let roles: Vec<String> = m.store().status().await.unwrap().into_iter().map(|s| s.role).collect();
+    let roles: Vec<String> = m
+        .store()
+        .status()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.role)
+        .collect();
     assert_eq!(roles, ["billing", "retired_job"]);
 }
 
@@ -124,7 +199,10 @@ async fn startup_reports_undeclared_rows_and_seeds_declared_ones() {
 async fn held_and_paused_rows_obey_the_tables_checks() {
     let db = migrated_db(PgCluster::shared()).await;
     let client = connect(&db).await.unwrap();
-    client.batch_execute("INSERT INTO leader_leases (role) VALUES ('billing')").await.unwrap();
+    client
+        .batch_execute("INSERT INTO leader_leases (role) VALUES ('billing')")
+        .await
+        .unwrap();
     for bad in [
         "UPDATE leader_leases SET holder_id = 'x'",
         "UPDATE leader_leases SET holder_id = 'x', acquired_at = now(), expires_at = now(), paused_at = now(), paused_by = 'ops'",

@@ -18,8 +18,12 @@ async fn main() {
     let role = Role::new(role).expect("role");
     let config = ticklease_testkit::test_config();
     let pg: tokio_postgres::Config = url.parse().expect("database url");
-    let store = PgStore::connect(pg, PgStoreOptions::from_config(&config)).await.expect("store");
-    let manager = Manager::start(store, config, [role.clone()]).await.expect("manager");
+    let store = PgStore::connect(pg, PgStoreOptions::from_config(&config))
+        .await
+        .expect("store");
+    let manager = Manager::start(store, config, [role.clone()])
+        .await
+        .expect("manager");
     loop {
         manager
             .lead(&role, Duration::from_millis(1), |tick| async move {

@@ -12,10 +12,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use deadpool_postgres::ClientWrapper;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_postgres::config::Host;
-use deadpool_postgres::ClientWrapper;
 use tokio_postgres::NoTls;
 
 #[derive(Debug, Clone)]
@@ -43,7 +43,9 @@ impl CancelTarget {
     /// Sends a cancel for the client's running statement, then drops the
     /// client, on a task of its own so the caller does not wait.
     pub(super) fn cancel_and_close(&self, client: ClientWrapper) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let target = self.clone();
         runtime.spawn(async move {
             let token = client.cancel_token();
@@ -75,7 +77,10 @@ async fn send_and_linger<S>(token: &tokio_postgres::CancelToken, send: S, mut ke
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    token.cancel_query_raw(NoHalfClose(send), NoTls).await.map_err(io::Error::other)?;
+    token
+        .cancel_query_raw(NoHalfClose(send), NoTls)
+        .await
+        .map_err(io::Error::other)?;
     let mut buf = [0u8; 64];
     while keep.read(&mut buf).await? > 0 {}
     Ok(())
@@ -98,7 +103,11 @@ fn duplicate_unix(stream: UnixStream) -> io::Result<(UnixStream, UnixStream)> {
 struct NoHalfClose<S>(S);
 
 impl<S: AsyncRead + Unpin> AsyncRead for NoHalfClose<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_read(cx, buf)
     }
 }

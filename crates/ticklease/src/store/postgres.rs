@@ -43,7 +43,10 @@ pub struct PgStoreOptions {
 
 impl PgStoreOptions {
     pub fn from_config(config: &Config) -> Self {
-        PgStoreOptions { pool_size: 4, statement_timeout: config.statement_timeout() }
+        PgStoreOptions {
+            pool_size: 4,
+            statement_timeout: config.statement_timeout(),
+        }
     }
 }
 
@@ -57,7 +60,9 @@ pub struct PgStore {
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore").field("statement_timeout", &self.statement_timeout).finish()
+        f.debug_struct("PgStore")
+            .field("statement_timeout", &self.statement_timeout)
+            .finish()
     }
 }
 
@@ -69,11 +74,25 @@ impl PgStore {
         let cancel = CancelTarget::from_config(&pg, options.statement_timeout);
         let mut pg = pg;
         pg.connect_timeout(options.statement_timeout);
-        let manager =
-            Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-        let pool = Pool::builder(manager).max_size(pool_size).build().expect("no runtime-dependent options");
-        let store = PgStore { pool, statement_timeout: options.statement_timeout, cancel };
-        let conn = store.conn("schema check", Instant::now() + store.statement_timeout).await?;
+        let manager = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .build()
+            .expect("no runtime-dependent options");
+        let store = PgStore {
+            pool,
+            statement_timeout: options.statement_timeout,
+            cancel,
+        };
+        let conn = store
+            .conn("schema check", Instant::now() + store.statement_timeout)
+            .await?;
         check_schema(&conn).await?;
         Ok(store)
     }
@@ -82,7 +101,10 @@ impl PgStore {
         match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(source)) => Err(StoreError::Connect { statement, source }),
-            Err(_) => Err(StoreError::Timeout { statement, after: self.statement_timeout }),
+            Err(_) => Err(StoreError::Timeout {
+                statement,
+                after: self.statement_timeout,
+            }),
         }
     }
 
@@ -94,14 +116,20 @@ impl PgStore {
     ) -> Result<Vec<Row>, StoreError> {
         let deadline = Instant::now() + self.statement_timeout;
         let conn = self.conn(statement, deadline).await?;
-        let in_flight = InFlight { conn: Some(conn), cancel: &self.cancel };
+        let in_flight = InFlight {
+            conn: Some(conn),
+            cancel: &self.cancel,
+        };
         let client = in_flight.conn.as_ref().expect("set above");
         match timeout_at(deadline, client.query_typed(sql, params)).await {
             Ok(result) => {
                 in_flight.done();
                 result.map_err(|source| classify(statement, source))
             }
-            Err(_) => Err(StoreError::Timeout { statement, after: self.statement_timeout }),
+            Err(_) => Err(StoreError::Timeout {
+                statement,
+                after: self.statement_timeout,
+            }),
         }
     }
 }
@@ -131,9 +159,16 @@ fn classify(statement: &'static str, source: tokio_postgres::Error) -> StoreErro
     let code = source.code().cloned();
     match code {
         Some(c) if c == SqlState::UNDEFINED_TABLE || c == SqlState::UNDEFINED_FUNCTION => {
-            StoreError::NotMigrated { detail: source.as_db_error().map(|e| e.message().to_string()).unwrap_or_default() }
+            StoreError::NotMigrated {
+                detail: source
+                    .as_db_error()
+                    .map(|e| e.message().to_string())
+                    .unwrap_or_default(),
+            }
         }
-        Some(c) if c == SqlState::INSUFFICIENT_PRIVILEGE => StoreError::PermissionDenied { statement, source },
+        Some(c) if c == SqlState::INSUFFICIENT_PRIVILEGE => {
+            StoreError::PermissionDenied { statement, source }
+        }
         Some(c) if c == SqlState::INVALID_PARAMETER_VALUE || c == SqlState::CHECK_VIOLATION => {
             StoreError::Invalid { statement, source }
         }
@@ -146,7 +181,9 @@ fn millis(d: Duration) -> i64 {
 }
 
 fn one(statement: &'static str, rows: Vec<Row>) -> Result<Row, StoreError> {
-    rows.into_iter().next().ok_or(StoreError::NotMigrated { detail: format!("{statement} returned no row") })
+    rows.into_iter().next().ok_or(StoreError::NotMigrated {
+        detail: format!("{statement} returned no row"),
+    })
 }
 
 impl LeaseStore for PgStore {
@@ -162,21 +199,35 @@ impl LeaseStore for PgStore {
             .query(
                 "ACQUIRE",
                 ACQUIRE,
-                &[(&role.as_str(), Type::TEXT), (&holder, Type::TEXT), (&ttl, Type::INT8), (&interval, Type::INT8)],
+                &[
+                    (&role.as_str(), Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&ttl, Type::INT8),
+                    (&interval, Type::INT8),
+                ],
             )
             .await?;
         let row = one("ACQUIRE", rows)?;
         let db_now: SystemTime = row.get("db_now");
         if let Some(token) = row.get::<_, Option<i64>>("holder_token") {
-            return Ok(Acquire::Acquired(Term { token: Token(token), db_now }));
+            return Ok(Acquire::Acquired(Term {
+                token: Token(token),
+                db_now,
+            }));
         }
         let paused_by: Option<String> = row.get("paused_by");
         let held: Option<bool> = row.get("held");
         let due_at: Option<SystemTime> = row.get("due_at");
         Ok(if let Some(by) = paused_by {
-            Acquire::Paused { by, reason: row.get::<_, Option<String>>("pause_reason").unwrap_or_default() }
+            Acquire::Paused {
+                by,
+                reason: row.get::<_, Option<String>>("pause_reason").unwrap_or_default(),
+            }
         } else if held == Some(true) {
-            Acquire::Held { holder: row.get("holder_id"), expires_at: row.get("expires_at") }
+            Acquire::Held {
+                holder: row.get("holder_id"),
+                expires_at: row.get("expires_at"),
+            }
         } else if let Some(due_at) = due_at.filter(|d| *d > db_now) {
             Acquire::NotDue { due_at }
         } else {
@@ -187,11 +238,21 @@ impl LeaseStore for PgStore {
     async fn renew(&self, role: &Role, token: Token, lease_ttl: Duration) -> Result<Renew, StoreError> {
         let ttl = millis(lease_ttl);
         let rows = self
-            .query("RENEW", RENEW, &[(&role.as_str(), Type::TEXT), (&token.0, Type::INT8), (&ttl, Type::INT8)])
+            .query(
+                "RENEW",
+                RENEW,
+                &[
+                    (&role.as_str(), Type::TEXT),
+                    (&token.0, Type::INT8),
+                    (&ttl, Type::INT8),
+                ],
+            )
             .await?;
         let row = one("RENEW", rows)?;
         if row.get::<_, bool>("renewed") {
-            return Ok(Renew::Renewed { db_now: row.get("db_now") });
+            return Ok(Renew::Renewed {
+                db_now: row.get("db_now"),
+            });
         }
         let current: Option<i64> = row.get("holder_token");
         let holder: Option<String> = row.get("holder_id");
@@ -219,7 +280,12 @@ impl LeaseStore for PgStore {
             .query(
                 "RELEASE",
                 RELEASE,
-                &[(&role.as_str(), Type::TEXT), (&token.0, Type::INT8), (&outcome, Type::TEXT), (&interval, Type::INT8)],
+                &[
+                    (&role.as_str(), Type::TEXT),
+                    (&token.0, Type::INT8),
+                    (&outcome, Type::TEXT),
+                    (&interval, Type::INT8),
+                ],
             )
             .await?;
         Ok(!rows.is_empty())
@@ -228,7 +294,15 @@ impl LeaseStore for PgStore {
     async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
         check_pauser(by)?;
         let rows = self
-            .query("PAUSE", PAUSE, &[(&role.as_str(), Type::TEXT), (&by, Type::TEXT), (&reason, Type::TEXT)])
+            .query(
+                "PAUSE",
+                PAUSE,
+                &[
+                    (&role.as_str(), Type::TEXT),
+                    (&by, Type::TEXT),
+                    (&reason, Type::TEXT),
+                ],
+            )
             .await
             .map_err(|e| unknown_role(e, role))?;
         Ok(one("PAUSE", rows)?.get(0))
@@ -277,7 +351,10 @@ impl LeaseStore for PgStore {
 /// Who paused a role must be named (the SQL function checks the same for psql callers).
 pub fn check_pauser(by: &str) -> Result<(), StoreError> {
     if by.trim().is_empty() {
-        return Err(StoreError::Rejected { statement: "PAUSE", problem: "who paused the role must be named" });
+        return Err(StoreError::Rejected {
+            statement: "PAUSE",
+            problem: "who paused the role must be named",
+        });
     }
     Ok(())
 }
@@ -285,7 +362,9 @@ pub fn check_pauser(by: &str) -> Result<(), StoreError> {
 fn unknown_role(e: StoreError, role: &Role) -> StoreError {
     match &e {
         StoreError::Db { source, .. } if source.code() == Some(&SqlState::NO_DATA_FOUND) => {
-            StoreError::UnknownRole { role: role.to_string() }
+            StoreError::UnknownRole {
+                role: role.to_string(),
+            }
         }
         _ => e,
     }
