@@ -366,6 +366,20 @@ impl PgCluster {
         format!("postgres://postgres@127.0.0.1:{}/{dbname}", self.port)
     }
 
+    /// Terminates every backend connected to `dbname` (as a crashed or
+    /// restarted server would drop them). Returns how many were terminated.
+    pub async fn terminate_backends(&self, dbname: &str) -> Result<i64, KitError> {
+        let client = connect(&self.config("postgres")).await?;
+        let row = client
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1",
+                &[&dbname],
+            )
+            .await
+            .map_err(|source| KitError::Db { what: "pg_terminate_backend".into(), source })?;
+        Ok(row.get(0))
+    }
+
     /// Creates an empty database with a fresh name.
     pub async fn create_database(&self) -> Result<String, KitError> {
         let n = self.databases.fetch_add(1, Ordering::Relaxed);
