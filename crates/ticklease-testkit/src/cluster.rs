@@ -376,7 +376,10 @@ impl PgCluster {
                 &[&dbname],
             )
             .await
-            .map_err(|source| KitError::Db { what: "pg_terminate_backend".into(), source })?;
+            .map_err(|source| KitError::Db {
+                what: "pg_terminate_backend".into(),
+                source,
+            })?;
         Ok(row.get(0))
     }
 

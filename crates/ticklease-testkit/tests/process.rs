@@ -84,7 +84,9 @@ async fn terminated_backends_are_missed_beats_and_the_term_survives() {
     let name = db.get_dbname().unwrap().to_string();
     let config = test_config();
     let role = Role::new("dunning").unwrap();
-    let store = PgStore::connect(db, PgStoreOptions::from_config(&config)).await.unwrap();
+    let store = PgStore::connect(db, PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
     let m = Manager::start(store, config, [role.clone()]).await.unwrap();
     let lead = m
         .lead(&role, Duration::from_secs(3600), |_| async {
@@ -107,7 +109,9 @@ async fn a_restarted_postmaster_is_led_again_within_the_takeover_bound() {
     let db = migrated_db(&cluster).await;
     let config = test_config();
     let role = Role::new("webhook_delivery").unwrap();
-    let store = PgStore::connect(db, PgStoreOptions::from_config(&config)).await.unwrap();
+    let store = PgStore::connect(db, PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
     let m = Manager::start(store, config, [role.clone()]).await.unwrap();
     let tick = |m: Manager<PgStore>, role: Role| async move {
         m.lead(&role, Duration::from_millis(1), |_| async {
@@ -116,7 +120,10 @@ async fn a_restarted_postmaster_is_led_again_within_the_takeover_bound() {
         })
         .await
     };
-    assert!(matches!(tick(m.clone(), role.clone()).await, Ok(Lead::Completed { .. })));
+    assert!(matches!(
+        tick(m.clone(), role.clone()).await,
+        Ok(Lead::Completed { .. })
+    ));
     let running = tokio::spawn(tick(m.clone(), role.clone()));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let restarted = Instant::now();
@@ -128,8 +135,15 @@ async fn a_restarted_postmaster_is_led_again_within_the_takeover_bound() {
         if let Ok(Lead::Completed { .. }) = tick(m.clone(), role.clone()).await {
             break;
         }
-        assert!(restarted.elapsed() < down_for + bound, "not led again {:?} after the restart", restarted.elapsed());
+        assert!(
+            restarted.elapsed() < down_for + bound,
+            "not led again {:?} after the restart",
+            restarted.elapsed()
+        );
         tokio::time::sleep(config.max_poll()).await;
     }
-    println!("postmaster down {down_for:?}; led again {:?} after the restart began", restarted.elapsed());
+    println!(
+        "postmaster down {down_for:?}; led again {:?} after the restart began",
+        restarted.elapsed()
+    );
 }

@@ -110,6 +110,8 @@ pub enum MigrateError {
 pub enum Error {
     #[error("unknown role {role:?}: not declared to this manager")]
     UnknownRole { role: String },
+    #[error("role {role:?} already has a job in this scheduler")]
+    DuplicateJob { role: String },
     #[error("tick interval for role {role:?} must be greater than zero")]
     ZeroInterval { role: String },
     #[error("tick interval {interval:?} for role {role:?} exceeds the limit of {max:?}")]

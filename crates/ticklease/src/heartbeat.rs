@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::lead::Drift;
+use crate::metrics::Metrics;
 use crate::role::Role;
 use crate::store::{LeaseStore, LossReason, Renew};
 use crate::token::Token;
@@ -31,6 +32,7 @@ pub(crate) struct Heartbeat<S> {
     /// When the ACQUIRE that started the term was sent.
     pub(crate) acquire_sent: Instant,
     pub(crate) drift: Arc<Drift>,
+    pub(crate) metrics: Option<Metrics>,
 }
 
 impl<S: LeaseStore> Heartbeat<S> {
@@ -73,6 +75,9 @@ impl<S: LeaseStore> Heartbeat<S> {
                     last_ack = sent;
                     missed = false;
                     self.drift.observe(wall, sent.elapsed(), db_now);
+                    if let Some(m) = &self.metrics {
+                        m.renewed(sent.elapsed());
+                    }
                 }
                 Ok(Ok(Renew::Lost(reason))) => {
                     tracing::info!(role = %self.role, token = %self.token, %reason, "lease lost");

@@ -10,11 +10,13 @@ use std::time::{Duration, SystemTime};
 use futures::FutureExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, DURATION_MAX};
 use crate::error::Error;
 use crate::fence::Fence;
 use crate::heartbeat::Heartbeat;
+use crate::metrics::{LostReason, Metrics, TickOutcome};
 use crate::role::Role;
 use crate::store::{Acquire, LeaseStatus, LeaseStore, LossReason, Release};
 use crate::token::Token;
@@ -107,6 +109,7 @@ pub struct RoleReport {
 pub(crate) struct Drift {
     micros: AtomicI64,
     seen: std::sync::atomic::AtomicBool,
+    metrics: Option<Metrics>,
 }
 
 impl Drift {
@@ -119,6 +122,9 @@ impl Drift {
         };
         self.micros.store(micros, Ordering::Relaxed);
         self.seen.store(true, Ordering::Relaxed);
+        if let Some(m) = &self.metrics {
+            m.drift(micros as f64 / 1e6);
+        }
     }
 
     fn seconds(&self) -> Option<f64> {
@@ -135,6 +141,9 @@ struct Inner<S> {
     roles: BTreeSet<Role>,
     shutdown: CancellationToken,
     drift: Arc<Drift>,
+    metrics: Option<Metrics>,
+    /// RELEASE tasks, so a shutdown can wait for them.
+    releases: TaskTracker,
 }
 
 /// Leads the roles an application declares, one tick at a time.
@@ -165,7 +174,25 @@ impl<S: LeaseStore> Manager<S> {
         config: Config,
         roles: impl IntoIterator<Item = Role>,
     ) -> Result<Self, Error> {
-        let roles: BTreeSet<Role> = roles.into_iter().collect();
+        Manager::start_inner(store, config, roles.into_iter().collect(), None).await
+    }
+
+    /// As [`Manager::start`], recording into `metrics` (registered for the same roles).
+    pub async fn start_with_metrics(
+        store: S,
+        config: Config,
+        roles: impl IntoIterator<Item = Role>,
+        metrics: Metrics,
+    ) -> Result<Self, Error> {
+        Manager::start_inner(store, config, roles.into_iter().collect(), Some(metrics)).await
+    }
+
+    async fn start_inner(
+        store: S,
+        config: Config,
+        roles: BTreeSet<Role>,
+        metrics: Option<Metrics>,
+    ) -> Result<Self, Error> {
         let declared: Vec<Role> = roles.iter().cloned().collect();
         store.seed(&declared).await?;
         let manager = Manager {
@@ -175,7 +202,12 @@ impl<S: LeaseStore> Manager<S> {
                 holder_id: holder_id(),
                 roles,
                 shutdown: CancellationToken::new(),
-                drift: Arc::default(),
+                drift: Arc::new(Drift {
+                    metrics: metrics.clone(),
+                    ..Drift::default()
+                }),
+                metrics,
+                releases: TaskTracker::new(),
             }),
         };
         let report = manager.check_roles().await?;
@@ -233,6 +265,21 @@ impl<S: LeaseStore> Manager<S> {
         self.inner.shutdown.is_cancelled()
     }
 
+    /// Waits up to `bound` for every RELEASE started so far; `false` if some
+    /// were still running.
+    pub async fn wait_released(&self, bound: Duration) -> bool {
+        self.inner.releases.close();
+        let done = tokio::time::timeout(bound, self.inner.releases.wait())
+            .await
+            .is_ok();
+        self.inner.releases.reopen();
+        done
+    }
+
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.inner.metrics.as_ref()
+    }
+
     /// One tick of `role`: ACQUIRE; if a term starts, run `work` under a
     /// heartbeat, then RELEASE with the outcome. A panic in `work` releases the
     /// tick as failed and then continues unwinding from here.
@@ -278,6 +325,10 @@ impl<S: LeaseStore> Manager<S> {
         inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
         let token = term.token;
         tracing::info!(%role, %token, holder = %inner.holder_id, "acquired");
+        if let Some(m) = &inner.metrics {
+            m.interval(role, interval);
+            m.leading(role, true);
+        }
 
         let mut guard = TermGuard {
             inner: inner.clone(),
@@ -301,6 +352,7 @@ impl<S: LeaseStore> Manager<S> {
                 config: inner.config,
                 acquire_sent: sent,
                 drift: inner.drift.clone(),
+                metrics: inner.metrics.clone(),
             }
             .run(stop_heartbeat.clone()),
         );
@@ -322,24 +374,54 @@ impl<S: LeaseStore> Manager<S> {
         }
         drop(work);
 
-        let (release, lead) = match ended {
-            Ended::Lost(reason) => (Release::Lost, Ok(Lead::Lost { token, reason })),
+        let (release, lead, outcome, lost) = match ended {
+            Ended::Lost(reason) => (
+                Release::Lost,
+                Ok(Lead::Lost { token, reason }),
+                TickOutcome::Lost,
+                Some(LostReason::Lease(reason)),
+            ),
             Ended::Returned(result) => {
                 let interrupted = tick.is_cancelled();
                 match result {
                     // A shutdown-cancelled tick is interrupted even if its work then panicked.
-                    Err(panic) if interrupted => (Release::Interrupted, Err(panic)),
-                    Err(panic) => (Release::Failed, Err(panic)),
-                    Ok(_) if interrupted => (Release::Interrupted, Ok(Lead::Interrupted { token })),
-                    Ok(Ok(value)) => (Release::Completed, Ok(Lead::Completed { token, value })),
+                    Err(panic) if interrupted => {
+                        (Release::Interrupted, Err(panic), TickOutcome::Interrupted, None)
+                    }
+                    Err(panic) => (
+                        Release::Failed,
+                        Err(panic),
+                        TickOutcome::Panicked,
+                        Some(LostReason::Panicked),
+                    ),
+                    Ok(_) if interrupted => (
+                        Release::Interrupted,
+                        Ok(Lead::Interrupted { token }),
+                        TickOutcome::Interrupted,
+                        None,
+                    ),
+                    Ok(Ok(value)) => (
+                        Release::Completed,
+                        Ok(Lead::Completed { token, value }),
+                        TickOutcome::Completed,
+                        None,
+                    ),
                     Ok(Err(e)) => {
                         let error: BoxError = e.into();
-                        tracing::warn!(%role, %token, error = &*error as &dyn std::error::Error, "tick failed");
-                        (Release::Failed, Ok(Lead::Failed { token, error }))
+                        tracing::warn!(%role, %token, error = %error_chain(&*error), "tick failed");
+                        (
+                            Release::Failed,
+                            Ok(Lead::Failed { token, error }),
+                            TickOutcome::Failed,
+                            Some(LostReason::Failed),
+                        )
                     }
                 }
             }
         };
+        if let Some(m) = &inner.metrics {
+            m.tick_ended(role, outcome, sent.elapsed(), lost);
+        }
         guard.armed = false;
         let released = guard.release(release).await;
         tracing::info!(%role, %token, outcome = release.as_str(), released, "released");
@@ -348,6 +430,18 @@ impl<S: LeaseStore> Manager<S> {
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
+}
+
+/// An error and its sources, `outer: inner: root`.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
 }
 
 enum Ended<R> {
@@ -393,6 +487,9 @@ impl<S: LeaseStore> TermGuard<S> {
 
 impl<S: LeaseStore> Drop for TermGuard<S> {
     fn drop(&mut self) {
+        if let Some(m) = &self.inner.metrics {
+            m.leading(&self.role, false);
+        }
         if self.armed && tokio::runtime::Handle::try_current().is_ok() {
             drop(self.spawn_release(Release::Interrupted));
         }

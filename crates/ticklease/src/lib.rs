@@ -147,8 +147,11 @@ pub mod error;
 pub mod fence;
 mod heartbeat;
 pub mod lead;
+pub mod metrics;
 pub mod migrate;
 pub mod role;
+pub mod scheduler;
+pub mod step;
 pub mod store;
 pub mod token;
 
@@ -156,8 +159,11 @@ pub use config::{Config, ConfigBuilder};
 pub use error::{ConfigError, Error, MigrateError, RoleError, StoreError};
 pub use fence::Fence;
 pub use lead::{holder_id, BoxError, Cancel, Lead, Manager, RoleReport, Tick};
+pub use metrics::Metrics;
 pub use migrate::{migrate, MigrateReport};
 pub use role::Role;
+pub use scheduler::{Scheduler, Stopped};
+pub use step::Steps;
 pub use store::{
     Acquire, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Release, Renew, Term,
 };

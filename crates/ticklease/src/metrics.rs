@@ -1,0 +1,370 @@
+//! Prometheus metrics, registered into a registry the application passes in
+//! (no globals). Give the registry a prefix (`Registry::with_prefix("myapp")`)
+//! and the names below read `<prefix>_leader_…`.
+//!
+//! Two kinds of series:
+//! - **cluster facts**, read from `leader_leases` on each scrape by any replica
+//!   ([`Metrics::refresh`]): `leader_last_tick_age_seconds{role}` (never
+//!   negative), `leader_last_tick_state{role,state}` with state `ok`,
+//!   `never_ran` or `error` (the age series is absent in the latter two, never
+//!   a stale or sentinel value), and `leader_paused{role}`;
+//! - **this replica**: `leader_is_leader{role}`, `leader_ticks_total{role,outcome}`,
+//!   `leader_lease_lost_total{role,reason}` (its `panicked` series exists at 0
+//!   from the start for every declared role, so the first panic after a start
+//!   is an increase an alert sees), `leader_tick_duration_seconds{role}`,
+//!   `leader_renew_duration_seconds`, `leader_db_clock_drift_seconds`, and
+//!   `leader_tick_interval_seconds{role}` (what the stall alert compares with).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::role::Role;
+use crate::store::{LeaseStore, LossReason};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabel {
+    role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    role: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    role: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    role: String,
+    outcome: &'static str,
+}
+
+/// Why a tick ended without completing, as counted by `leader_lease_lost_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    Lease(LossReason),
+    /// The work panicked (a code or data defect).
+    Panicked,
+    /// The work returned `Err`.
+    Failed,
+}
+
+impl LostReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LostReason::Lease(r) => r.as_str(),
+            LostReason::Panicked => "panicked",
+            LostReason::Failed => "failed",
+        }
+    }
+}
+
+/// How a tick ended, as counted by `leader_ticks_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TickOutcome {
+    Completed,
+    Failed,
+    Panicked,
+    Interrupted,
+    Lost,
+}
+
+impl TickOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TickOutcome::Completed => "completed",
+            TickOutcome::Failed => "failed",
+            TickOutcome::Panicked => "panicked",
+            TickOutcome::Interrupted => "interrupted",
+            TickOutcome::Lost => "lost",
+        }
+    }
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+struct Inner {
+    roles: Vec<Role>,
+    last_tick_age: Family<RoleLabel, FloatGauge>,
+    last_tick_state: Family<StateLabels, Gauge>,
+    paused: Family<RoleLabel, Gauge>,
+    interval: Family<RoleLabel, FloatGauge>,
+    is_leader: Family<RoleLabel, Gauge>,
+    ticks: Family<OutcomeLabels, Counter>,
+    lease_lost: Family<ReasonLabels, Counter>,
+    tick_duration: Family<RoleLabel, Histogram>,
+    renew_duration: Histogram,
+    drift: FloatGauge,
+}
+
+/// The metric handles. Cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("roles", &self.inner.roles)
+            .finish()
+    }
+}
+
+fn tick_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 4.0, 10))
+}
+
+fn label(role: &Role) -> RoleLabel {
+    RoleLabel {
+        role: role.to_string(),
+    }
+}
+
+const STATES: [&str; 3] = ["ok", "never_ran", "error"];
+
+impl Metrics {
+    /// Registers every metric for `roles` into `registry`.
+    pub fn register(registry: &mut Registry, roles: impl IntoIterator<Item = Role>) -> Metrics {
+        let inner = Inner {
+            roles: roles.into_iter().collect(),
+            last_tick_age: Family::default(),
+            last_tick_state: Family::default(),
+            paused: Family::default(),
+            interval: Family::default(),
+            is_leader: Family::default(),
+            ticks: Family::default(),
+            lease_lost: Family::default(),
+            tick_duration: Family::new_with_constructor(tick_buckets),
+            renew_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            drift: FloatGauge::default(),
+        };
+        let r = registry;
+        r.register(
+            "leader_last_tick_age_seconds",
+            "Seconds since the role's last completed tick (cluster fact; absent unless state=ok)",
+            inner.last_tick_age.clone(),
+        );
+        r.register(
+            "leader_last_tick_state",
+            "1 for the current state of the last-tick fact: ok, never_ran or error",
+            inner.last_tick_state.clone(),
+        );
+        r.register(
+            "leader_paused",
+            "1 while an operator has paused the role",
+            inner.paused.clone(),
+        );
+        r.register(
+            "leader_tick_interval_seconds",
+            "The role's tick interval",
+            inner.interval.clone(),
+        );
+        r.register(
+            "leader_is_leader",
+            "1 while this replica runs a tick of the role",
+            inner.is_leader.clone(),
+        );
+        r.register(
+            "leader_ticks",
+            "Ticks this replica ran, by outcome",
+            inner.ticks.clone(),
+        );
+        r.register(
+            "leader_lease_lost",
+            "Ticks that ended without completing, by reason",
+            inner.lease_lost.clone(),
+        );
+        r.register(
+            "leader_tick_duration_seconds",
+            "Tick durations",
+            inner.tick_duration.clone(),
+        );
+        r.register(
+            "leader_renew_duration_seconds",
+            "RENEW round trips",
+            inner.renew_duration.clone(),
+        );
+        r.register(
+            "leader_db_clock_drift_seconds",
+            "Database clock minus this replica's clock, as last observed",
+            inner.drift.clone(),
+        );
+        for role in &inner.roles {
+            // Exists at 0 from the start: the first panic is then an increase.
+            drop(inner.lease_lost.get_or_create(&ReasonLabels {
+                role: role.to_string(),
+                reason: "panicked",
+            }));
+            inner.is_leader.get_or_create(&label(role)).set(0);
+        }
+        Metrics {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Reads the cluster facts from the store. A failure is exported as
+    /// `state="error"`, never as a value.
+    pub async fn refresh<S: LeaseStore>(&self, store: &S) {
+        let inner = &self.inner;
+        match store.status().await {
+            Ok(rows) => {
+                for role in &inner.roles {
+                    let row = rows.iter().find(|s| s.role == role.as_str());
+                    let age = row.and_then(|s| {
+                        s.last_tick_ended_at
+                            .map(|t| s.db_now.duration_since(t).unwrap_or_default())
+                    });
+                    match age {
+                        Some(age) => {
+                            inner
+                                .last_tick_age
+                                .get_or_create(&label(role))
+                                .set(age.as_secs_f64());
+                            self.state(role, "ok");
+                        }
+                        None => {
+                            inner.last_tick_age.remove(&label(role));
+                            self.state(role, "never_ran");
+                        }
+                    }
+                    let paused = row.is_some_and(|s| s.paused_at.is_some());
+                    inner.paused.get_or_create(&label(role)).set(i64::from(paused));
+                }
+            }
+            Err(error) => {
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    "could not read leader_leases for metrics"
+                );
+                for role in &inner.roles {
+                    inner.last_tick_age.remove(&label(role));
+                    inner.paused.remove(&label(role));
+                    self.state(role, "error");
+                }
+            }
+        }
+    }
+
+    fn state(&self, role: &Role, state: &'static str) {
+        for s in STATES {
+            let labels = StateLabels {
+                role: role.to_string(),
+                state: s,
+            };
+            self.inner
+                .last_tick_state
+                .get_or_create(&labels)
+                .set(i64::from(s == state));
+        }
+    }
+
+    pub(crate) fn interval(&self, role: &Role, interval: Duration) {
+        self.inner
+            .interval
+            .get_or_create(&label(role))
+            .set(interval.as_secs_f64());
+    }
+
+    pub(crate) fn leading(&self, role: &Role, leading: bool) {
+        self.inner
+            .is_leader
+            .get_or_create(&label(role))
+            .set(i64::from(leading));
+    }
+
+    pub(crate) fn tick_ended(
+        &self,
+        role: &Role,
+        outcome: TickOutcome,
+        took: Duration,
+        lost: Option<LostReason>,
+    ) {
+        let inner = &self.inner;
+        inner
+            .ticks
+            .get_or_create(&OutcomeLabels {
+                role: role.to_string(),
+                outcome: outcome.as_str(),
+            })
+            .inc();
+        inner
+            .tick_duration
+            .get_or_create(&label(role))
+            .observe(took.as_secs_f64());
+        if let Some(reason) = lost {
+            inner
+                .lease_lost
+                .get_or_create(&ReasonLabels {
+                    role: role.to_string(),
+                    reason: reason.as_str(),
+                })
+                .inc();
+        }
+    }
+
+    pub(crate) fn renewed(&self, took: Duration) {
+        self.inner.renew_duration.observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn drift(&self, seconds: f64) {
+        self.inner.drift.set(seconds);
+    }
+}
+
+/// Serves `/metrics` (the registry in OpenMetrics text, cluster facts
+/// refreshed from `store` on each scrape) and `/healthz` until `shutdown`.
+pub async fn serve<S: LeaseStore + Clone>(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    metrics: Metrics,
+    store: S,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    use axum::http::header::CONTENT_TYPE;
+    use axum::routing::get;
+
+    let scrape = move || {
+        let (registry, metrics, store) = (registry.clone(), metrics.clone(), store.clone());
+        async move {
+            metrics.refresh(&store).await;
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, &registry) {
+                Ok(()) => (
+                    axum::http::StatusCode::OK,
+                    [(
+                        CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    body,
+                ),
+                Err(_) => (
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                    "could not encode metrics\n".to_string(),
+                ),
+            }
+        }
+    };
+    let app = axum::Router::new()
+        .route("/metrics", get(scrape))
+        .route("/healthz", get(|| async { "ok\n" }));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}

@@ -1,0 +1,158 @@
+//! The scheduler: one loop per declared role, each polling at most every
+//! `max_poll` and leading a tick when one is due.
+//!
+//! Shutdown cancels the in-flight ticks (they release as interrupted, so the
+//! role is due at once on another replica) and returns only after every
+//! RELEASE has been attempted, within a bounded deadline.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::DURATION_MAX;
+use crate::error::Error;
+use crate::lead::{error_chain, BoxError, Lead, Manager, Tick};
+use crate::role::Role;
+use crate::step::panic_message;
+use crate::store::LeaseStore;
+
+type Work = Arc<dyn Fn(Tick) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
+
+struct Job {
+    role: Role,
+    interval: Duration,
+    work: Work,
+}
+
+/// How a scheduler run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// Every role loop returned before the shutdown deadline.
+    pub loops_finished: bool,
+    /// Every RELEASE was attempted before the deadline.
+    pub releases_done: bool,
+}
+
+/// Runs the jobs of a [`Manager`]'s roles.
+pub struct Scheduler<S> {
+    manager: Manager<S>,
+    jobs: Vec<Job>,
+    shutdown_timeout: Duration,
+}
+
+impl<S: LeaseStore> Scheduler<S> {
+    /// A scheduler with no jobs; shutdown waits up to the lease TTL for work to return.
+    pub fn new(manager: Manager<S>) -> Self {
+        let shutdown_timeout = manager.config().lease_ttl();
+        Scheduler {
+            manager,
+            jobs: Vec::new(),
+            shutdown_timeout,
+        }
+    }
+
+    /// How long shutdown waits for in-flight work before dropping it.
+    pub fn shutdown_timeout(mut self, bound: Duration) -> Self {
+        self.shutdown_timeout = bound;
+        self
+    }
+
+    /// Adds the job of `role`: `work` runs once per tick, at most once per `interval`.
+    pub fn job<F, Fut, E>(mut self, role: &Role, interval: Duration, work: F) -> Result<Self, Error>
+    where
+        F: Fn(Tick) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        if !self.manager.roles().any(|r| r == role) {
+            return Err(Error::UnknownRole {
+                role: role.to_string(),
+            });
+        }
+        if self.jobs.iter().any(|j| &j.role == role) {
+            return Err(Error::DuplicateJob {
+                role: role.to_string(),
+            });
+        }
+        if interval.is_zero() {
+            return Err(Error::ZeroInterval {
+                role: role.to_string(),
+            });
+        }
+        if interval > DURATION_MAX {
+            return Err(Error::IntervalTooLong {
+                role: role.to_string(),
+                interval,
+                max: DURATION_MAX,
+            });
+        }
+        let work: Work = Arc::new(move |tick| {
+            let fut = work(tick);
+            async move { fut.await.map_err(Into::into) }.boxed()
+        });
+        self.jobs.push(Job {
+            role: role.clone(),
+            interval,
+            work,
+        });
+        Ok(self)
+    }
+
+    /// Runs every job until `shutdown` fires, then stops them.
+    pub async fn run(self, shutdown: CancellationToken) -> Stopped {
+        let mut loops = JoinSet::new();
+        for job in self.jobs {
+            loops.spawn(role_loop(self.manager.clone(), job, shutdown.clone()));
+        }
+        shutdown.cancelled().await;
+        self.manager.shutdown();
+        let loops_finished = tokio::time::timeout(self.shutdown_timeout, async {
+            while loops.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+        if !loops_finished {
+            tracing::warn!(after = ?self.shutdown_timeout, "work did not return after shutdown; dropping it");
+            // Dropping a lead future releases its term as interrupted.
+            loops.shutdown().await;
+        }
+        let releases_done = self
+            .manager
+            .wait_released(self.manager.config().statement_timeout() * 2)
+            .await;
+        Stopped {
+            loops_finished,
+            releases_done,
+        }
+    }
+}
+
+async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: CancellationToken) {
+    let Job { role, interval, work } = job;
+    loop {
+        let tick = AssertUnwindSafe(manager.lead(&role, interval, |tick| work(tick)))
+            .catch_unwind()
+            .await;
+        match tick {
+            Ok(Ok(Lead::ShuttingDown)) => return,
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(%role, error = %error_chain(&error), "poll failed"),
+            Err(panic) => tracing::error!(%role, panic = panic_message(&*panic), "tick panicked"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(next_poll(&manager)) => {}
+        }
+    }
+}
+
+/// The one place that decides when a follower next polls.
+fn next_poll<S: LeaseStore>(manager: &Manager<S>) -> Duration {
+    manager.config().max_poll()
+}
