@@ -26,6 +26,18 @@ enum Command {
         after_help = "Examples:\n  ticklease migrate --database-url postgres://app@db/app\n  DATABASE_URL=postgres://app@db/app ticklease migrate"
     )]
     Migrate,
+    /// Serve the cluster-fact metrics of every role in leader_leases on /metrics, and /healthz.
+    #[command(
+        after_help = "Examples:\n  ticklease metrics --metrics-addr 0.0.0.0:9187\n  ticklease metrics --metrics-addr 127.0.0.1:0 --prefix myapp"
+    )]
+    Metrics {
+        /// Address to listen on (port 0 picks a free port; the bound address is printed).
+        #[arg(long, default_value = "127.0.0.1:9187")]
+        metrics_addr: std::net::SocketAddr,
+        /// Metric name prefix.
+        #[arg(long, default_value = "ticklease")]
+        prefix: String,
+    },
 }
 
 #[tokio::main]
@@ -63,6 +75,36 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 report.applied, report.already_applied
             );
         }
+        Command::Metrics { metrics_addr, prefix } => {
+            let store = connect_store(config).await?;
+            let roles = ticklease::LeaseStore::status(&store)
+                .await?
+                .into_iter()
+                .map(|s| ticklease::Role::new(s.role))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut registry = prometheus_client::registry::Registry::with_prefix(prefix);
+            let metrics = ticklease::Metrics::register(&mut registry, roles);
+            let listener = tokio::net::TcpListener::bind(metrics_addr)
+                .await
+                .with_context(|| format!("could not listen on {metrics_addr}"))?;
+            println!(
+                "serving /metrics and /healthz on http://{}",
+                listener.local_addr()?
+            );
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let _ = tokio::signal::ctrl_c().await;
+                stop.cancel();
+            });
+            ticklease::metrics::serve(listener, std::sync::Arc::new(registry), metrics, store, shutdown)
+                .await?;
+        }
     }
     Ok(())
+}
+
+async fn connect_store(config: tokio_postgres::Config) -> anyhow::Result<ticklease::PgStore> {
+    let options = ticklease::PgStoreOptions::from_config(&ticklease::Config::default());
+    Ok(ticklease::PgStore::connect(config, options).await?)
 }

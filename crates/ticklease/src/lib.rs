@@ -142,6 +142,44 @@
 //! # }
 //! ```
 
+//!
+//! ## Scheduler, steps and metrics
+//!
+//! A [`Scheduler`] runs one loop per job, polling at most every `max_poll`. A
+//! tick's work is a list of named steps under one [`Steps`] guard: a step that
+//! panics stops, is logged with its backtrace, and the rest run; the first
+//! panic is raised again at the end, so the tick is released as failed and
+//! counted as `panicked`. [`Steps::each`] guards each item of a batch the
+//! same way. [`Metrics`] registers into the application's registry.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use prometheus_client::registry::Registry;
+//! use ticklease::{Config, Manager, Metrics, PgStore, PgStoreOptions, Role, Scheduler, Steps};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example(pg: tokio_postgres::Config) -> anyhow::Result<()> {
+//! let config = Config::default();
+//! let store = PgStore::connect(pg, PgStoreOptions::from_config(&config)).await?;
+//! let billing = Role::new("billing")?;
+//! let mut registry = Registry::with_prefix("myapp");
+//! let metrics = Metrics::register(&mut registry, [billing.clone()]);
+//! let manager = Manager::start_with_metrics(store, config, [billing.clone()], metrics).await?;
+//! let scheduler = Scheduler::new(manager).job(&billing, Duration::from_secs(3600), |tick| async move {
+//!     let mut steps = Steps::new(&tick);
+//!     steps.run("reconcile", async { /* … */ }).await;
+//!     steps.each("bill", ["sub-1", "sub-2"], |sub| async move { /* bill `sub` */ let _ = sub; }).await;
+//!     steps.run("cleanup", async { /* … */ }).await;
+//!     steps.finish(); // raises the first panic, if any
+//!     Ok::<_, std::io::Error>(())
+//! })?;
+//! let shutdown = CancellationToken::new(); // cancel on SIGTERM
+//! let stopped = scheduler.run(shutdown).await;
+//! assert!(stopped.releases_done);
+//! # Ok(())
+//! # }
+//! ```
+
 pub mod config;
 pub mod error;
 pub mod fence;
