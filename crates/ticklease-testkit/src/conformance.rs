@@ -289,6 +289,20 @@ pub async fn every_acquire_increments_the_token<S: LeaseStore>(store: &S) {
     }
 }
 
+pub async fn run_now_clears_a_cooldown_and_names_unknown_roles<S: LeaseStore>(store: &S) {
+    let r = role("billing");
+    let t = acquired(store, &r, "a", Duration::from_millis(1)).await;
+    assert!(store.release(&r, t, Release::Failed, HOUR).await.expect("RELEASE"));
+    assert!(matches!(
+        store.acquire(&r, "b", TTL, Duration::from_millis(1)).await.expect("ACQUIRE"),
+        Acquire::NotDue { .. }
+    ));
+    assert!(store.run_now(&r).await.expect("RUN NOW"), "a cooldown was cleared");
+    assert!(!store.run_now(&r).await.expect("RUN NOW"), "nothing left to clear");
+    acquired(store, &r, "b", Duration::from_millis(1)).await;
+    assert!(matches!(store.run_now(&role("nope")).await, Err(StoreError::UnknownRole { .. })));
+}
+
 /// Generates one test per conformance case for the store `$make` builds.
 /// Put the test attribute first: `conformance_suite!(#[tokio::test] make_store());`
 #[macro_export]
@@ -310,6 +324,7 @@ macro_rules! conformance_suite {
             seed_creates_missing_rows_and_leaves_existing_ones,
             acquire_recreates_a_missing_row,
             every_acquire_increments_the_token,
+            run_now_clears_a_cooldown_and_names_unknown_roles,
         );
     };
     (@cases #[$attr:meta] $make:expr; $($case:ident),* $(,)?) => {

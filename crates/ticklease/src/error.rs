@@ -96,6 +96,8 @@ pub enum MigrateError {
         "the database has migration {version} applied, which this build does not know (a newer ticklease?)"
     )]
     UnknownApplied { version: i32 },
+    #[error("invalid database role name {name:?}: use [a-z_][a-z0-9_]*, at most 63 bytes")]
+    InvalidRoleName { name: String },
     #[error("migration step {step} failed")]
     Db {
         step: String,

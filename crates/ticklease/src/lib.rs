@@ -198,7 +198,7 @@ pub use error::{ConfigError, Error, MigrateError, RoleError, StoreError};
 pub use fence::Fence;
 pub use lead::{holder_id, BoxError, Cancel, Lead, Manager, RoleReport, Tick};
 pub use metrics::Metrics;
-pub use migrate::{migrate, MigrateReport};
+pub use migrate::{migrate, migrate_with, MigrateOptions, MigrateReport};
 pub use role::Role;
 pub use scheduler::{Scheduler, Stopped};
 pub use step::Steps;

@@ -29,11 +29,38 @@ impl Migration {
 }
 
 /// The library's migrations, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "leader_leases",
-    sql: include_str!("migrations/0001_leader_leases.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration { version: 1, name: "leader_leases", sql: include_str!("migrations/0001_leader_leases.sql") },
+    Migration { version: 2, name: "least_privilege", sql: include_str!("migrations/0002_least_privilege.sql") },
+];
+
+/// The database roles migration 0002 grants to (created if missing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrateOptions {
+    /// Renews and releases its terms, acquires through `leader_acquire`; default `ticklease_app`.
+    pub app_role: String,
+    /// Pauses, unpauses, runs now, reads `leader_status`; default `ticklease_operator`.
+    pub operator_role: String,
+}
+
+impl Default for MigrateOptions {
+    fn default() -> Self {
+        MigrateOptions { app_role: "ticklease_app".into(), operator_role: "ticklease_operator".into() }
+    }
+}
+
+/// A database role name as ticklease accepts it: `[a-z_][a-z0-9_]*`, at most 63 bytes.
+pub fn check_role_name(name: &str) -> Result<(), MigrateError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(MigrateError::InvalidRoleName { name: name.to_string() })
+    }
+}
 
 /// The table that records applied migrations.
 pub const MIGRATIONS_TABLE: &str = "ticklease_schema_migrations";
@@ -48,8 +75,15 @@ pub struct MigrateReport {
     pub already_applied: Vec<i32>,
 }
 
-/// Applies every pending migration in one transaction.
+/// Applies every pending migration in one transaction, granting to the default roles.
 pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError> {
+    migrate_with(client, &MigrateOptions::default()).await
+}
+
+/// Applies every pending migration in one transaction.
+pub async fn migrate_with(client: &mut Client, options: &MigrateOptions) -> Result<MigrateReport, MigrateError> {
+    check_role_name(&options.app_role)?;
+    check_role_name(&options.operator_role)?;
     let db = |step: &str| {
         let step = step.to_string();
         move |source| MigrateError::Db { step, source }
@@ -65,6 +99,13 @@ pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError>
     ))
     .await
     .map_err(db("lock and create the migrations table"))?;
+    // Transaction-local: read by migration 0002, gone at commit.
+    tx.batch_execute(&format!(
+        "SELECT set_config('ticklease.app_role', '{}', true), set_config('ticklease.operator_role', '{}', true)",
+        options.app_role, options.operator_role
+    ))
+    .await
+    .map_err(db("set the role names"))?;
     let applied = applied(&tx).await.map_err(db("read applied migrations"))?;
 
     let mut report = MigrateReport::default();
@@ -116,6 +157,17 @@ async fn applied(tx: &tokio_postgres::Transaction<'_>) -> Result<Vec<(i32, Strin
             _ => None,
         })
         .collect())
+}
+
+/// Grants the application and operator roles (created if missing) what they
+/// need; idempotent. Runs as the owner of the schema.
+pub async fn grant(client: &Client, options: &MigrateOptions) -> Result<(), MigrateError> {
+    check_role_name(&options.app_role)?;
+    check_role_name(&options.operator_role)?;
+    client
+        .batch_execute(&format!("SELECT leader_grant('{}', '{}')", options.app_role, options.operator_role))
+        .await
+        .map_err(|source| MigrateError::Db { step: "leader_grant".into(), source })
 }
 
 /// Checks that every embedded migration is applied, unchanged.

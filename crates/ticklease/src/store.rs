@@ -176,6 +176,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// `true` when this call unpaused the role. Leaves `not_before` alone.
     fn unpause(&self, role: &Role) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Clears the role's cooldown (`not_before`) so it runs at its next poll
+    /// once due; `StoreError::UnknownRole` when it has no row.
+    fn run_now(&self, role: &Role) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Creates the rows of roles that have none; existing rows are untouched.
     fn seed(&self, roles: &[Role]) -> impl Future<Output = Result<(), StoreError>> + Send;
 

@@ -101,10 +101,7 @@ async fn dropped_and_remigrated_schema_reseeds_tokens_above_every_earlier_one() 
     }
     let mut client = connect(&db).await.unwrap();
     client
-        .batch_execute(&format!(
-            "DROP VIEW leader_status; DROP TABLE leader_leases; DROP TABLE {MIGRATIONS_TABLE};
-             DROP FUNCTION leader_fence, leader_fence_lock, leader_pause, leader_unpause, leader_lease_live, leader_token_seed"
-        ))
+        .batch_execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
         .await
         .unwrap();
     ticklease::migrate(&mut client).await.unwrap();

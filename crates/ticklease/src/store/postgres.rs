@@ -27,7 +27,8 @@ const RELEASE: &str = include_str!("release.sql");
 const STATUS: &str = include_str!("status.sql");
 const PAUSE: &str = "SELECT leader_pause($1, $2, $3)";
 const UNPAUSE: &str = "SELECT leader_unpause($1)";
-const SEED: &str = "INSERT INTO leader_leases (role) SELECT unnest($1::text[]) ON CONFLICT (role) DO NOTHING";
+const SEED: &str = "SELECT leader_seed($1)";
+const RUN_NOW: &str = "SELECT leader_run_now($1)";
 
 /// Largest pool the store accepts.
 pub const POOL_SIZE_MAX: usize = 64;
@@ -314,6 +315,14 @@ impl LeaseStore for PgStore {
             .await
             .map_err(|e| unknown_role(e, role))?;
         Ok(one("UNPAUSE", rows)?.get(0))
+    }
+
+    async fn run_now(&self, role: &Role) -> Result<bool, StoreError> {
+        let rows = self
+            .query("RUN NOW", RUN_NOW, &[(&role.as_str(), Type::TEXT)])
+            .await
+            .map_err(|e| unknown_role(e, role))?;
+        Ok(one("RUN NOW", rows)?.get(0))
     }
 
     async fn seed(&self, roles: &[Role]) -> Result<(), StoreError> {
