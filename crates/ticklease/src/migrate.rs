@@ -180,12 +180,7 @@ pub async fn check_schema(client: &Client) -> Result<(), StoreError> {
                 detail: format!("table {MIGRATIONS_TABLE} does not exist"),
             })
         }
-        Err(source) => {
-            return Err(StoreError::Db {
-                statement: "schema check",
-                source,
-            })
-        }
+        Err(source) => return Err(crate::store::classify("schema check", source)),
     };
     for m in MIGRATIONS {
         let found = rows.iter().find(|r| r.get::<_, i32>(0) == m.version);

@@ -14,6 +14,7 @@ use crate::token::Token;
 mod cancel;
 mod postgres;
 
+pub(crate) use postgres::classify;
 pub use postgres::{check_pauser, PgStore, PgStoreOptions};
 
 /// A term that ACQUIRE started.

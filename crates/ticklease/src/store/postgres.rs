@@ -156,7 +156,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-fn classify(statement: &'static str, source: tokio_postgres::Error) -> StoreError {
+pub(crate) fn classify(statement: &'static str, source: tokio_postgres::Error) -> StoreError {
     let code = source.code().cloned();
     match code {
         Some(c) if c == SqlState::UNDEFINED_TABLE || c == SqlState::UNDEFINED_FUNCTION => {
