@@ -27,7 +27,7 @@ async fn migrate_applies_once_then_reports_already_applied() {
     let first = ticklease(&["migrate", "--database-url", &url]);
     assert_eq!(first.status.code(), Some(0), "{}", text(&first));
     assert!(
-        text(&first).contains("migrations applied: [1]"),
+        text(&first).contains("migrations applied: [1, 2]"),
         "{}",
         text(&first)
     );
@@ -38,7 +38,7 @@ async fn migrate_applies_once_then_reports_already_applied() {
         .unwrap();
     assert_eq!(again.status.code(), Some(0));
     assert!(
-        text(&again).contains("migrations applied: []; already applied: [1]"),
+        text(&again).contains("migrations applied: []; already applied: [1, 2]"),
         "{}",
         text(&again)
     );
@@ -128,4 +128,218 @@ async fn metrics_serves_cluster_facts_and_healthz() {
         metrics.contains(r#"ticklease_leader_lease_lost_total{role="billing",reason="panicked"} 0"#),
         "{metrics}"
     );
+}
+
+async fn migrated_url() -> (String, tokio_postgres::Client) {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    let url = cluster.url(&db);
+    assert_eq!(
+        ticklease(&["migrate", "--database-url", &url]).status.code(),
+        Some(0)
+    );
+    let client = ticklease_testkit::connect(&cluster.config(&db)).await.unwrap();
+    (url, client)
+}
+
+#[tokio::test]
+async fn pause_unpause_and_run_now_steer_a_role() {
+    let (url, client) = migrated_url().await;
+    client
+        .batch_execute(
+            "INSERT INTO leader_leases (role, holder_id, acquired_at, expires_at, not_before)
+             VALUES ('email_outbox', 'host:1:abcd', now(), now() + interval '1 minute', now() + interval '1 hour')",
+        )
+        .await
+        .unwrap();
+    let o = ticklease(&[
+        "pause",
+        "email_outbox",
+        "--by",
+        "alice",
+        "--reason",
+        "SMTP key rotation",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(
+        (o.status.code(), text(&o).trim()),
+        (Some(0), "email_outbox: paused"),
+        "{}",
+        text(&o)
+    );
+    let row = client
+        .query_one(
+            "SELECT holder_id, paused_by, pause_reason FROM leader_leases",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Option<String>>(0), None, "pause ends the term");
+    assert_eq!(
+        (row.get::<_, String>(1), row.get::<_, String>(2)),
+        ("alice".into(), "SMTP key rotation".into())
+    );
+
+    let table = text(&ticklease(&["status", "--database-url", &url]));
+    let line = table.lines().find(|l| l.starts_with("email_outbox")).unwrap();
+    assert!(
+        line.contains("alice: SMTP key rotation") && line.contains("never") && line.contains("in 59m"),
+        "{table}"
+    );
+
+    let o = ticklease(&["unpause", "email_outbox", "--database-url", &url]);
+    assert_eq!(text(&o).trim(), "email_outbox: unpaused");
+    let o = ticklease(&["run-now", "email_outbox", "--database-url", &url]);
+    assert_eq!(text(&o).trim(), "email_outbox: cooldown cleared");
+    let row = client
+        .query_one(
+            "SELECT paused_at IS NULL, not_before IS NULL FROM leader_leases",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, bool>(0), row.get::<_, bool>(1)), (true, true));
+}
+
+#[tokio::test]
+async fn status_json_and_roles_report_what_is_present() {
+    let (url, client) = migrated_url().await;
+    client
+        .batch_execute(
+            "SELECT leader_seed(ARRAY['billing', 'retired']);
+             UPDATE leader_leases SET last_tick_ended_at = now() - interval '5 minutes', last_tick_holder = 'h'
+              WHERE role = 'billing'",
+        )
+        .await
+        .unwrap();
+    let o = ticklease(&["status", "--json", "--database-url", &url]);
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let billing = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["role"] == "billing")
+        .unwrap();
+    let age = billing["last_tick_age_seconds"].as_f64().unwrap();
+    assert!((299.0..330.0).contains(&age), "{billing}");
+    assert_eq!(billing["held"], false);
+    assert!(billing["db_now"].as_str().unwrap().ends_with('Z'));
+
+    let o = ticklease(&["roles", "--declared", "billing,dunning", "--database-url", &url]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = text(&o);
+    assert!(out.contains("retired  (undeclared)"), "{out}");
+    assert!(out.contains("dunning  (declared, no row yet"), "{out}");
+    assert!(out.lines().any(|l| l == "billing"), "{out}");
+}
+
+#[tokio::test]
+async fn status_watch_redraws_until_interrupted() {
+    use std::io::Read;
+    let (url, _client) = migrated_url().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["status", "--watch", "--database-url", &url])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while seen.matches("ROLE").count() < 2 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "watch exited: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    assert_eq!(
+        child.wait().unwrap().code(),
+        Some(0),
+        "Ctrl-C ends --watch cleanly"
+    );
+}
+
+#[tokio::test]
+async fn every_error_names_the_role_or_value_at_fault() {
+    let (url, client) = migrated_url().await;
+    let o = ticklease(&[
+        "pause",
+        "nope",
+        "--by",
+        "a",
+        "--reason",
+        "b",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("unknown role \"nope\""), "{}", text(&o));
+    let o = ticklease(&["unpause", "Bad-Name", "--database-url", &url]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("invalid role name \"Bad-Name\""),
+        "{}",
+        text(&o)
+    );
+    let o = ticklease(&[
+        "pause",
+        "billing",
+        "--by",
+        " ",
+        "--reason",
+        "x",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("who paused the role must be named"),
+        "{}",
+        text(&o)
+    );
+
+    client
+        .batch_execute("CREATE ROLE cli_nobody_role LOGIN")
+        .await
+        .ok();
+    let nobody = url.replace("postgres://postgres@", "postgres://cli_nobody_role@");
+    let o = ticklease(&["status", "--database-url", &nobody]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("permission denied"), "{}", text(&o));
+
+    let cluster = PgCluster::shared();
+    let empty = cluster.url(&cluster.create_database().await.unwrap());
+    let o = ticklease(&["status", "--database-url", &empty]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("not migrated") && text(&o).contains("ticklease migrate"),
+        "{}",
+        text(&o)
+    );
+
+    let o = ticklease(&["status", "--database-url", "postgres://postgres@127.0.0.1:1/x"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("could not connect to the database at 127.0.0.1:1/x"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn every_subcommand_has_help_with_examples() {
+    for sub in [
+        "migrate", "grant", "status", "pause", "unpause", "run-now", "roles", "metrics",
+    ] {
+        let o = ticklease(&[sub, "--help"]);
+        assert_eq!(o.status.code(), Some(0), "{sub}");
+        assert!(
+            text(&o).contains("Examples:\n  ticklease"),
+            "{sub} --help has no examples"
+        );
+    }
 }

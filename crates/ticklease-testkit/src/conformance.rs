@@ -292,15 +292,30 @@ pub async fn every_acquire_increments_the_token<S: LeaseStore>(store: &S) {
 pub async fn run_now_clears_a_cooldown_and_names_unknown_roles<S: LeaseStore>(store: &S) {
     let r = role("billing");
     let t = acquired(store, &r, "a", Duration::from_millis(1)).await;
-    assert!(store.release(&r, t, Release::Failed, HOUR).await.expect("RELEASE"));
+    assert!(store
+        .release(&r, t, Release::Failed, HOUR)
+        .await
+        .expect("RELEASE"));
     assert!(matches!(
-        store.acquire(&r, "b", TTL, Duration::from_millis(1)).await.expect("ACQUIRE"),
+        store
+            .acquire(&r, "b", TTL, Duration::from_millis(1))
+            .await
+            .expect("ACQUIRE"),
         Acquire::NotDue { .. }
     ));
-    assert!(store.run_now(&r).await.expect("RUN NOW"), "a cooldown was cleared");
-    assert!(!store.run_now(&r).await.expect("RUN NOW"), "nothing left to clear");
+    assert!(
+        store.run_now(&r).await.expect("RUN NOW"),
+        "a cooldown was cleared"
+    );
+    assert!(
+        !store.run_now(&r).await.expect("RUN NOW"),
+        "nothing left to clear"
+    );
     acquired(store, &r, "b", Duration::from_millis(1)).await;
-    assert!(matches!(store.run_now(&role("nope")).await, Err(StoreError::UnknownRole { .. })));
+    assert!(matches!(
+        store.run_now(&role("nope")).await,
+        Err(StoreError::UnknownRole { .. })
+    ));
 }
 
 /// Generates one test per conformance case for the store `$make` builds.

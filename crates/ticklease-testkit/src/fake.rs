@@ -240,7 +240,9 @@ impl LeaseStore for FakeStore {
 
     async fn run_now(&self, role: &Role) -> Result<bool, StoreError> {
         self.with(|s| {
-            let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole { role: role.to_string() })?;
+            let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {
+                role: role.to_string(),
+            })?;
             Ok(row.not_before.take().is_some())
         })
     }

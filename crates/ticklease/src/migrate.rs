@@ -30,8 +30,16 @@ impl Migration {
 
 /// The library's migrations, in order.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration { version: 1, name: "leader_leases", sql: include_str!("migrations/0001_leader_leases.sql") },
-    Migration { version: 2, name: "least_privilege", sql: include_str!("migrations/0002_least_privilege.sql") },
+    Migration {
+        version: 1,
+        name: "leader_leases",
+        sql: include_str!("migrations/0001_leader_leases.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "least_privilege",
+        sql: include_str!("migrations/0002_least_privilege.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).
@@ -45,7 +53,10 @@ pub struct MigrateOptions {
 
 impl Default for MigrateOptions {
     fn default() -> Self {
-        MigrateOptions { app_role: "ticklease_app".into(), operator_role: "ticklease_operator".into() }
+        MigrateOptions {
+            app_role: "ticklease_app".into(),
+            operator_role: "ticklease_operator".into(),
+        }
     }
 }
 
@@ -54,11 +65,15 @@ pub fn check_role_name(name: &str) -> Result<(), MigrateError> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if ok {
         Ok(())
     } else {
-        Err(MigrateError::InvalidRoleName { name: name.to_string() })
+        Err(MigrateError::InvalidRoleName {
+            name: name.to_string(),
+        })
     }
 }
 
@@ -81,7 +96,10 @@ pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError>
 }
 
 /// Applies every pending migration in one transaction.
-pub async fn migrate_with(client: &mut Client, options: &MigrateOptions) -> Result<MigrateReport, MigrateError> {
+pub async fn migrate_with(
+    client: &mut Client,
+    options: &MigrateOptions,
+) -> Result<MigrateReport, MigrateError> {
     check_role_name(&options.app_role)?;
     check_role_name(&options.operator_role)?;
     let db = |step: &str| {
@@ -165,9 +183,15 @@ pub async fn grant(client: &Client, options: &MigrateOptions) -> Result<(), Migr
     check_role_name(&options.app_role)?;
     check_role_name(&options.operator_role)?;
     client
-        .batch_execute(&format!("SELECT leader_grant('{}', '{}')", options.app_role, options.operator_role))
+        .batch_execute(&format!(
+            "SELECT leader_grant('{}', '{}')",
+            options.app_role, options.operator_role
+        ))
         .await
-        .map_err(|source| MigrateError::Db { step: "leader_grant".into(), source })
+        .map_err(|source| MigrateError::Db {
+            step: "leader_grant".into(),
+            source,
+        })
 }
 
 /// Checks that every embedded migration is applied, unchanged.
