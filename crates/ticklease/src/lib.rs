@@ -108,6 +108,22 @@
 //!    S; if the `lead` future is dropped mid-tick, the term is released as
 //!    Interrupted.
 //!
+//! ## Privileges
+//!
+//! Migration 0002 grants an application role (default `ticklease_app`) SELECT
+//! and a column-scoped UPDATE on `leader_leases` (the term columns, not the
+//! pause columns), and EXECUTE on `leader_acquire` and `leader_seed`. The
+//! spec wants ACQUIRE to recreate a missing row and denies the app INSERT; the
+//! two meet in `leader_acquire`, a SECURITY DEFINER function owned by the
+//! migrating role with `search_path` pinned to `pg_catalog` and the schema,
+//! so a caller can neither insert arbitrary rows nor shadow a table or
+//! operator. An operator role (default `ticklease_operator`) can only call
+//! `leader_pause`, `leader_unpause`, `leader_run_now` (all SECURITY DEFINER)
+//! and read `leader_status`. Neither owns anything, nor can DELETE, TRUNCATE
+//! or alter the table. A column-scoped INSERT grant was the alternative; it
+//! would let the app insert rows for any role name and cannot express "only
+//! through ACQUIRE".
+//!
 //! Not guaranteed: effects the work already started (an HTTP call, an email)
 //! complete even after a takeover, so outbound effects are at-least-once;
 //! completions must land through their own compare-and-set or idempotency key.
