@@ -181,20 +181,9 @@ impl PgCluster {
     /// [`PgCluster::start`] instead.
     pub fn shared() -> &'static PgCluster {
         static SHARED: OnceLock<PgCluster> = OnceLock::new();
-        SHARED.get_or_init(|| {
-            // A static is never dropped, so the server is tied to a thread that
-            // lives as long as the process: when the process exits, so does it.
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let _ = tx.send(PgCluster::start_inner(true));
-                loop {
-                    std::thread::park();
-                }
-            });
-            match rx.recv().expect("cluster thread") {
-                Ok(c) => c,
-                Err(e) => panic!("test kit could not start Postgres: {e}"),
-            }
+        SHARED.get_or_init(|| match on_lasting_thread(|| PgCluster::start_inner(true)) {
+            Ok(c) => c,
+            Err(e) => panic!("test kit could not start Postgres: {e}"),
         })
     }
 
@@ -403,6 +392,20 @@ impl Drop for PgCluster {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Runs `start` on a thread that lives as long as the process and returns its
+/// result. A server spawned there with a parent-death signal ends with the
+/// process (a static is never dropped), not with the test thread that asked.
+pub(crate) fn on_lasting_thread<T: Send + 'static>(start: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(start());
+        loop {
+            std::thread::park();
+        }
+    });
+    rx.recv().expect("starter thread")
 }
 
 /// Removes cluster dirs left by test processes that died without cleaning up:

@@ -2,12 +2,14 @@
 //! test), an in-memory fake store for paused-time tests, and the conformance
 //! suite both stores pass.
 
+pub mod bouncer;
 pub mod cluster;
 pub mod conformance;
 pub mod fake;
 
 use std::time::Duration;
 
+pub use bouncer::PgBouncer;
 pub use cluster::{connect, KitError, PgCluster};
 pub use fake::FakeStore;
 
@@ -27,13 +29,62 @@ pub fn test_config() -> Config {
         .expect("valid test timings")
 }
 
-/// A fresh, migrated database on `cluster`.
+/// The one switch for the pooler suites: with `TICKLEASE_TEST_POOLER=pgbouncer`,
+/// tests on the shared cluster reach it through a shared PgBouncer in
+/// transaction mode with a server pool of 2.
+pub fn shared_bouncer() -> Option<&'static PgBouncer> {
+    static BOUNCER: std::sync::OnceLock<Option<PgBouncer>> = std::sync::OnceLock::new();
+    BOUNCER
+        .get_or_init(|| match std::env::var("TICKLEASE_TEST_POOLER").as_deref() {
+            Ok("pgbouncer") => {
+                let cluster = PgCluster::shared();
+                match cluster::on_lasting_thread(move || bouncer::PgBouncer::start_inner(cluster, 2, true)) {
+                    Ok(b) => Some(b),
+                    Err(e) => panic!("test kit could not start pgbouncer: {e}"),
+                }
+            }
+            Ok("") | Err(_) => None,
+            Ok(other) => panic!("TICKLEASE_TEST_POOLER={other:?}: the only pooler is \"pgbouncer\""),
+        })
+        .as_ref()
+}
+
+/// How the application reaches `dbname` on `cluster`: through the shared
+/// bouncer when the pooler switch is on and this is the shared cluster, else directly.
+pub fn app_config(cluster: &PgCluster, dbname: &str) -> tokio_postgres::Config {
+    match shared_bouncer() {
+        Some(b) if std::ptr::eq(cluster, PgCluster::shared()) => b.config(dbname),
+        _ => cluster.config(dbname),
+    }
+}
+
+/// A direct (bouncer-free) config for a database of the shared cluster, for a
+/// test's own observers and lock holders, which must not queue for the
+/// application's pooled server connections.
+pub fn direct(db: &tokio_postgres::Config) -> tokio_postgres::Config {
+    PgCluster::shared().config(db.get_dbname().expect("a database name"))
+}
+
+/// A fresh, migrated database on `cluster` (migrated directly, as a deploy
+/// would), and the config the application uses to reach it.
 pub async fn migrated_db(cluster: &PgCluster) -> tokio_postgres::Config {
     let name = cluster.create_database().await.expect("create database");
-    let config = cluster.config(&name);
-    let mut client = connect(&config).await.expect("connect");
+    let mut client = connect(&cluster.config(&name)).await.expect("connect");
     ticklease::migrate(&mut client).await.expect("migrate");
-    config
+    app_config(cluster, &name)
+}
+
+/// One value from a query without parameters, as an unnamed statement (safe
+/// through a transaction-mode pooler).
+pub async fn scalar<T>(client: &tokio_postgres::Client, sql: &str) -> T
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    let rows = client
+        .query_typed(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    rows.first().unwrap_or_else(|| panic!("{sql}: no row")).get(0)
 }
 
 /// A store on a fresh, migrated database of the shared cluster.

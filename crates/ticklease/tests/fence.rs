@@ -107,11 +107,7 @@ async fn tick_claiming(s: &Setup, n: i64) -> (Fence, Vec<i32>) {
 }
 
 async fn unclaimed(client: &Client) -> i64 {
-    client
-        .query_one("SELECT count(*) FROM jobs WHERE claimed_by IS NULL", &[])
-        .await
-        .unwrap()
-        .get(0)
+    ticklease_testkit::scalar(&client, "SELECT count(*) FROM jobs WHERE claimed_by IS NULL").await
 }
 
 #[tokio::test]
@@ -315,12 +311,11 @@ async fn claim_racing_a_takeover_commits_before_the_takeover() {
     let s = setup().await;
     let ended_first = term_ends_during_open_claim(&s, "leader_fence_lock", EndTerm::Takeover).await;
     assert!(!ended_first, "the takeover must wait for the claim to commit");
-    let by_old: i64 = s
-        .client
-        .query_one("SELECT count(*) FROM jobs WHERE claimed_by IS NOT NULL", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let by_old: i64 = ticklease_testkit::scalar(
+        &s.client,
+        "SELECT count(*) FROM jobs WHERE claimed_by IS NOT NULL",
+    )
+    .await;
     assert_eq!(by_old, 1);
 }
 

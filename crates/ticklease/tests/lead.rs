@@ -345,7 +345,8 @@ async fn hung_renew_is_a_missed_beat_and_past_abandon_the_work_stops_before_the_
     });
     let started = started_rx.await.unwrap();
     // Another session holds the lease row: every RENEW now waits on the lock.
-    let mut locker = connect(&db).await.unwrap();
+    // The test's own sessions go direct: they must not queue for the app's pooled connections.
+    let mut locker = connect(&ticklease_testkit::direct(&db)).await.unwrap();
     let lock = locker.transaction().await.unwrap();
     lock.batch_execute("SELECT 1 FROM leader_leases WHERE role = 'billing' FOR UPDATE")
         .await
@@ -354,15 +355,12 @@ async fn hung_renew_is_a_missed_beat_and_past_abandon_the_work_stops_before_the_
 
     let (dropped_at, cause) = dropped_rx.await.unwrap();
     assert_eq!(cause, Some(Cancel::LeaseLost(LossReason::HeartbeatTimeout)));
-    let observer = connect(&db).await.unwrap();
-    let still_valid: bool = observer
-        .query_one(
-            "SELECT expires_at > clock_timestamp() FROM leader_leases WHERE role = 'billing'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let observer = connect(&ticklease_testkit::direct(&db)).await.unwrap();
+    let still_valid: bool = ticklease_testkit::scalar(
+        &observer,
+        "SELECT expires_at > clock_timestamp() FROM leader_leases WHERE role = 'billing'",
+    )
+    .await;
     assert!(
         still_valid,
         "the work must stop while the lease is still valid on the database clock"
@@ -377,15 +375,12 @@ async fn hung_renew_is_a_missed_beat_and_past_abandon_the_work_stops_before_the_
     // Timed-out RENEWs were cancelled on the server, not left running.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let waiting: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%renewed AS (%'
+        let waiting: i64 = ticklease_testkit::scalar(
+            &observer,
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%renewed AS (%'
                    AND pid <> pg_backend_pid()",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        )
+        .await;
         if waiting == 0 {
             break;
         }
