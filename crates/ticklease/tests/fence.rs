@@ -107,7 +107,7 @@ async fn tick_claiming(s: &Setup, n: i64) -> (Fence, Vec<i32>) {
 }
 
 async fn unclaimed(client: &Client) -> i64 {
-    ticklease_testkit::scalar(&client, "SELECT count(*) FROM jobs WHERE claimed_by IS NULL").await
+    ticklease_testkit::scalar(client, "SELECT count(*) FROM jobs WHERE claimed_by IS NULL").await
 }
 
 #[tokio::test]
