@@ -216,7 +216,7 @@ pub use lead::{holder_id, BoxError, Cancel, Lead, Manager, RoleReport, Tick};
 pub use metrics::Metrics;
 pub use migrate::{migrate, migrate_with, MigrateOptions, MigrateReport};
 pub use role::Role;
-pub use scheduler::{Scheduler, Stopped};
+pub use scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use step::Steps;
 pub use store::{
     Acquire, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Release, Renew, Term,

@@ -156,3 +156,18 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
 fn next_poll<S: LeaseStore>(manager: &Manager<S>) -> Duration {
     manager.config().max_poll()
 }
+
+/// Cancels `token` on SIGTERM or SIGINT (Ctrl-C), for [`Scheduler::run`].
+pub fn cancel_on_signals(token: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        token.cancel();
+    });
+    Ok(())
+}
