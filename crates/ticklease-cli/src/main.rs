@@ -30,6 +30,8 @@ leader_leases and EXECUTE on leader_acquire/leader_seed (SECURITY DEFINER); the 
 leader_pause/leader_unpause/leader_run_now and SELECT on leader_status. Both are created NOLOGIN if missing; \
 grant them to login users: GRANT ticklease_app TO my_service;";
 
+// Parsed once per process: the size of the worker's flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Apply the schema migrations (safe to run from several replicas at once).
@@ -86,6 +88,11 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         declared: Vec<Role>,
     },
+    /// Run the reference worker (the spec's five roles on five fenced stores), or set it up.
+    #[command(
+        after_help = "Examples:\n  ticklease worker migrate\n  ticklease worker seed --subscriptions 20 --emails 20 --events 20 --endpoint http://127.0.0.1:9000/hooks/a\n  ticklease worker --webhook-secret whsec_c2VjcmV0 --roles billing,dunning --tick-interval billing=1m\n  ticklease worker --webhook-secret s --lease-ttl 2s --heartbeat-every 300ms --statement-timeout 500ms \\\n      --abandon-after 1200ms --max-poll 200ms --metrics-addr 127.0.0.1:9188"
+    )]
+    Worker(WorkerCmd),
     /// Serve the cluster-fact metrics of every role in leader_leases on /metrics, and /healthz.
     #[command(
         after_help = "Examples:\n  ticklease metrics --metrics-addr 0.0.0.0:9187\n  ticklease metrics --metrics-addr 127.0.0.1:0 --prefix myapp"
@@ -98,6 +105,168 @@ enum Command {
         #[arg(long, default_value = "ticklease")]
         prefix: String,
     },
+}
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct WorkerCmd {
+    #[command(subcommand)]
+    action: Option<WorkerAction>,
+    #[command(flatten)]
+    run: WorkerRun,
+}
+
+#[derive(Subcommand)]
+enum WorkerAction {
+    /// Apply the worker's own migrations (after `ticklease migrate`).
+    Migrate,
+    /// Insert a demo workload: subscriptions due now, emails, events, webhook endpoints.
+    Seed {
+        #[arg(long, default_value_t = 0)]
+        subscriptions: i64,
+        #[arg(long, default_value_t = 0)]
+        emails: i64,
+        #[arg(long, default_value_t = 0)]
+        events: i64,
+        /// A webhook endpoint URL (repeatable).
+        #[arg(long = "endpoint")]
+        endpoints: Vec<String>,
+    },
+}
+
+#[derive(clap::Args)]
+struct WorkerRun {
+    /// Roles to run, comma-separated (default: all five).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "billing,dunning,webhook_outbox,email_outbox,webhook_delivery"
+    )]
+    roles: Vec<Role>,
+    /// Serve /metrics and /healthz here.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Base URL of the payment provider (POST {url}/charges with an Idempotency-Key).
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    payments_url: String,
+    /// SMTP relay, smtp://host:port (no TLS).
+    #[arg(long, default_value = "smtp://127.0.0.1:2525")]
+    smtp_url: String,
+    /// Sender address of outbox emails.
+    #[arg(long, default_value = "billing@ticklease.invalid")]
+    mail_from: String,
+    /// Standard Webhooks signing secret (whsec_<base64>, or raw bytes).
+    #[arg(long, env = "TICKLEASE_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+    /// Lease TTL (default 10s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    lease_ttl: Option<Duration>,
+    /// Heartbeat period (default 3s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    heartbeat_every: Option<Duration>,
+    /// Statement timeout (default 2s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    statement_timeout: Option<Duration>,
+    /// Abandon a tick this long after the last acknowledged beat (default 6s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    abandon_after: Option<Duration>,
+    /// Longest wait between polls (default 5s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_poll: Option<Duration>,
+    /// A role's tick interval, ROLE=DURATION (repeatable; default 5s).
+    #[arg(long = "tick-interval", value_parser = parse_tick_interval)]
+    tick_intervals: Vec<(Role, Duration)>,
+    /// Rows claimed per tick.
+    #[arg(long, default_value_t = 100)]
+    batch_size: i64,
+    /// Wait after a declined charge before the next attempt.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+    decline_backoff: Duration,
+}
+
+/// Bad input found after parsing (exit code 2, like clap's own usage errors).
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+fn parse_tick_interval(s: &str) -> Result<(Role, Duration), String> {
+    let (role, duration) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected ROLE=DURATION"))?;
+    let role = Role::new(role).map_err(|e| e.to_string())?;
+    let duration = humantime::parse_duration(duration).map_err(|e| format!("{duration:?}: {e}"))?;
+    Ok((role, duration))
+}
+
+impl WorkerRun {
+    fn lease(&self) -> Result<ticklease::Config, ticklease::ConfigError> {
+        let mut b = ticklease::Config::builder();
+        if let Some(v) = self.lease_ttl {
+            b = b.lease_ttl(v);
+        }
+        if let Some(v) = self.heartbeat_every {
+            b = b.heartbeat_every(v);
+        }
+        if let Some(v) = self.statement_timeout {
+            b = b.statement_timeout(v);
+        }
+        if let Some(v) = self.abandon_after {
+            b = b.abandon_after(v);
+        }
+        if let Some(v) = self.max_poll {
+            b = b.max_poll(v);
+        }
+        b.build()
+    }
+
+    fn config(
+        self,
+        database: tokio_postgres::Config,
+    ) -> Result<ticklease_worker::worker::WorkerConfig, String> {
+        let lease = self.lease().map_err(|e| e.to_string())?;
+        let smtp = self.smtp_url.strip_prefix("smtp://").ok_or(format!(
+            "--smtp-url {:?}: expected smtp://host:port",
+            self.smtp_url
+        ))?;
+        let (host, port) = smtp.rsplit_once(':').ok_or(format!(
+            "--smtp-url {:?}: expected smtp://host:port",
+            self.smtp_url
+        ))?;
+        let port = port
+            .parse()
+            .map_err(|_| format!("--smtp-url {:?}: bad port", self.smtp_url))?;
+        for role in &self.roles {
+            if !ticklease_worker::ROLES.contains(&role.as_str()) {
+                return Err(format!(
+                    "--roles: {role:?} is not one of {:?}",
+                    ticklease_worker::ROLES
+                ));
+            }
+        }
+        Ok(ticklease_worker::worker::WorkerConfig {
+            database,
+            roles: self.roles,
+            lease,
+            tick_intervals: self.tick_intervals.into_iter().collect(),
+            payments_url: self.payments_url,
+            smtp_host: host.to_string(),
+            smtp_port: port,
+            mail_from: self.mail_from,
+            webhook_secret: self
+                .webhook_secret
+                .ok_or("--webhook-secret (or TICKLEASE_WEBHOOK_SECRET) is required")?,
+            metrics_addr: self.metrics_addr,
+            batch_size: self.batch_size,
+            decline_backoff: self.decline_backoff,
+        })
+    }
 }
 
 #[derive(clap::Args)]
@@ -134,7 +303,7 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ticklease: {e:#}");
-            ExitCode::from(1)
+            ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })
         }
     }
 }
@@ -231,6 +400,47 @@ async fn run(url: &str, command: Command) -> anyhow::Result<()> {
             for missing in declared.iter().filter(|d| !present.contains(&d.as_str())) {
                 println!("{missing}  (declared, no row yet: seeded when a replica starts)");
             }
+        }
+        Command::Worker(WorkerCmd {
+            action: Some(WorkerAction::Migrate),
+            ..
+        }) => {
+            let report = ticklease_worker::migrate(&mut connect(&config, &target).await?).await?;
+            println!(
+                "worker migrations applied: {:?}; already applied: {:?}",
+                report.applied, report.already_applied
+            );
+        }
+        Command::Worker(WorkerCmd {
+            action:
+                Some(WorkerAction::Seed {
+                    subscriptions,
+                    emails,
+                    events,
+                    endpoints,
+                }),
+            ..
+        }) => {
+            let seed = ticklease_worker::seed::Seed {
+                subscriptions,
+                emails,
+                events,
+                endpoints,
+            };
+            ticklease_worker::seed::seed(&mut connect(&config, &target).await?, &seed).await?;
+            println!(
+                "seeded {subscriptions} subscriptions, {emails} emails, {events} events, {} endpoints",
+                seed.endpoints.len()
+            );
+        }
+        Command::Worker(WorkerCmd { action: None, run }) => {
+            let worker = run.config(config).map_err(Usage)?;
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            ticklease::cancel_on_signals(shutdown.clone())?;
+            let roles: Vec<&str> = worker.roles.iter().map(Role::as_str).collect();
+            println!("worker {} running {roles:?}", std::process::id());
+            let stopped = ticklease_worker::worker::run(worker, shutdown).await?;
+            println!("worker stopped: {stopped:?}");
         }
         Command::Metrics { metrics_addr, prefix } => {
             let store = store(config, &target).await?;

@@ -6,12 +6,14 @@ pub mod bouncer;
 pub mod cluster;
 pub mod conformance;
 pub mod fake;
+pub mod peers;
 
 use std::time::Duration;
 
 pub use bouncer::PgBouncer;
 pub use cluster::{connect, KitError, PgCluster};
 pub use fake::FakeStore;
+pub use peers::{HttpPeer, SmtpSink};
 
 use ticklease::{Config, PgStore, PgStoreOptions};
 

@@ -125,3 +125,15 @@ pub enum Error {
     #[error("lease store failed")]
     Store(#[from] StoreError),
 }
+
+/// An error and its sources on one line, `outer: inner: root`, for logs.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}

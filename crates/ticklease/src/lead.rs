@@ -408,7 +408,7 @@ impl<S: LeaseStore> Manager<S> {
                     ),
                     Ok(Err(e)) => {
                         let error: BoxError = e.into();
-                        tracing::warn!(%role, %token, error = %error_chain(&*error), "tick failed");
+                        tracing::warn!(%role, %token, error = %crate::error::chain(&*error), "tick failed");
                         (
                             Release::Failed,
                             Ok(Lead::Failed { token, error }),
@@ -430,18 +430,6 @@ impl<S: LeaseStore> Manager<S> {
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
-}
-
-/// An error and its sources, `outer: inner: root`.
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 enum Ended<R> {

@@ -80,8 +80,22 @@ pub fn check_role_name(name: &str) -> Result<(), MigrateError> {
 /// The table that records applied migrations.
 pub const MIGRATIONS_TABLE: &str = "ticklease_schema_migrations";
 
-// "tickleas" in ASCII: the advisory lock that serializes concurrent runners.
-const LOCK_KEY: i64 = 0x7469_636b_6c65_6173;
+/// A list of migrations with its own bookkeeping table and lock, so an
+/// application (the reference worker) can version its schema the same way.
+#[derive(Debug, Clone, Copy)]
+pub struct MigrationSet {
+    pub table: &'static str,
+    /// The advisory transaction lock that serializes concurrent runners.
+    pub lock_key: i64,
+    pub migrations: &'static [Migration],
+}
+
+/// The library's own schema.
+pub const LIBRARY: MigrationSet = MigrationSet {
+    table: MIGRATIONS_TABLE,
+    lock_key: 0x7469_636b_6c65_6173, // "tickleas" in ASCII
+    migrations: MIGRATIONS,
+};
 
 /// What a migration run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -102,33 +116,46 @@ pub async fn migrate_with(
 ) -> Result<MigrateReport, MigrateError> {
     check_role_name(&options.app_role)?;
     check_role_name(&options.operator_role)?;
+    // Transaction-local: read by migration 0002, gone at commit.
+    let settings = format!(
+        "SELECT set_config('ticklease.app_role', '{}', true), set_config('ticklease.operator_role', '{}', true)",
+        options.app_role, options.operator_role
+    );
+    apply(client, &LIBRARY, &settings).await
+}
+
+/// Applies every pending migration of `set` in one transaction, after
+/// running `prelude` (transaction-local settings; may be empty) in it.
+pub async fn apply(
+    client: &mut Client,
+    set: &MigrationSet,
+    prelude: &str,
+) -> Result<MigrateReport, MigrateError> {
     let db = |step: &str| {
         let step = step.to_string();
         move |source| MigrateError::Db { step, source }
     };
+    let table = set.table;
     let tx = client.transaction().await.map_err(db("begin"))?;
     tx.batch_execute(&format!(
-        "SELECT pg_advisory_xact_lock({LOCK_KEY});
-         CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (
+        "SELECT pg_advisory_xact_lock({});
+         CREATE TABLE IF NOT EXISTS {table} (
              version    integer PRIMARY KEY,
              name       text NOT NULL,
              checksum   text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now())"
+             applied_at timestamptz NOT NULL DEFAULT now())",
+        set.lock_key
     ))
     .await
     .map_err(db("lock and create the migrations table"))?;
-    // Transaction-local: read by migration 0002, gone at commit.
-    tx.batch_execute(&format!(
-        "SELECT set_config('ticklease.app_role', '{}', true), set_config('ticklease.operator_role', '{}', true)",
-        options.app_role, options.operator_role
-    ))
-    .await
-    .map_err(db("set the role names"))?;
-    let applied = applied(&tx).await.map_err(db("read applied migrations"))?;
+    if !prelude.is_empty() {
+        tx.batch_execute(prelude).await.map_err(db("prelude"))?;
+    }
+    let applied = applied(&tx, table).await.map_err(db("read applied migrations"))?;
 
     let mut report = MigrateReport::default();
     for (version, checksum) in &applied {
-        match MIGRATIONS.iter().find(|m| m.version == *version) {
+        match set.migrations.iter().find(|m| m.version == *version) {
             None => return Err(MigrateError::UnknownApplied { version: *version }),
             Some(m) if m.checksum() != *checksum => {
                 return Err(MigrateError::Modified {
@@ -139,14 +166,15 @@ pub async fn migrate_with(
             Some(m) => report.already_applied.push(m.version),
         }
     }
-    for m in MIGRATIONS
+    for m in set
+        .migrations
         .iter()
         .filter(|m| !applied.iter().any(|(v, _)| *v == m.version))
     {
         let step = format!("{:04}_{}", m.version, m.name);
         tx.batch_execute(m.sql).await.map_err(db(&step))?;
         tx.batch_execute(&format!(
-            "INSERT INTO {MIGRATIONS_TABLE} (version, name, checksum) VALUES ({}, '{}', '{}')",
+            "INSERT INTO {table} (version, name, checksum) VALUES ({}, '{}', '{}')",
             m.version,
             m.name,
             m.checksum()
@@ -159,11 +187,12 @@ pub async fn migrate_with(
     Ok(report)
 }
 
-async fn applied(tx: &tokio_postgres::Transaction<'_>) -> Result<Vec<(i32, String)>, tokio_postgres::Error> {
+async fn applied(
+    tx: &tokio_postgres::Transaction<'_>,
+    table: &str,
+) -> Result<Vec<(i32, String)>, tokio_postgres::Error> {
     let rows = tx
-        .simple_query(&format!(
-            "SELECT version, checksum FROM {MIGRATIONS_TABLE} ORDER BY version"
-        ))
+        .simple_query(&format!("SELECT version, checksum FROM {table} ORDER BY version"))
         .await?;
     Ok(rows
         .iter()
@@ -194,19 +223,25 @@ pub async fn grant(client: &Client, options: &MigrateOptions) -> Result<(), Migr
         })
 }
 
-/// Checks that every embedded migration is applied, unchanged.
+/// Checks that every library migration is applied, unchanged.
 pub async fn check_schema(client: &Client) -> Result<(), StoreError> {
-    let sql = format!("SELECT version, checksum FROM {MIGRATIONS_TABLE}");
+    check_set(client, &LIBRARY).await
+}
+
+/// Checks that every migration of `set` is applied, unchanged.
+pub async fn check_set(client: &Client, set: &MigrationSet) -> Result<(), StoreError> {
+    let table = set.table;
+    let sql = format!("SELECT version, checksum FROM {table}");
     let rows = match client.query_typed(&sql, &[]).await {
         Ok(rows) => rows,
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
             return Err(StoreError::NotMigrated {
-                detail: format!("table {MIGRATIONS_TABLE} does not exist"),
+                detail: format!("table {table} does not exist"),
             })
         }
         Err(source) => return Err(crate::store::classify("schema check", source)),
     };
-    for m in MIGRATIONS {
+    for m in set.migrations {
         let found = rows.iter().find(|r| r.get::<_, i32>(0) == m.version);
         match found {
             None => {

@@ -16,8 +16,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DURATION_MAX;
+use crate::error::chain;
 use crate::error::Error;
-use crate::lead::{error_chain, BoxError, Lead, Manager, Tick};
+use crate::lead::{BoxError, Lead, Manager, Tick};
 use crate::role::Role;
 use crate::step::panic_message;
 use crate::store::LeaseStore;
@@ -142,7 +143,7 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
         match tick {
             Ok(Ok(Lead::ShuttingDown)) => return,
             Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::warn!(%role, error = %error_chain(&error), "poll failed"),
+            Ok(Err(error)) => tracing::warn!(%role, error = %chain(&error), "poll failed"),
             Err(panic) => tracing::error!(%role, panic = panic_message(&*panic), "tick panicked"),
         }
         tokio::select! {

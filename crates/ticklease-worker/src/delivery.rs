@@ -1,0 +1,137 @@
+//! webhook_delivery: POSTs each pending delivery with Standard Webhooks
+//! headers, retries with capped exponential backoff and jitter, and completes
+//! through a compare-and-set on (id, attempt), so a stale mark is refused.
+
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use ticklease::Fence;
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+use crate::funnel::WEBHOOK_DELIVERY;
+use crate::{Mark, WorkerError};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    pub id: i64,
+    pub attempt: i32,
+    pub url: String,
+    pub event_id: i64,
+    pub kind: String,
+    pub payload: String,
+    pub created_at: SystemTime,
+}
+
+pub async fn pending(client: &Client, fence: &Fence, limit: i64) -> Result<Vec<Delivery>, WorkerError> {
+    let rows = WEBHOOK_DELIVERY
+        .claim(client, fence, &[(&limit, Type::INT8)])
+        .await
+        .map_err(WorkerError::db("delivery claim"))?;
+    Ok(rows
+        .iter()
+        .map(|r| Delivery {
+            id: r.get("id"),
+            attempt: r.get("attempt"),
+            url: r.get("url"),
+            event_id: r.get("event_id"),
+            kind: r.get("kind"),
+            payload: r.get("payload"),
+            created_at: r.get("created_at"),
+        })
+        .collect())
+}
+
+/// The `webhook-id` of an event: the same for every endpoint and every retry,
+/// so a receiver can drop duplicates.
+pub fn webhook_id(event_id: i64) -> String {
+    format!("evt_{event_id}")
+}
+
+/// The Standard Webhooks signature: `v1,` + base64(HMAC-SHA256(secret, "id.timestamp.body")).
+/// A `whsec_`-prefixed secret is base64; any other is used as bytes.
+pub fn sign(secret: &str, id: &str, timestamp: i64, body: &str) -> String {
+    let engine = base64::engine::general_purpose::STANDARD;
+    let key = match secret.strip_prefix("whsec_").map(|s| engine.decode(s)) {
+        Some(Ok(key)) => key,
+        _ => secret.as_bytes().to_vec(),
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes any key length");
+    mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
+    format!("v1,{}", engine.encode(mac.finalize().into_bytes()))
+}
+
+/// Delay before retry `attempt` (1-based): base × 2^(attempt−1), capped, times
+/// a jitter factor in [0.5, 1).
+pub fn backoff(attempt: i32, base: Duration, cap: Duration) -> Duration {
+    let exp = base
+        .saturating_mul(1u32 << attempt.clamp(1, 20).saturating_sub(1) as u32)
+        .min(cap);
+    exp.mul_f64(rand::random::<f64>() * 0.5 + 0.5)
+}
+
+/// POSTs one delivery; `Ok(true)` on a 2xx answer.
+pub async fn post(http: &reqwest::Client, secret: &str, d: &Delivery) -> Result<bool, WorkerError> {
+    let id = webhook_id(d.event_id);
+    let timestamp = d
+        .created_at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|t| t.as_secs() as i64)
+        .unwrap_or(0);
+    let response = http
+        .post(&d.url)
+        .header("content-type", "application/json")
+        .header("webhook-id", &id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", sign(secret, &id, timestamp, &d.payload))
+        .body(d.payload.clone())
+        .send()
+        .await
+        .map_err(|source| WorkerError::Http {
+            what: "webhook POST",
+            source,
+        })?;
+    Ok(response.status().is_success())
+}
+
+const DELIVERED: &str = "UPDATE webhook_deliveries SET status = 'delivered', delivered_at = now()
+  WHERE id = $1 AND attempt = $2 AND status = 'pending'";
+const RETRY: &str = "UPDATE webhook_deliveries
+    SET attempt = attempt + 1, next_attempt_at = now() + $3 * interval '1 second',
+        status = CASE WHEN attempt + 1 >= $4 THEN 'failed' ELSE 'pending' END
+  WHERE id = $1 AND attempt = $2 AND status = 'pending'";
+
+/// Marks delivery `id` delivered if it is still at `attempt`.
+pub async fn mark_delivered(client: &Client, id: i64, attempt: i32) -> Result<Mark, WorkerError> {
+    let n = client
+        .execute_typed(DELIVERED, &[(&id, Type::INT8), (&attempt, Type::INT4)])
+        .await
+        .map_err(WorkerError::db("mark delivered"))?;
+    Ok(Mark::from_rows(n))
+}
+
+/// Schedules the next attempt after `delay`; `max_attempts` reached marks it failed.
+pub async fn mark_retry(
+    client: &Client,
+    id: i64,
+    attempt: i32,
+    delay: Duration,
+    max_attempts: i32,
+) -> Result<Mark, WorkerError> {
+    let secs = delay.as_secs_f64();
+    let n = client
+        .execute_typed(
+            RETRY,
+            &[
+                (&id, Type::INT8),
+                (&attempt, Type::INT4),
+                (&secs, Type::FLOAT8),
+                (&max_attempts, Type::INT4),
+            ],
+        )
+        .await
+        .map_err(WorkerError::db("schedule retry"))?;
+    Ok(Mark::from_rows(n))
+}

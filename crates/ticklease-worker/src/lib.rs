@@ -1,0 +1,127 @@
+//! # ticklease-worker: the reference worker
+//!
+//! The spec's five singleton roles on five real stores, each led through
+//! ticklease: `billing`, `dunning`, `webhook_outbox`, `webhook_delivery`,
+//! `email_outbox`. The fencing boundary is the five claim funnels
+//! ([`funnel::FUNNELS`]): each carries `AND leader_fence_lock($1, $2)` in its
+//! innermost WHERE and takes a [`ticklease::Fence`], so a superseded leader
+//! claims nothing. Work already in flight completes through row
+//! compare-and-sets and idempotency keys instead:
+//!
+//! | role | claim | completion guard |
+//! |---|---|---|
+//! | billing | due subscriptions | the period writer proves the (status, period start, watermark) it read; `invoices_billing_period_dedup` |
+//! | dunning | due runs | every transition proves `attempt_count`; idempotency key `dunning-{run}-{attempt}` |
+//! | webhook_outbox | undispatched events, locked | fan-out and the dispatched mark commit with the claim; `UNIQUE (event_id, endpoint_id)` |
+//! | webhook_delivery | pending deliveries | CAS on (id, attempt): a stale mark is refused; `webhook-id` per event |
+//! | email_outbox | claimBatch (bumps attempt) | CAS on (id, attempt); `Message-ID` per row |
+//!
+//! Outbound effects stay at-least-once across a takeover; receivers dedupe by
+//! `webhook-id`, the payment provider by idempotency key, mail readers by
+//! `Message-ID`.
+
+use std::time::Duration;
+
+pub mod billing;
+pub mod delivery;
+pub mod dunning;
+pub mod email;
+pub mod funnel;
+pub mod outbox;
+pub mod seed;
+pub mod worker;
+
+use ticklease::migrate::{Migration, MigrationSet};
+
+/// The five roles, in the spec's order.
+pub const ROLES: [&str; 5] = [
+    "billing",
+    "dunning",
+    "webhook_outbox",
+    "email_outbox",
+    "webhook_delivery",
+];
+
+/// The worker's schema, versioned apart from the library's.
+pub const SCHEMA: MigrationSet = MigrationSet {
+    table: "ticklease_worker_schema_migrations",
+    lock_key: 0x7469_636b_776f_726b, // "tickwork"
+    migrations: &[Migration {
+        version: 1,
+        name: "worker",
+        sql: include_str!("migrations/0001_worker.sql"),
+    }],
+};
+
+/// What a completion compare-and-set did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    Marked,
+    /// The row moved on since it was read (StaleDeliveryMark and kin): nothing written.
+    Stale,
+}
+
+impl Mark {
+    fn from_rows(n: u64) -> Mark {
+        if n == 1 {
+            Mark::Marked
+        } else {
+            Mark::Stale
+        }
+    }
+}
+
+/// A worker failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    #[error("{what} failed")]
+    Db {
+        what: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("{what} failed")]
+    Http {
+        what: &'static str,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("the payment provider answered {status} for {key}")]
+    Provider { status: u16, key: String },
+    #[error("SMTP send failed")]
+    Smtp {
+        #[source]
+        source: lettre::transport::smtp::Error,
+    },
+    #[error("invalid {what}")]
+    Invalid { what: String },
+    #[error("lease manager failed")]
+    Lease(#[from] ticklease::Error),
+    #[error("lease store failed")]
+    Store(#[from] ticklease::StoreError),
+    #[error("could not get a database connection")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("I/O failed: {what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl WorkerError {
+    fn db(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> WorkerError {
+        move |source| WorkerError::Db { what, source }
+    }
+}
+
+/// Applies the worker's migrations (the library's must be applied too).
+pub async fn migrate(
+    client: &mut tokio_postgres::Client,
+) -> Result<ticklease::MigrateReport, ticklease::MigrateError> {
+    ticklease::migrate::apply(client, &SCHEMA, "").await
+}
+
+/// Default pause between two ticks of a role.
+pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_secs(5);
