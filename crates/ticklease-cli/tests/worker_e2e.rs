@@ -1,0 +1,303 @@
+//! End to end: three `ticklease worker` processes with scaled timings work a
+//! seeded load against real peers (payment provider, two webhook receivers,
+//! an SMTP sink) while the test SIGKILLs the leader of each role once. At the
+//! end every invoice exists once, every event reached every endpoint
+//! (duplicates only under the same webhook-id), every email arrived, and no
+//! idempotency key was used for two different charges.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use ticklease_testkit::{connect, scalar, HttpPeer, PgCluster, SmtpSink};
+
+const SECRET: &str = "whsec_dGlja2xlYXNlLWUyZS1zZWNyZXQ=";
+const SUBSCRIPTIONS: i64 = 12;
+const EMAILS: i64 = 12;
+const EVENTS: i64 = 12;
+const ROLES: [&str; 5] = [
+    "billing",
+    "dunning",
+    "webhook_outbox",
+    "email_outbox",
+    "webhook_delivery",
+];
+
+fn ticklease(args: &[&str], url: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .output()
+        .unwrap()
+}
+
+fn spawn_worker(url: &str, payments: &str, smtp: &str, log: &std::path::Path) -> Child {
+    let mut args: Vec<String> = [
+        "worker",
+        "--webhook-secret",
+        SECRET,
+        "--payments-url",
+        payments,
+        "--smtp-url",
+        smtp,
+        "--lease-ttl",
+        "2s",
+        "--heartbeat-every",
+        "300ms",
+        "--statement-timeout",
+        "500ms",
+        "--abandon-after",
+        "1200ms",
+        "--max-poll",
+        "200ms",
+        "--batch-size",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for role in ROLES {
+        args.extend(["--tick-interval".to_string(), format!("{role}=150ms")]);
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(&args)
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "ticklease=info,ticklease_worker=info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn verify_signature(id: &str, timestamp: &str, body: &str, signature: &str) -> bool {
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(SECRET.trim_start_matches("whsec_"))
+        .unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
+    let expected = format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    );
+    signature.split(' ').any(|s| s == expected)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_survive_a_sigkill_of_each_roles_leader_without_double_effects() {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    let url = cluster.url(&db);
+    let http = HttpPeer::start(7).await.unwrap(); // every 7th webhook POST fails: retries happen
+    let smtp = SmtpSink::start().await.unwrap();
+    let endpoints = [
+        format!("{}/hooks/a", http.url()),
+        format!("{}/hooks/b", http.url()),
+    ];
+    for args in [
+        vec!["migrate"],
+        vec!["worker", "migrate"],
+        vec![
+            "worker",
+            "seed",
+            "--subscriptions",
+            "12",
+            "--emails",
+            "12",
+            "--events",
+            "12",
+            "--endpoint",
+            &endpoints[0],
+            "--endpoint",
+            &endpoints[1],
+        ],
+    ] {
+        let o = ticklease(&args, &url);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("workers.log");
+    let mut workers: Vec<Child> = (0..3)
+        .map(|_| spawn_worker(&url, &http.url(), &smtp.url(), &log))
+        .collect();
+    let observer = connect(&cluster.config(&db)).await.unwrap();
+
+    // SIGKILL the leader of each role once, while it holds the role.
+    let mut killed = Vec::new();
+    for role in ROLES {
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < deadline {
+            let holder: Option<String> = observer
+                .query_opt(
+                    "SELECT holder_id FROM leader_status WHERE role = $1 AND held",
+                    &[&role],
+                )
+                .await
+                .unwrap()
+                .map(|r| r.get(0));
+            let pid = holder
+                .as_deref()
+                .and_then(|h| h.split(':').nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(i) = pid.and_then(|pid| workers.iter().position(|w| w.id() == pid)) {
+                let mut victim = workers.swap_remove(i);
+                victim.kill().unwrap();
+                victim.wait().unwrap();
+                killed.push((role, victim.id()));
+                workers.push(spawn_worker(&url, &http.url(), &smtp.url(), &log));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    println!("killed leaders: {killed:?}");
+    assert!(
+        killed.len() >= 3,
+        "too few leaders caught holding a role to kill: {killed:?}"
+    );
+
+    // Wait for the whole load to be worked off.
+    let expected_deliveries = (EVENTS + SUBSCRIPTIONS) * 2;
+    let expected_emails = EMAILS + SUBSCRIPTIONS;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let progress: (i64, i64, i64, i64) = (
+            scalar(&observer, "SELECT count(*) FROM invoices").await,
+            scalar(
+                &observer,
+                "SELECT count(*) FROM dunning_runs WHERE state = 'paid'",
+            )
+            .await,
+            scalar(
+                &observer,
+                "SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'",
+            )
+            .await,
+            scalar(
+                &observer,
+                "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
+            )
+            .await,
+        );
+        if progress == (SUBSCRIPTIONS, SUBSCRIPTIONS, expected_deliveries, expected_emails) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "load not worked off: (invoices, paid, delivered, sent) = {progress:?}; log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // A clean SIGTERM: every worker exits 0 after releasing.
+    for w in &workers {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(w.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+    }
+    for mut w in workers {
+        assert_eq!(w.wait().unwrap().code(), Some(0), "graceful SIGTERM");
+    }
+    let held: i64 = scalar(&observer, "SELECT count(*) FROM leader_status WHERE held").await;
+    assert_eq!(held, 0, "SIGTERM released every term");
+
+    // Invoices: exactly one per subscription and period.
+    let per_sub: i64 = scalar(&observer, "SELECT count(DISTINCT subscription_id) FROM invoices").await;
+    assert_eq!(per_sub, SUBSCRIPTIONS);
+
+    // Webhooks: every event at every endpoint; duplicates only under the same webhook-id.
+    let events: Vec<i64> = observer
+        .query("SELECT id FROM webhook_events ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(events.len() as i64, EVENTS + SUBSCRIPTIONS);
+    let mut arrived: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    let mut webhook_requests = 0;
+    for r in http
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/hooks/"))
+    {
+        let (id, ts, sig) = (
+            &r.headers["webhook-id"],
+            &r.headers["webhook-timestamp"],
+            &r.headers["webhook-signature"],
+        );
+        assert!(verify_signature(id, ts, &r.body, sig), "bad signature on {id}");
+        arrived
+            .entry((r.path.clone(), id.clone()))
+            .or_default()
+            .insert(r.body.clone());
+        webhook_requests += 1;
+    }
+    for event in &events {
+        for path in ["/hooks/a", "/hooks/b"] {
+            let bodies = arrived.get(&(path.to_string(), format!("evt_{event}")));
+            assert!(bodies.is_some(), "event {event} never reached {path}");
+            assert_eq!(bodies.unwrap().len(), 1, "one webhook-id, one body");
+        }
+    }
+
+    // Emails: every row arrived; a re-send carries the same Message-ID.
+    let ids: Vec<i64> = observer
+        .query("SELECT id FROM email_outbox ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mails = smtp.mails();
+    let got: BTreeSet<&str> = mails.iter().filter_map(|m| m.message_id()).collect();
+    for id in &ids {
+        assert!(
+            got.contains(format!("<email-{id}@ticklease.invalid>").as_str()),
+            "email {id} never arrived"
+        );
+    }
+    assert_eq!(got.len(), ids.len(), "a Message-ID that is no outbox row");
+
+    // Charges: one charge per idempotency key, and a key always for the same invoice and amount.
+    let mut bodies_by_key: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in http.requests().into_iter().filter(|r| r.path == "/charges") {
+        bodies_by_key
+            .entry(r.headers["idempotency-key"].clone())
+            .or_default()
+            .insert(r.body);
+    }
+    assert!(
+        bodies_by_key.values().all(|b| b.len() == 1),
+        "one key used for two different charges"
+    );
+    let paid_runs: i64 = scalar(
+        &observer,
+        "SELECT count(*) FROM dunning_runs WHERE state = 'paid'",
+    )
+    .await;
+    assert_eq!(paid_runs, SUBSCRIPTIONS);
+    println!(
+        "deliveries: {} unique, {webhook_requests} requests; emails: {} unique, {} received; charge keys: {}, requests: {}",
+        arrived.len(),
+        got.len(),
+        mails.len(),
+        bodies_by_key.len(),
+        http.charge_requests().values().sum::<u32>()
+    );
+}
