@@ -216,6 +216,18 @@ async fn three_replicas_survive_a_sigkill_of_each_roles_leader_without_double_ef
     let held: i64 = scalar(&observer, "SELECT count(*) FROM leader_status WHERE held").await;
     assert_eq!(held, 0, "SIGTERM released every term");
 
+    // The claim journal: no claim under a superseded token after a newer term's first claim.
+    let violations = ticklease_worker::journal::violations(&observer).await.unwrap();
+    assert!(violations.is_empty(), "{violations:#?}");
+    let terms = ticklease_worker::journal::terms_per_role(&observer)
+        .await
+        .unwrap();
+    println!("journal (role, claims, terms): {terms:?}");
+    assert!(
+        terms.iter().all(|(_, _, t)| *t >= 2),
+        "each role was claimed under several terms: {terms:?}"
+    );
+
     // Invoices: exactly one per subscription and period.
     let per_sub: i64 = scalar(&observer, "SELECT count(DISTINCT subscription_id) FROM invoices").await;
     assert_eq!(per_sub, SUBSCRIPTIONS);

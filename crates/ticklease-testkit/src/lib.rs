@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod conformance;
 pub mod fake;
 pub mod peers;
+pub mod proxy;
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ pub use bouncer::PgBouncer;
 pub use cluster::{connect, KitError, PgCluster};
 pub use fake::FakeStore;
 pub use peers::{HttpPeer, SmtpSink};
+pub use proxy::{Fault, FaultProxy};
 
 use ticklease::{Config, PgStore, PgStoreOptions};
 

@@ -72,9 +72,16 @@ pub const EMAIL_OUTBOX: Funnel = Funnel {
 pub const FUNNELS: [Funnel; 5] = [BILLING, DUNNING, WEBHOOK_OUTBOX, WEBHOOK_DELIVERY, EMAIL_OUTBOX];
 
 impl Funnel {
-    /// The statement with `predicate` in the fence's place.
+    /// The statement with `predicate` in the fence's place, journalling
+    /// (role, token, rows claimed) in the same statement when it claims any.
     pub fn render(&self, predicate: &str) -> String {
-        self.sql.replace("{fence}", predicate)
+        format!(
+            "WITH claimed AS ({}),
+                  journal AS (INSERT INTO worker_journal (role, token, claimed)
+                              SELECT $1, $2, count(*) FROM claimed HAVING count(*) > 0)
+             SELECT * FROM claimed",
+            self.sql.replace("{fence}", predicate)
+        )
     }
 
     /// Runs the claim with `fence` and the parameters after `$2`.

@@ -27,6 +27,7 @@ pub mod delivery;
 pub mod dunning;
 pub mod email;
 pub mod funnel;
+pub mod journal;
 pub mod outbox;
 pub mod seed;
 pub mod worker;

@@ -72,3 +72,15 @@ CREATE TABLE email_outbox (
     sent_at         timestamptz
 );
 CREATE INDEX email_outbox_due ON email_outbox (next_attempt_at) WHERE status = 'pending';
+
+-- The claim journal: every funnel that claims rows appends (role, token) in
+-- the same statement, so who claimed under which term is the database's own
+-- record (the chaos checker reads it).
+CREATE TABLE worker_journal (
+    id      bigserial PRIMARY KEY,
+    role    text NOT NULL,
+    token   bigint NOT NULL,
+    claimed int NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX worker_journal_role_at ON worker_journal (role, at);
