@@ -1,0 +1,79 @@
+//! The drill leader: a process that leads one role and, for as long as its
+//! tick runs, writes a fenced row into `drill_journal` every `write_every`.
+//! The journal then shows, on the database clock, each term's last and first
+//! fenced write. It prints `LEADING <token>` when a tick starts and
+//! `ENDED <token> lost <reason>` or `ENDED <token> interrupted` when one ends early.
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::time::Duration;
+
+use ticklease::{Lead, Manager, PgStore, PgStoreOptions, Role};
+use tokio_postgres::types::Type;
+use tokio_util::sync::CancellationToken;
+
+/// Runs until SIGTERM (releases as interrupted, exits 0) or until killed.
+pub async fn run(
+    url: &str,
+    role: &str,
+    config: ticklease::Config,
+    write_every: Duration,
+) -> anyhow::Result<()> {
+    let role = Role::new(role)?;
+    let pg: tokio_postgres::Config = url.parse()?;
+    let store = PgStore::connect(pg.clone(), PgStoreOptions::from_config(&config)).await?;
+    let manager = Manager::start(store, config, [role.clone()]).await?;
+    let holder = manager.holder_id().to_string();
+    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let shutdown = CancellationToken::new();
+    ticklease::cancel_on_signals(shutdown.clone())?;
+    let stop = manager.clone();
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        token.cancelled().await;
+        stop.shutdown();
+    });
+    let client = &client;
+    loop {
+        let lead = manager
+            .lead(&role, Duration::from_millis(1), |tick| {
+                let holder = holder.clone();
+                async move {
+                    println!("LEADING {}", tick.token());
+                    let _ = std::io::stdout().flush();
+                    let sql = format!(
+                        "INSERT INTO drill_journal (role, token, holder) SELECT $1, $2, $3 WHERE {}",
+                        tick.fence().predicate(1)
+                    );
+                    while !tick.is_cancelled() {
+                        let [r, t] = tick.fence().params();
+                        // A failed or fenced-off write is no reason to stop: the heartbeat decides.
+                        let _ = client.execute_typed(&sql, &[r, t, (&holder, Type::TEXT)]).await;
+                        tokio::select! {
+                            _ = tick.cancelled() => {}
+                            _ = tokio::time::sleep(write_every) => {}
+                        }
+                    }
+                    Ok::<_, Infallible>(())
+                }
+            })
+            .await;
+        match &lead {
+            Ok(Lead::Lost { token, reason }) => println!("ENDED {token} lost {reason}"),
+            Ok(Lead::Interrupted { token }) => println!("ENDED {token} interrupted"),
+            _ => {}
+        }
+        let _ = std::io::stdout().flush();
+        match lead {
+            Ok(Lead::ShuttingDown) => return Ok(()),
+            Ok(Lead::Interrupted { .. }) if shutdown.is_cancelled() => return Ok(()),
+            Ok(_) => {}
+            Err(e) => eprintln!("drill leader: {}", ticklease::error::chain(&e)),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(config.max_poll()) => {}
+        }
+    }
+}

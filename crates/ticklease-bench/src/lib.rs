@@ -1,0 +1,52 @@
+//! Failure-correctness drills for ticklease: the failover benchmark and the
+//! chaos run, on real processes, a real Postgres and a TCP fault proxy. The
+//! numbers come from the database's own record (`lease_history`, written by
+//! a trigger on `leader_leases`, and the journals written by fenced claims).
+
+pub mod chaos;
+pub mod drill;
+pub mod failover;
+pub mod stats;
+
+use std::time::Duration;
+
+/// Bench-only instrumentation, applied after the migrations.
+pub const HISTORY_SQL: &str = include_str!("history.sql");
+
+/// Lease timings for a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Timing {
+    /// The spec's defaults: TTL 10 s, heartbeat 3 s, statement 2 s, abandon 6 s, poll 5 s.
+    Default,
+    /// Everything divided by ten: TTL 1 s.
+    Scaled,
+}
+
+impl Timing {
+    pub fn config(self) -> ticklease::Config {
+        match self {
+            Timing::Default => ticklease::Config::DEFAULT,
+            Timing::Scaled => ticklease::Config::builder()
+                .scaled_down(10)
+                .build()
+                .expect("scaled defaults are valid"),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Timing::Default => "default",
+            Timing::Scaled => "scaled",
+        }
+    }
+}
+
+/// Sends `signal` to a child process.
+pub fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+}
+
+/// Milliseconds as a float, for reports.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}

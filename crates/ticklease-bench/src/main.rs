@@ -1,0 +1,172 @@
+//! `ticklease-bench`: the failover benchmark and the chaos run.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ticklease_bench::chaos::{self, ChaosOptions};
+use ticklease_bench::failover::{self, Env, Scenario};
+use ticklease_bench::{drill, Timing};
+
+#[derive(Parser)]
+#[command(
+    name = "ticklease-bench",
+    about = "Failover benchmark and chaos run for ticklease"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Trials of each failure scenario; prints the table and writes the raw trials as CSV.
+    Failover {
+        #[arg(long, default_value_t = 20)]
+        trials: usize,
+        #[arg(long, value_enum, default_value = "default")]
+        timing: Timing,
+        /// Only these scenarios (default: all four).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        scenarios: Vec<Scenario>,
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+    },
+    /// Worker replicas under seeded random faults, then the history checker.
+    Chaos {
+        #[arg(long, default_value_t = 5)]
+        replicas: usize,
+        #[arg(long, default_value_t = 50)]
+        faults: usize,
+        /// Seed of the fault stream (printed, so a failure reproduces).
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long, value_enum, default_value = "scaled")]
+        timing: Timing,
+    },
+    /// (child process) A drill leader writing fenced rows while it leads.
+    #[command(hide = true)]
+    Leader {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        role: String,
+        #[arg(long, value_enum)]
+        timing: Timing,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        write_every: Duration,
+    },
+    /// (child process) A worker replica with the chaos run's settings.
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        url: String,
+        #[arg(long, value_enum)]
+        timing: Timing,
+        #[arg(long)]
+        payments_url: String,
+        #[arg(long)]
+        smtp_url: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Cmd::Failover {
+            trials,
+            timing,
+            scenarios,
+            out,
+        } => {
+            let env = Env::start(timing, std::env::current_exe()?).await?;
+            let scenarios = if scenarios.is_empty() {
+                Scenario::ALL.to_vec()
+            } else {
+                scenarios
+            };
+            let mut all = Vec::new();
+            for s in scenarios {
+                for n in 0..trials {
+                    let t = failover::trial(&env, s, n).await?;
+                    eprintln!(
+                        "{} #{n}: takeover {:?}, gap {:.0} ms, stale writes {}",
+                        s.as_str(),
+                        t.takeover,
+                        t.gap_ms,
+                        t.stale_writes
+                    );
+                    all.push(t);
+                }
+            }
+            let csv = failover::write_csv(&out, timing, &all)?;
+            println!("{}", failover::table(&all));
+            println!("raw trials: {}", csv.display());
+        }
+        Cmd::Chaos {
+            replicas,
+            faults,
+            seed,
+            timing,
+        } => {
+            let seed = seed.unwrap_or_else(rand::random);
+            println!("chaos seed {seed} (rerun: ticklease-bench chaos --replicas {replicas} --faults {faults} --seed {seed})");
+            let report = chaos::run(&ChaosOptions {
+                replicas,
+                faults,
+                seed,
+                timing,
+                exe: std::env::current_exe()?,
+            })
+            .await?;
+            println!("{report:#?}");
+            if !report.ok() {
+                anyhow::bail!("chaos seed {seed}: {} violations", report.violations.len());
+            }
+        }
+        Cmd::Leader {
+            url,
+            role,
+            timing,
+            write_every,
+        } => drill::run(&url, &role, timing.config(), write_every).await?,
+        Cmd::Worker {
+            url,
+            timing,
+            payments_url,
+            smtp_url,
+        } => {
+            let lease = timing.config();
+            let (host, port) = smtp_url
+                .trim_start_matches("smtp://")
+                .rsplit_once(':')
+                .expect("smtp://host:port");
+            let roles: Vec<ticklease::Role> = ticklease_worker::ROLES
+                .iter()
+                .map(|r| ticklease::Role::new(*r).expect("valid"))
+                .collect();
+            let config = ticklease_worker::worker::WorkerConfig {
+                database: url.parse()?,
+                tick_intervals: roles.iter().map(|r| (r.clone(), lease.max_poll())).collect(),
+                roles,
+                lease,
+                payments_url,
+                smtp_host: host.to_string(),
+                smtp_port: port.parse()?,
+                mail_from: "chaos@ticklease.invalid".into(),
+                webhook_secret: chaos::SECRET.into(),
+                metrics_addr: None,
+                batch_size: 5,
+                decline_backoff: lease.max_poll(),
+            };
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            ticklease::cancel_on_signals(shutdown.clone())?;
+            ticklease_worker::worker::run(config, shutdown).await?;
+        }
+    }
+    Ok(())
+}
