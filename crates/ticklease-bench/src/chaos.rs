@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
 
-use ticklease_testkit::{connect, scalar, Fault, FaultProxy, HttpPeer, SmtpSink};
+use ticklease_testkit::{connect, scalar, Fault, FaultProxy, HttpPeer, PgBouncer, SmtpSink};
 
 use crate::failover::Env;
 use crate::Timing;
@@ -31,6 +31,9 @@ pub struct ChaosOptions {
     pub timing: Timing,
     /// This binary: replicas are `<exe> worker …`.
     pub exe: PathBuf,
+    /// Replicas reach Postgres through PgBouncer (transaction mode), which the
+    /// fault stream also restarts.
+    pub pooled: bool,
 }
 
 /// What the run did and what the checker found.
@@ -53,7 +56,8 @@ impl ChaosReport {
     }
 }
 
-const KINDS: [&str; 6] = ["sigkill", "sigterm", "freeze", "blackhole", "reset", "pg_restart"];
+/// Replica faults, then the rare whole-service restarts.
+const REPLICA_FAULTS: [&str; 5] = ["sigkill", "sigterm", "freeze", "blackhole", "reset"];
 
 struct Replica {
     link: FaultProxy,
@@ -108,7 +112,18 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         format!("{}/hooks/b", http.url()),
     ];
     top_up(&env, 8, &endpoints).await?;
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], env.cluster.port()));
+    let bouncer = if opts.pooled {
+        Some(PgBouncer::start(&env.cluster, 10)?)
+    } else {
+        None
+    };
+    let upstream_port = bouncer.as_ref().map_or(env.cluster.port(), PgBouncer::port);
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], upstream_port));
+    let mut kinds: Vec<&'static str> = REPLICA_FAULTS.to_vec();
+    kinds.push("pg_restart");
+    if opts.pooled {
+        kinds.push("bouncer_restart");
+    }
     let mut replicas = Vec::new();
     for _ in 0..opts.replicas {
         let link = FaultProxy::start(upstream).await?;
@@ -125,11 +140,11 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let span = |rng: &mut StdRng, lo: f64, hi: f64| ttl.mul_f64(rng.gen_range(lo..hi));
     for k in 0..opts.faults {
         tokio::time::sleep(span(&mut rng, 0.2, 1.0)).await;
-        // Every kind once first; then Postgres restarts are rare (one in twenty).
+        // Every kind once first; then whole-service restarts are rare (one in twenty).
         let kind = match k {
-            k if k < KINDS.len() => KINDS[k],
-            _ if rng.gen_range(0..20) == 0 => "pg_restart",
-            _ => KINDS[rng.gen_range(0..5)],
+            k if k < kinds.len() => kinds[k],
+            _ if rng.gen_range(0..20) == 0 => kinds[rng.gen_range(REPLICA_FAULTS.len()..kinds.len())],
+            _ => REPLICA_FAULTS[rng.gen_range(0..REPLICA_FAULTS.len())],
         };
         let i = rng.gen_range(0..replicas.len());
         *report.faults.entry(kind).or_default() += 1;
@@ -162,6 +177,14 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 replicas[i].link.set(Fault::Reset);
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 replicas[i].link.set(Fault::Pass);
+            }
+            "bouncer_restart" => {
+                let from = SystemTime::now();
+                bouncer
+                    .as_ref()
+                    .context("bouncer restart without a bouncer")?
+                    .restart()?;
+                restarts.push((from, SystemTime::now()));
             }
             _ => {
                 let from = SystemTime::now();

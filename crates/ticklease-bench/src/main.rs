@@ -43,6 +43,9 @@ enum Cmd {
         seed: Option<u64>,
         #[arg(long, value_enum, default_value = "scaled")]
         timing: Timing,
+        /// Reach Postgres through PgBouncer (transaction mode) and restart it too.
+        #[arg(long)]
+        pooled: bool,
     },
     /// (child process) A drill leader writing fenced rows while it leads.
     #[command(hide = true)]
@@ -112,15 +115,19 @@ async fn main() -> anyhow::Result<()> {
             faults,
             seed,
             timing,
+            pooled,
         } => {
             let seed = seed.unwrap_or_else(rand::random);
-            println!("chaos seed {seed} (rerun: ticklease-bench chaos --replicas {replicas} --faults {faults} --seed {seed})");
+            let p = if pooled { " --pooled" } else { "" };
+            println!("chaos seed {seed} (rerun: ticklease-bench chaos --replicas {replicas} --faults {faults} --seed {seed}{p})");
+            let exe = std::env::current_exe()?;
             let report = chaos::run(&ChaosOptions {
                 replicas,
                 faults,
                 seed,
                 timing,
-                exe: std::env::current_exe()?,
+                exe,
+                pooled,
             })
             .await?;
             println!("{report:#?}");

@@ -1,5 +1,6 @@
-//! The short chaos run: five worker replicas under 50 seeded faults, then the
-//! history checker. The seed is printed so a failure reproduces with
+//! The short chaos run: five worker replicas, through PgBouncer in
+//! transaction mode, under 50 seeded faults (including Postgres and PgBouncer
+//! restarts), then the history checker. The seed is printed so a failure reproduces with
 //! `ticklease-bench chaos --seed`.
 
 use ticklease_bench::chaos::{self, ChaosOptions};
@@ -18,6 +19,7 @@ async fn fifty_faults_leave_no_stale_claim_no_duplicate_and_no_loss() {
         seed,
         timing: Timing::Scaled,
         exe: env!("CARGO_BIN_EXE_ticklease-bench").into(),
+        pooled: true,
     };
     let report = chaos::run(&opts).await.unwrap();
     println!("{report:#?}");

@@ -19,6 +19,8 @@ pub struct PgBouncer {
     dir: tempfile::TempDir,
     port: u16,
     child: Mutex<Option<Child>>,
+    binary: PathBuf,
+    user: Option<(Uid, Gid)>,
 }
 
 impl std::fmt::Debug for PgBouncer {
@@ -78,19 +80,36 @@ impl PgBouncer {
         );
         let ini = dir.path().join("pgbouncer.ini");
         std::fs::write(&ini, config).map_err(io("write pgbouncer.ini"))?;
-        let mut cmd = Command::new(binary);
-        cmd.arg(&ini)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0);
-        if Uid::effective().is_root() {
+        let user = if Uid::effective().is_root() {
             let user = User::from_name("postgres")
                 .ok()
                 .flatten()
                 .ok_or(KitError::NoPostgresUser)?;
             chown_all(&dir, user.uid, user.gid)?;
-            cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+            Some((user.uid, user.gid))
+        } else {
+            None
+        };
+        let bouncer = PgBouncer {
+            dir,
+            port,
+            child: Mutex::new(None),
+            binary,
+            user,
+        };
+        bouncer.spawn(die_with_parent)?;
+        Ok(bouncer)
+    }
+
+    fn spawn(&self, die_with_parent: bool) -> Result<(), KitError> {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg(self.dir.path().join("pgbouncer.ini"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
+        if let Some((uid, gid)) = self.user {
+            cmd.uid(uid.as_raw()).gid(gid.as_raw());
         }
         if die_with_parent {
             // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
@@ -100,19 +119,39 @@ impl PgBouncer {
                 });
             }
         }
-        let child = cmd.spawn().map_err(io("spawn pgbouncer"))?;
-        let bouncer = PgBouncer {
-            dir,
-            port,
-            child: Mutex::new(Some(child)),
-        };
-        bouncer.wait_listening()?;
-        Ok(bouncer)
+        let child = cmd.spawn().map_err(|source| KitError::Io {
+            what: "spawn pgbouncer".into(),
+            source,
+        })?;
+        *self.child.lock().expect("child lock") = Some(child);
+        self.wait_listening()
+    }
+
+    /// Kills pgbouncer (every client connection drops) and starts it again on the same port.
+    pub fn restart(&self) -> Result<(), KitError> {
+        self.stop();
+        // The old process may hold the port for a moment after it dies.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.spawn(false) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
     }
 
     fn wait_listening(&self) -> Result<(), KitError> {
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(10) {
+            if let Some(child) = self.child.lock().expect("child lock").as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(KitError::Command {
+                        what: format!("pgbouncer exited ({status})"),
+                        output: self.log(),
+                    });
+                }
+            }
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return Ok(());
             }
