@@ -26,7 +26,7 @@ async fn fifty_faults_leave_no_stale_claim_no_duplicate_and_no_loss() {
     assert_eq!(report.faults.values().sum::<usize>(), 50);
     assert_eq!(
         report.faults.len(),
-        6,
+        7,
         "every fault kind occurred: {:?}",
         report.faults
     );
