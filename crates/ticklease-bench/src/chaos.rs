@@ -4,7 +4,7 @@
 //! then a checker over the claim journal, the lease history and what the
 //! peers received.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
@@ -250,76 +250,12 @@ async fn check(
     report: &mut ChaosReport,
 ) -> anyhow::Result<()> {
     let config = env.timing.config();
+    let received = ticklease_testkit::peers::received(http, smtp);
+    let audit =
+        ticklease_worker::audit::audit(db, &received, &["/hooks/a".to_string(), "/hooks/b".to_string()])
+            .await?;
     let v = &mut report.violations;
-    for j in ticklease_worker::journal::violations(db).await? {
-        v.push(format!("stale claim: {j:?}"));
-    }
-    let dup_invoices: i64 = scalar(
-        db,
-        "SELECT count(*) - count(DISTINCT (subscription_id, period_start)) FROM invoices",
-    )
-    .await;
-    let unbilled: i64 = scalar(db, "SELECT count(*) FROM subscriptions s WHERE NOT EXISTS (SELECT 1 FROM invoices i WHERE i.subscription_id = s.id)").await;
-    if dup_invoices != 0 || unbilled != 0 {
-        v.push(format!(
-            "invoices: {dup_invoices} duplicates, {unbilled} subscriptions unbilled"
-        ));
-    }
-    let events: Vec<i64> = db
-        .query_typed("SELECT id FROM webhook_events", &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let mut bodies: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    let mut charges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for r in http.requests() {
-        if r.path == "/charges" {
-            charges
-                .entry(r.headers["idempotency-key"].clone())
-                .or_default()
-                .insert(r.body);
-        } else {
-            bodies
-                .entry((r.path.clone(), r.headers["webhook-id"].clone()))
-                .or_default()
-                .insert(r.body);
-        }
-    }
-    for e in &events {
-        for path in ["/hooks/a", "/hooks/b"] {
-            match bodies.get(&(path.to_string(), format!("evt_{e}"))) {
-                None => v.push(format!("event {e} never reached {path}")),
-                Some(b) if b.len() > 1 => v.push(format!(
-                    "event {e} at {path} under one webhook-id with {} bodies",
-                    b.len()
-                )),
-                Some(_) => {}
-            }
-        }
-    }
-    if let Some((key, b)) = charges.iter().find(|(_, b)| b.len() > 1) {
-        v.push(format!(
-            "idempotency key {key} used for {} different charges",
-            b.len()
-        ));
-    }
-    let emails: Vec<i64> = db
-        .query_typed("SELECT id FROM email_outbox", &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let got: BTreeSet<String> = smtp
-        .mails()
-        .iter()
-        .filter_map(|m| m.message_id().map(str::to_string))
-        .collect();
-    for id in emails {
-        if !got.contains(&ticklease_worker::email::message_id(id)) {
-            v.push(format!("email {id} never arrived"));
-        }
-    }
+    v.extend(audit.violations);
 
     // Leadership gaps: consecutive term starts per role, outside Postgres restarts.
     let interval = config.max_poll();

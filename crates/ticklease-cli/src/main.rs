@@ -3,6 +3,8 @@
 //! Exit codes: 0 ok, 1 operational error (unknown role, database unreachable,
 //! schema not migrated, permission denied), 2 usage error.
 
+mod demo;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -93,6 +95,21 @@ enum Command {
         after_help = "Examples:\n  ticklease worker migrate\n  ticklease worker seed --subscriptions 20 --emails 20 --events 20 --endpoint http://127.0.0.1:9000/hooks/a\n  ticklease worker --webhook-secret whsec_c2VjcmV0 --roles billing,dunning --tick-interval billing=1m\n  ticklease worker --webhook-secret s --lease-ttl 2s --heartbeat-every 300ms --statement-timeout 500ms \\\n      --abandon-after 1200ms --max-poll 200ms --metrics-addr 127.0.0.1:9188"
     )]
     Worker(WorkerCmd),
+    /// A one-minute tour: throwaway Postgres, worker replicas, narrated failures, a report.
+    #[command(
+        after_help = "Examples:\n  ticklease demo\n  ticklease demo --replicas 4 --duration 2m\n  ticklease demo --database-url postgres://me@localhost/scratch --keep"
+    )]
+    Demo {
+        /// Worker processes to start.
+        #[arg(long, default_value_t = 3)]
+        replicas: usize,
+        /// How long the scripted run lasts (the drain may add a little).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        duration: Duration,
+        /// Leave the cluster and the workers running at the end, until Ctrl-C.
+        #[arg(long)]
+        keep: bool,
+    },
     /// Serve the cluster-fact metrics of every role in leader_leases on /metrics, and /healthz.
     #[command(
         after_help = "Examples:\n  ticklease metrics --metrics-addr 0.0.0.0:9187\n  ticklease metrics --metrics-addr 127.0.0.1:0 --prefix myapp"
@@ -295,6 +312,33 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Command::Demo {
+        replicas,
+        duration,
+        keep,
+    } = cli.command
+    {
+        let opts = demo::DemoOptions {
+            replicas,
+            duration,
+            database_url: cli.database_url,
+            keep,
+        };
+        return tokio::select! {
+            outcome = demo::run(opts) => match outcome {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("ticklease demo: {e:#}");
+                    ExitCode::from(1)
+                }
+            },
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("ticklease demo: interrupted; stopping the workers and removing the cluster");
+                ExitCode::from(130)
+            }
+        };
+    }
     let Some(url) = cli.database_url else {
         eprintln!("ticklease: --database-url (or DATABASE_URL) is required");
         return ExitCode::from(2);
@@ -442,6 +486,7 @@ async fn run(url: &str, command: Command) -> anyhow::Result<()> {
             let stopped = ticklease_worker::worker::run(worker, shutdown).await?;
             println!("worker stopped: {stopped:?}");
         }
+        Command::Demo { .. } => unreachable!("handled before the database URL is required"),
         Command::Metrics { metrics_addr, prefix } => {
             let store = store(config, &target).await?;
             let roles = store

@@ -226,3 +226,25 @@ async fn session(stream: tokio::net::TcpStream, mails: Arc<Mutex<Vec<Mail>>>) ->
     }
     Ok(())
 }
+
+/// What both peers received, in the shape of the worker's audit.
+pub fn received(http: &HttpPeer, smtp: &SmtpSink) -> ticklease_worker::audit::Received {
+    let mut r = ticklease_worker::audit::Received::default();
+    for req in http.requests() {
+        if req.path == "/charges" {
+            r.charges.push((
+                req.headers.get("idempotency-key").cloned().unwrap_or_default(),
+                req.body,
+            ));
+        } else {
+            let id = req.headers.get("webhook-id").cloned().unwrap_or_default();
+            r.hooks.push((req.path, id, req.body));
+        }
+    }
+    r.message_ids = smtp
+        .mails()
+        .iter()
+        .filter_map(|m| m.message_id().map(str::to_string))
+        .collect();
+    r
+}

@@ -22,6 +22,7 @@
 
 use std::time::Duration;
 
+pub mod audit;
 pub mod billing;
 pub mod delivery;
 pub mod dunning;
