@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
 
-use ticklease_testkit::{connect, scalar, Fault, FaultProxy, HttpPeer, PgBouncer, SmtpSink};
+use ticklease_testkit::{connect, scalar, signal, Fault, FaultProxy, HttpPeer, PgBouncer, SmtpSink};
 
 use crate::failover::Env;
 use crate::Timing;
@@ -62,12 +62,6 @@ const REPLICA_FAULTS: [&str; 5] = ["sigkill", "sigterm", "freeze", "blackhole", 
 struct Replica {
     link: FaultProxy,
     child: Child,
-}
-
-fn signal(child: &Child, signal: Signal) {
-    if let Some(pid) = child.id() {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal);
-    }
 }
 
 fn spawn_worker(env: &Env, link: &FaultProxy, http: &HttpPeer, smtp: &SmtpSink) -> anyhow::Result<Child> {

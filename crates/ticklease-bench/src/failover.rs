@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio_postgres::types::Type;
 
-use ticklease_testkit::{connect, Fault, FaultProxy, PgCluster};
+use ticklease_testkit::{connect, signal, Fault, FaultProxy, PgCluster};
 
 use crate::stats::{summarize, Summary};
 use crate::{Timing, HISTORY_SQL};
@@ -145,12 +145,6 @@ async fn next_leading(
         .with_context(|| format!("unexpected output {line:?}"))?
         .trim()
         .parse()?)
-}
-
-fn signal(child: &Child, signal: Signal) {
-    if let Some(pid) = child.id() {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal);
-    }
 }
 
 fn between(later: SystemTime, earlier: SystemTime) -> f64 {

@@ -8,8 +8,6 @@ pub mod drill;
 pub mod failover;
 pub mod stats;
 
-use std::time::Duration;
-
 /// Bench-only instrumentation, applied after the migrations.
 pub const HISTORY_SQL: &str = include_str!("history.sql");
 
@@ -39,14 +37,4 @@ impl Timing {
             Timing::Scaled => "scaled",
         }
     }
-}
-
-/// Sends `signal` to a child process.
-pub fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
-}
-
-/// Milliseconds as a float, for reports.
-pub fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }

@@ -14,7 +14,7 @@ use nix::sys::signal::Signal;
 use tokio::process::{Child, Command};
 use tokio_postgres::Client;
 
-use ticklease_testkit::{connect, HttpPeer, PgCluster, SmtpSink};
+use ticklease_testkit::{connect, signal, HttpPeer, PgCluster, SmtpSink};
 
 const SECRET: &str = "whsec_ZGVtby1zZWNyZXQ=";
 const ROLES: [&str; 5] = ticklease_worker::ROLES;
@@ -87,12 +87,6 @@ impl Watch {
 struct Replica {
     n: usize,
     child: Child,
-}
-
-fn signal(child: &Child, signal: Signal) {
-    if let Some(pid) = child.id() {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal);
-    }
 }
 
 fn spawn(

@@ -99,3 +99,10 @@ pub async fn pg_store(config: &Config) -> (PgStore, tokio_postgres::Config) {
         .expect("PgStore");
     (store, db)
 }
+
+/// Sends `signal` to a child process (if it still has a pid).
+pub fn signal(child: &tokio::process::Child, signal: nix::sys::signal::Signal) {
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal);
+    }
+}

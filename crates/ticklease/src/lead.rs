@@ -280,6 +280,25 @@ impl<S: LeaseStore> Manager<S> {
         self.inner.metrics.as_ref()
     }
 
+    /// Refuses a role this manager does not declare and an interval out of range.
+    pub(crate) fn check_tick(&self, role: &Role, interval: Duration) -> Result<(), Error> {
+        let role_name = || role.to_string();
+        if !self.inner.roles.contains(role) {
+            return Err(Error::UnknownRole { role: role_name() });
+        }
+        if interval.is_zero() {
+            return Err(Error::ZeroInterval { role: role_name() });
+        }
+        if interval > DURATION_MAX {
+            return Err(Error::IntervalTooLong {
+                role: role_name(),
+                interval,
+                max: DURATION_MAX,
+            });
+        }
+        Ok(())
+    }
+
     /// One tick of `role`: ACQUIRE; if a term starts, run `work` under a
     /// heartbeat, then RELEASE with the outcome. A panic in `work` releases the
     /// tick as failed and then continues unwinding from here.
@@ -292,23 +311,7 @@ impl<S: LeaseStore> Manager<S> {
         E: Into<BoxError>,
     {
         let inner = &self.inner;
-        if !inner.roles.contains(role) {
-            return Err(Error::UnknownRole {
-                role: role.to_string(),
-            });
-        }
-        if interval.is_zero() {
-            return Err(Error::ZeroInterval {
-                role: role.to_string(),
-            });
-        }
-        if interval > DURATION_MAX {
-            return Err(Error::IntervalTooLong {
-                role: role.to_string(),
-                interval,
-                max: DURATION_MAX,
-            });
-        }
+        self.check_tick(role, interval)?;
         if inner.shutdown.is_cancelled() {
             return Ok(Lead::ShuttingDown);
         }

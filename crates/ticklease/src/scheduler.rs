@@ -15,7 +15,6 @@ use futures::FutureExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::DURATION_MAX;
 use crate::error::chain;
 use crate::error::Error;
 use crate::lead::{BoxError, Lead, Manager, Tick};
@@ -71,26 +70,10 @@ impl<S: LeaseStore> Scheduler<S> {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        if !self.manager.roles().any(|r| r == role) {
-            return Err(Error::UnknownRole {
-                role: role.to_string(),
-            });
-        }
+        self.manager.check_tick(role, interval)?;
         if self.jobs.iter().any(|j| &j.role == role) {
             return Err(Error::DuplicateJob {
                 role: role.to_string(),
-            });
-        }
-        if interval.is_zero() {
-            return Err(Error::ZeroInterval {
-                role: role.to_string(),
-            });
-        }
-        if interval > DURATION_MAX {
-            return Err(Error::IntervalTooLong {
-                role: role.to_string(),
-                interval,
-                max: DURATION_MAX,
             });
         }
         let work: Work = Arc::new(move |tick| {
