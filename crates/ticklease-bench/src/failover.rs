@@ -166,8 +166,10 @@ pub async fn trial(env: &Env, scenario: Scenario, n: usize) -> anyhow::Result<Tr
     let (mut leader, mut leader_out) = env.spawn_leader(&leader_link, &role).await?;
     let old = next_leading(&mut leader_out, config.lease_ttl() * 3).await?;
     let (mut follower, mut follower_out) = env.spawn_leader(&follower_link, &role).await?;
-    // Mid-term: a few heartbeats in, with the follower polling.
-    tokio::time::sleep(config.heartbeat_every() * 2 + config.max_poll()).await;
+    // Mid-term: a few heartbeats in, with the follower polling, at a random
+    // point of its poll cycle (else every trial would hit the same phase).
+    let phase = config.max_poll().mul_f64(rand::random::<f64>());
+    tokio::time::sleep(config.heartbeat_every() * 2 + config.max_poll() + phase).await;
 
     let fault_at = Instant::now();
     match scenario {
