@@ -311,3 +311,54 @@ pub fn write_csv(dir: &Path, timing: Timing, trials: &[Trial]) -> anyhow::Result
     std::fs::write(&path, csv(trials))?;
     Ok(path)
 }
+
+/// The machine a run measured on, for the report.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:").map(str::trim).map(str::to_string))
+        })
+        .and_then(|kb| kb.trim_end_matches(" kB").parse::<f64>().ok())
+        .map(|kb| kb / 1024.0 / 1024.0)
+        .unwrap_or(0.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores, {mem_gib:.0} GiB, Linux {}", kernel.trim())
+}
+
+/// Writes `failover-<timing>.md`: the table, the machine, and how to rerun.
+pub fn write_markdown(
+    dir: &Path,
+    timing: Timing,
+    trials: &[Trial],
+    server_version: &str,
+) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("failover-{}.md", timing.as_str()));
+    let per = trials.iter().map(|t| t.n + 1).max().unwrap_or(0);
+    let c = timing.config();
+    let text = format!(
+        "# Failover, {} timings (generated)\n\n\
+         TTL {:?}, heartbeat {:?}, statement timeout {:?}, abandon {:?}, max poll {:?}; {per} trials per scenario.\n\
+         Machine: {}; PostgreSQL {server_version}; measured {}.\n\n\
+         takeover = the old leader's last acknowledged ACQUIRE/RENEW → the new leader's first fenced claim;\n\
+         gap = the old leader's last statement → the new leader's first claim (negative would be an overlap);\n\
+         stale writes = fenced writes of the old term after the new term's first. All on the database clock.\n\n\
+         {}\nRaw trials: `failover-{}.csv`. Rerun: `cargo run --release -p ticklease-bench -- failover --trials {per} --timing {}`.\n",
+        timing.as_str(),
+        c.lease_ttl(),
+        c.heartbeat_every(),
+        c.statement_timeout(),
+        c.abandon_after(),
+        c.max_poll(),
+        machine(),
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        table(trials),
+        timing.as_str(),
+        timing.as_str(),
+    );
+    std::fs::write(&path, text)?;
+    Ok(path)
+}

@@ -107,6 +107,13 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
             let csv = failover::write_csv(&out, timing, &all)?;
+            let version: String = ticklease_testkit::scalar(
+                &ticklease_testkit::connect(&env.cluster.config(&env.db)).await?,
+                "SELECT current_setting('server_version')",
+            )
+            .await;
+            let md = failover::write_markdown(&out, timing, &all, &version)?;
+            println!("report: {}", md.display());
             println!("{}", failover::table(&all));
             println!("raw trials: {}", csv.display());
         }

@@ -262,7 +262,8 @@ impl WorkerRun {
         for role in &self.roles {
             if !ticklease_worker::ROLES.contains(&role.as_str()) {
                 return Err(format!(
-                    "--roles: {role:?} is not one of {:?}",
+                    "--roles: {:?} is not one of {:?}",
+                    role.as_str(),
                     ticklease_worker::ROLES
                 ));
             }

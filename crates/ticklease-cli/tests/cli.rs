@@ -343,3 +343,67 @@ fn every_subcommand_has_help_with_examples() {
         );
     }
 }
+
+#[test]
+fn worker_help_documents_every_flag() {
+    let o = ticklease(&["worker", "--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let help = text(&o);
+    for flag in [
+        "--database-url",
+        "--roles",
+        "--metrics-addr",
+        "--payments-url",
+        "--smtp-url",
+        "--webhook-secret",
+        "--lease-ttl",
+        "--heartbeat-every",
+        "--statement-timeout",
+        "--abandon-after",
+        "--max-poll",
+        "--tick-interval",
+        "--batch-size",
+        "--decline-backoff",
+        "--mail-from",
+    ] {
+        assert!(help.contains(flag), "worker --help lacks {flag}");
+    }
+    let seed = text(&ticklease(&["worker", "seed", "--help"]));
+    for flag in ["--subscriptions", "--emails", "--events", "--endpoint"] {
+        assert!(seed.contains(flag), "worker seed --help lacks {flag}");
+    }
+}
+
+#[test]
+fn worker_refuses_bad_timings_and_roles_as_usage_errors() {
+    let url = "postgres://postgres@127.0.0.1:1/x";
+    let o = ticklease(&[
+        "worker",
+        "--database-url",
+        url,
+        "--webhook-secret",
+        "s",
+        "--lease-ttl",
+        "5s",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("abandon_after (6s) + statement_timeout (2s) must be less than lease_ttl (5s)"),
+        "{}",
+        text(&o)
+    );
+    let o = ticklease(&[
+        "worker",
+        "--database-url",
+        url,
+        "--webhook-secret",
+        "s",
+        "--roles",
+        "billing,payroll",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("\"payroll\" is not one of"), "{}", text(&o));
+    let o = ticklease(&["worker", "--database-url", url]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("--webhook-secret"), "{}", text(&o));
+}
