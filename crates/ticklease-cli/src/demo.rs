@@ -53,6 +53,8 @@ struct RoleView {
 struct Watch {
     views: BTreeMap<String, RoleView>,
     terms: BTreeMap<String, i64>,
+    /// Terms seen led by another replica than the term before.
+    takeovers: BTreeMap<String, i64>,
 }
 
 impl Watch {
@@ -77,7 +79,10 @@ impl Watch {
                 paused: r.get(3),
             };
             if let Some(old) = self.views.insert(role.clone(), view.clone()) {
-                *self.terms.entry(role).or_default() += view.token - old.token;
+                *self.terms.entry(role.clone()).or_default() += view.token - old.token;
+                if view.token != old.token && old.pid.is_some() && view.pid.is_some() && old.pid != view.pid {
+                    *self.takeovers.entry(role).or_default() += 1;
+                }
             }
         }
         Ok(())
@@ -175,7 +180,12 @@ impl Demo {
                         (false, Some(n)) => format!("r{n}"),
                         (false, None) => "-".to_string(),
                     };
-                    format!("{r}:{who} ({} terms)", self.watch.terms.get(*r).unwrap_or(&0))
+                    format!(
+                        "{r}: {who} #{} ({} terms, {} moves)",
+                        v.token % 10_000,
+                        self.watch.terms.get(*r).unwrap_or(&0),
+                        self.watch.takeovers.get(*r).unwrap_or(&0)
+                    )
                 })
                 .collect();
             let sent = self.smtp.mails().len();
@@ -411,7 +421,9 @@ async fn run_with(opts: &DemoOptions, url: String) -> anyhow::Result<bool> {
         .map(|v| v.token)
         .unwrap_or_default();
     demo.add_load(3).await?;
-    demo.wait_until(at(0.35)).await?;
+    // Hold the pause for a few polls at least, however the script's clock stands.
+    let hold = at(0.35).max(demo.started.elapsed() + config.max_poll() * 4);
+    demo.wait_until(hold).await?;
     let during = demo.smtp.mails().len() - before;
     let view = demo.watch.views.get("email_outbox").cloned().unwrap_or_default();
     // No term may start while paused; sends already in flight at the pause may still land.
