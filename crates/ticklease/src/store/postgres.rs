@@ -43,9 +43,11 @@ pub struct PgStoreOptions {
 }
 
 impl PgStoreOptions {
+    /// A pool of 8: one RENEW per role in flight, plus ACQUIRE and RELEASE,
+    /// for a handful of roles; raise it when many roles are led at once.
     pub fn from_config(config: &Config) -> Self {
         PgStoreOptions {
-            pool_size: 4,
+            pool_size: 8,
             statement_timeout: config.statement_timeout(),
         }
     }
