@@ -18,8 +18,9 @@
 //! (`now()`, and `statement_timestamp()` in the fence). No statement sets
 //! session state, takes a session lock or listens, and every lease statement
 //! is an unnamed `query_typed` statement, so the store runs through PgBouncer
-//! in transaction mode. Only `ticklease migrate` wants a direct or session-mode
-//! connection (it takes a transaction-scoped advisory lock, which also works).
+//! in transaction mode. Migrations use the simple protocol and a
+//! transaction-scoped advisory lock, so they run through such a pooler too;
+//! run them as the schema owner, who then owns the SECURITY DEFINER functions.
 //!
 //! ## What the local clock is for
 //!
