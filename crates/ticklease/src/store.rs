@@ -15,7 +15,7 @@ mod cancel;
 mod postgres;
 
 pub(crate) use postgres::classify;
-pub use postgres::{check_pauser, PgStore, PgStoreOptions};
+pub use postgres::{check_pauser, PgStore, PgStoreOptions, POOL_SIZE_MAX};
 
 /// A term that ACQUIRE started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

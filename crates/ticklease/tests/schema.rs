@@ -209,3 +209,27 @@ async fn held_and_paused_rows_obey_the_tables_checks() {
         assert_eq!(err.code(), Some(&tokio_postgres::error::SqlState::CHECK_VIOLATION), "{bad}");
     }
 }
+
+#[tokio::test]
+async fn out_of_range_store_options_are_refused_by_name() {
+    let db = migrated_db(PgCluster::shared()).await;
+    for (pool_size, statement_timeout, problem) in [
+        (0, Duration::from_secs(1), "pool_size"),
+        (65, Duration::from_secs(1), "pool_size"),
+        (4, Duration::ZERO, "statement_timeout"),
+    ] {
+        let err = PgStore::connect(
+            db.clone(),
+            PgStoreOptions {
+                pool_size,
+                statement_timeout,
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, StoreError::Rejected { .. }) && err.to_string().contains(problem),
+            "{err}"
+        );
+    }
+}

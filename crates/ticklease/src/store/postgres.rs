@@ -73,7 +73,19 @@ impl PgStore {
     /// Builds the pool and checks the schema: an unmigrated database is
     /// `StoreError::NotMigrated`, before anything is written.
     pub async fn connect(pg: tokio_postgres::Config, options: PgStoreOptions) -> Result<Self, StoreError> {
-        let pool_size = options.pool_size.clamp(1, POOL_SIZE_MAX);
+        if !(1..=POOL_SIZE_MAX).contains(&options.pool_size) {
+            return Err(StoreError::Rejected {
+                statement: "connect",
+                problem: "pool_size must be within 1..=64",
+            });
+        }
+        if options.statement_timeout.is_zero() {
+            return Err(StoreError::Rejected {
+                statement: "connect",
+                problem: "statement_timeout must be greater than zero",
+            });
+        }
+        let pool_size = options.pool_size;
         let cancel = CancelTarget::from_config(&pg, options.statement_timeout);
         let mut pg = pg;
         pg.connect_timeout(options.statement_timeout);
