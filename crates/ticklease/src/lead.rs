@@ -327,7 +327,7 @@ impl<S: LeaseStore> Manager<S> {
         };
         inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
         let token = term.token;
-        tracing::info!(%role, %token, holder = %inner.holder_id, "acquired");
+        tracing::debug!(%role, %token, holder = %inner.holder_id, "acquired");
         if let Some(m) = &inner.metrics {
             m.interval(role, interval);
             m.leading(role, true);
@@ -427,7 +427,7 @@ impl<S: LeaseStore> Manager<S> {
         }
         guard.armed = false;
         let released = guard.release(release).await;
-        tracing::info!(%role, %token, outcome = release.as_str(), released, "released");
+        tracing::debug!(%role, %token, outcome = release.as_str(), released, "released");
         match lead {
             Ok(lead) => Ok(lead),
             Err(panic) => std::panic::resume_unwind(panic),

@@ -398,3 +398,51 @@ async fn jobs_for_undeclared_or_duplicate_roles_are_refused() {
         .unwrap();
     assert!(matches!(err, ticklease::Error::ZeroInterval { .. }));
 }
+
+#[tokio::test]
+async fn a_tick_lost_before_its_work_panics_reports_only_the_loss_once() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let r = replica(&db, &["email_outbox"]).await;
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel();
+    let manager = r.manager.clone();
+    let tick = tokio::spawn(async move {
+        manager
+            .lead(&role("email_outbox"), HOUR, |tick| async move {
+                started_tx.send(()).unwrap();
+                // Would panic once cancelled: the loss drops the work before it can.
+                tick.cancelled().await;
+                panic!("panicked on the lost tick") as Result<(), Infallible>
+            })
+            .await
+    });
+    started_rx.recv().await.unwrap();
+    r.manager
+        .store()
+        .pause(&role("email_outbox"), "ops", "drill")
+        .await
+        .unwrap();
+    let lead = tick.await.expect("no panic escapes a lost tick").unwrap();
+    assert!(
+        matches!(
+            lead,
+            Lead::Lost {
+                reason: ticklease::LossReason::Paused,
+                ..
+            }
+        ),
+        "{lead:?}"
+    );
+    let m = scrape(&r);
+    assert_eq!(
+        m[r#"ticklease_leader_lease_lost_total{role="email_outbox",reason="paused"}"#],
+        1.0
+    );
+    assert_eq!(
+        m[r#"ticklease_leader_lease_lost_total{role="email_outbox",reason="panicked"}"#],
+        0.0
+    );
+    assert_eq!(
+        m[r#"ticklease_leader_ticks_total{role="email_outbox",outcome="lost"}"#],
+        1.0
+    );
+}
