@@ -23,11 +23,16 @@ async fn acquired<S: LeaseStore>(store: &S, role: &Role, holder: &str, interval:
     }
 }
 
-async fn row<S: LeaseStore>(store: &S, role: &Role) -> LeaseStatus {
+/// The `leader_status` row of `role`.
+pub async fn lease_row<S: LeaseStore>(store: &S, role: &str) -> LeaseStatus {
     let all = store.status().await.expect("status");
     all.into_iter()
-        .find(|s| s.role == role.as_str())
+        .find(|s| s.role == role)
         .unwrap_or_else(|| panic!("no row for {role}"))
+}
+
+async fn row<S: LeaseStore>(store: &S, role: &Role) -> LeaseStatus {
+    lease_row(store, role.as_str()).await
 }
 
 fn near(actual: SystemTime, expected: SystemTime) -> bool {

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 pub use bouncer::PgBouncer;
 pub use cluster::{connect, KitError, PgCluster};
+pub use conformance::lease_row;
 pub use fake::FakeStore;
 pub use peers::{HttpPeer, SmtpSink};
 pub use proxy::{Fault, FaultProxy};

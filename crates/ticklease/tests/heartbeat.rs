@@ -38,13 +38,7 @@ impl Drop for OnDrop {
 }
 
 async fn status(store: &FakeStore) -> LeaseStatus {
-    store
-        .status()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|s| s.role == "billing")
-        .unwrap()
+    ticklease_testkit::lease_row(store, "billing").await
 }
 
 #[tokio::test(start_paused = true)]

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use ticklease::{
-    Acquire, Cancel, Lead, LeaseStatus, LeaseStore, LossReason, Manager, PgStore, PgStoreOptions, Role, Tick,
+    Acquire, Cancel, Lead, LeaseStatus, LossReason, Manager, PgStore, PgStoreOptions, Role, Tick,
 };
 use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
 
@@ -31,13 +31,7 @@ async fn manager(db: &tokio_postgres::Config, roles: &[&str]) -> Manager<PgStore
 }
 
 async fn status(m: &Manager<PgStore>, name: &str) -> LeaseStatus {
-    m.store()
-        .status()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|s| s.role == name)
-        .unwrap()
+    ticklease_testkit::lease_row(m.store(), name).await
 }
 
 fn seconds_between(later: SystemTime, earlier: SystemTime) -> f64 {

@@ -69,13 +69,7 @@ fn not_before_wait(r: &ticklease::LeaseStatus) -> f64 {
 }
 
 async fn status(m: &Manager<PgStore>, name: &str) -> ticklease::LeaseStatus {
-    m.store()
-        .status()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|s| s.role == name)
-        .unwrap()
+    ticklease_testkit::lease_row(m.store(), name).await
 }
 
 #[tokio::test]
