@@ -25,6 +25,7 @@ pub const DELIVERY_ATTEMPTS_MAX: i32 = 12;
 const RETRY_BASE: Duration = Duration::from_millis(500);
 const RETRY_CAP: Duration = Duration::from_secs(60);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+const _: () = assert!(RETRY_BASE.as_millis() < RETRY_CAP.as_millis());
 
 /// Everything a worker process needs.
 #[derive(Debug, Clone)]
