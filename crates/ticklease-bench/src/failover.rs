@@ -277,7 +277,8 @@ pub fn csv(trials: &[Trial]) -> String {
 /// The results table in Markdown.
 pub fn table(trials: &[Trial]) -> String {
     let mut out = String::from(
-        "| scenario | trials | takeover p50 | p99 | max | gap min | gap p50 | stale writes |\n|---|---|---|---|---|---|---|---|\n",
+        "| scenario | trials | takeover p50 | p99 | max | gap min | gap p50 | gap p99 | gap max | stale writes |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in Scenario::ALL {
         let (take, gap) = summaries(trials, s);
@@ -291,20 +292,22 @@ pub fn table(trials: &[Trial]) -> String {
             .sum();
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {stale} |",
+            "| {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {stale} |",
             s.as_str(),
             take.n,
             take.p50,
             take.p99,
             take.max,
             gap.min,
-            gap.p50
+            gap.p50,
+            gap.p99,
+            gap.max
         );
     }
     out
 }
 
-/// Writes `failure-correctness-<timing>.csv` into `dir` and returns its path.
+/// Writes `failover-<timing>.csv` into `dir` and returns its path.
 pub fn write_csv(dir: &Path, timing: Timing, trials: &[Trial]) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(format!("failover-{}.csv", timing.as_str()));
