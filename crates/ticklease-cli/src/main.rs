@@ -172,7 +172,7 @@ struct WorkerRun {
     /// Sender address of outbox emails.
     #[arg(long, default_value = "billing@ticklease.invalid")]
     mail_from: String,
-    /// Standard Webhooks signing secret (whsec_<base64>, or raw bytes).
+    /// Standard Webhooks signing secret (`whsec_` + base64, or raw bytes).
     #[arg(long, env = "TICKLEASE_WEBHOOK_SECRET", hide_env_values = true)]
     webhook_secret: Option<String>,
     /// Lease TTL (default 10s).
