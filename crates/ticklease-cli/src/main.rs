@@ -201,6 +201,20 @@ struct WorkerRun {
     decline_backoff: Duration,
 }
 
+/// Ctrl-C, SIGTERM or SIGHUP (a closed terminal): the demo then cleans up.
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut hup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup())) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        _ = hup.recv() => {}
+    }
+}
+
 /// Bad input found after parsing (exit code 2, like clap's own usage errors).
 #[derive(Debug)]
 struct Usage(String);
@@ -334,7 +348,7 @@ async fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             },
-            _ = tokio::signal::ctrl_c() => {
+            _ = interrupted() => {
                 eprintln!("ticklease demo: interrupted; stopping the workers and removing the cluster");
                 ExitCode::from(130)
             }
