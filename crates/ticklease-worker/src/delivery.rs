@@ -105,11 +105,13 @@ const RETRY: &str = "UPDATE webhook_deliveries
 
 /// Marks delivery `id` delivered if it is still at `attempt`.
 pub async fn mark_delivered(client: &Client, id: i64, attempt: i32) -> Result<Mark, WorkerError> {
-    let n = client
-        .execute_typed(DELIVERED, &[(&id, Type::INT8), (&attempt, Type::INT4)])
-        .await
-        .map_err(WorkerError::db("mark delivered"))?;
-    Ok(Mark::from_rows(n))
+    Mark::cas(
+        client,
+        "mark delivered",
+        DELIVERED,
+        &[(&id, Type::INT8), (&attempt, Type::INT4)],
+    )
+    .await
 }
 
 /// Schedules the next attempt after `delay`; `max_attempts` reached marks it failed.
@@ -121,17 +123,16 @@ pub async fn mark_retry(
     max_attempts: i32,
 ) -> Result<Mark, WorkerError> {
     let secs = delay.as_secs_f64();
-    let n = client
-        .execute_typed(
-            RETRY,
-            &[
-                (&id, Type::INT8),
-                (&attempt, Type::INT4),
-                (&secs, Type::FLOAT8),
-                (&max_attempts, Type::INT4),
-            ],
-        )
-        .await
-        .map_err(WorkerError::db("schedule retry"))?;
-    Ok(Mark::from_rows(n))
+    Mark::cas(
+        client,
+        "schedule retry",
+        RETRY,
+        &[
+            (&id, Type::INT8),
+            (&attempt, Type::INT4),
+            (&secs, Type::FLOAT8),
+            (&max_attempts, Type::INT4),
+        ],
+    )
+    .await
 }

@@ -90,11 +90,13 @@ const RETRY: &str = "UPDATE email_outbox SET next_attempt_at = now() + $3 * inte
   WHERE id = $1 AND attempt = $2 AND status = 'pending'";
 
 pub async fn mark_sent(client: &Client, id: i64, attempt: i32) -> Result<Mark, WorkerError> {
-    let n = client
-        .execute_typed(SENT, &[(&id, Type::INT8), (&attempt, Type::INT4)])
-        .await
-        .map_err(WorkerError::db("mark sent"))?;
-    Ok(Mark::from_rows(n))
+    Mark::cas(
+        client,
+        "mark sent",
+        SENT,
+        &[(&id, Type::INT8), (&attempt, Type::INT4)],
+    )
+    .await
 }
 
 pub async fn mark_retry(
@@ -104,12 +106,11 @@ pub async fn mark_retry(
     delay: Duration,
 ) -> Result<Mark, WorkerError> {
     let secs = delay.as_secs_f64();
-    let n = client
-        .execute_typed(
-            RETRY,
-            &[(&id, Type::INT8), (&attempt, Type::INT4), (&secs, Type::FLOAT8)],
-        )
-        .await
-        .map_err(WorkerError::db("schedule email retry"))?;
-    Ok(Mark::from_rows(n))
+    Mark::cas(
+        client,
+        "schedule email retry",
+        RETRY,
+        &[(&id, Type::INT8), (&attempt, Type::INT4), (&secs, Type::FLOAT8)],
+    )
+    .await
 }

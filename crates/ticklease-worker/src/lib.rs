@@ -64,12 +64,21 @@ pub enum Mark {
 }
 
 impl Mark {
-    fn from_rows(n: u64) -> Mark {
-        if n == 1 {
-            Mark::Marked
-        } else {
-            Mark::Stale
-        }
+    /// Runs one completion compare-and-set: one row changed is `Marked`, none `Stale`.
+    async fn cas(
+        client: &tokio_postgres::Client,
+        what: &'static str,
+        sql: &str,
+        params: &[(
+            &(dyn tokio_postgres::types::ToSql + Sync),
+            tokio_postgres::types::Type,
+        )],
+    ) -> Result<Mark, WorkerError> {
+        let n = client
+            .execute_typed(sql, params)
+            .await
+            .map_err(WorkerError::db(what))?;
+        Ok(if n == 1 { Mark::Marked } else { Mark::Stale })
     }
 }
 
