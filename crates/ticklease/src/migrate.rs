@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "least_privilege",
         sql: include_str!("migrations/0002_least_privilege.sql"),
     },
+    Migration {
+        version: 3,
+        name: "hardening",
+        sql: include_str!("migrations/0003_hardening.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).

@@ -200,3 +200,185 @@ async fn role_names_are_configurable_and_validated() {
         .get(0);
     assert_eq!(n, 0, "nothing written");
 }
+
+async fn is_superuser(owner: &tokio_postgres::Config, user: &str) -> bool {
+    let client = connect(owner).await.unwrap();
+    client
+        .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = $1", &[&user])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A temporary `leader_leases` whose trigger makes the caller superuser, as an
+/// attacker would plant it before calling a SECURITY DEFINER function.
+fn shadow_table(user: &str, event: &str) -> String {
+    format!(
+        "CREATE FUNCTION pg_temp.evil() RETURNS trigger LANGUAGE plpgsql AS $f$
+           BEGIN EXECUTE 'ALTER ROLE {user} SUPERUSER'; RETURN NEW; END $f$;
+         CREATE TEMP TABLE leader_leases (
+             role text PRIMARY KEY, holder_token bigint NOT NULL DEFAULT 1, holder_id text,
+             acquired_at timestamptz, expires_at timestamptz, last_tick_ended_at timestamptz,
+             last_tick_holder text, paused_at timestamptz, paused_by text, pause_reason text,
+             not_before timestamptz);
+         INSERT INTO pg_temp.leader_leases (role, holder_token) VALUES ('billing', 1);
+         CREATE TRIGGER t BEFORE {event} ON pg_temp.leader_leases
+           FOR EACH ROW EXECUTE FUNCTION pg_temp.evil();"
+    )
+}
+
+#[tokio::test]
+async fn a_temporary_table_cannot_hijack_acquire_for_the_app_role() {
+    let (owner, app) = db_with_user(&MigrateOptions::default(), Some("ticklease_app")).await;
+    let user = app.get_user().unwrap().to_string();
+    let client = connect(&app).await.unwrap();
+    client
+        .batch_execute(&shadow_table(&user, "INSERT OR UPDATE"))
+        .await
+        .unwrap();
+    for sql in [
+        "SELECT * FROM leader_acquire('billing', 'x', 10000, 5000)",
+        "SELECT leader_seed(ARRAY['dunning'])",
+        "SELECT * FROM leader_renew('billing', 1, 10000)",
+        "SELECT leader_release('billing', 1, 'completed', 5000)",
+        "SELECT leader_fence('billing', 1)",
+    ] {
+        client
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+    assert!(!is_superuser(&owner, &user).await, "the app role escalated");
+    let owner_client = connect(&owner).await.unwrap();
+    let rows: i64 = ticklease_testkit::scalar(&owner_client, "SELECT count(*) FROM leader_leases").await;
+    assert_eq!(rows, 2, "acquire and seed wrote the real table");
+}
+
+#[tokio::test]
+async fn a_temporary_table_cannot_hijack_pause_for_the_operator_role() {
+    let (owner, operator) = db_with_user(&MigrateOptions::default(), Some("ticklease_operator")).await;
+    let user = operator.get_user().unwrap().to_string();
+    allowed(
+        &connect(&owner).await.unwrap(),
+        "SELECT leader_seed(ARRAY['billing'])",
+    )
+    .await;
+    let client = connect(&operator).await.unwrap();
+    client
+        .batch_execute(&shadow_table(&user, "UPDATE"))
+        .await
+        .unwrap();
+    for sql in [
+        "SELECT leader_pause('billing', 'mallory', 'x')",
+        "SELECT leader_unpause('billing')",
+        "SELECT leader_run_now('billing')",
+    ] {
+        client
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+    assert!(!is_superuser(&owner, &user).await, "the operator role escalated");
+}
+
+/// Every SECURITY DEFINER function of the schema pins `search_path` with
+/// `pg_temp` last, and no function of ours is executable by PUBLIC: a future
+/// function that forgets either fails here.
+#[tokio::test]
+async fn every_definer_function_pins_pg_temp_last_and_none_is_public() {
+    let db = ticklease_testkit::migrated_db(PgCluster::shared()).await;
+    let client = connect(&ticklease_testkit::direct(&db)).await.unwrap();
+    let rows = client
+        .query(
+            "SELECT p.oid::regprocedure::text, p.prosecdef, coalesce(p.proconfig, '{}'),
+                    p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a
+                                                 WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+               FROM pg_proc p
+              WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'leader\\_%'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut definers = 0;
+    for r in &rows {
+        let (name, definer, config, public): (String, bool, Vec<String>, bool) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        assert!(!public, "{name} is executable by PUBLIC");
+        if definer {
+            definers += 1;
+            assert!(
+                config.contains(&"search_path=pg_catalog, public, pg_temp".to_string()),
+                "{name} must pin search_path with pg_temp last: {config:?}"
+            );
+        }
+    }
+    assert!(
+        definers >= 9,
+        "acquire, renew, release, fence, commit check, seed, pause, unpause, run now"
+    );
+}
+
+#[tokio::test]
+async fn the_app_role_cannot_forge_a_term_or_write_the_table() {
+    let (owner, app) = db_with_user(&MigrateOptions::default(), Some("ticklease_app")).await;
+    allowed(
+        &connect(&owner).await.unwrap(),
+        "SELECT leader_seed(ARRAY['email_outbox'])",
+    )
+    .await;
+    let client = connect(&app).await.unwrap();
+    for sql in [
+        "UPDATE leader_leases SET holder_id = 'x', acquired_at = now(), expires_at = 'infinity' WHERE role = 'email_outbox'",
+        "UPDATE leader_leases SET not_before = NULL",
+        "UPDATE leader_leases SET last_tick_ended_at = now()",
+        "UPDATE leader_leases SET expires_at = now()",
+    ] {
+        denied(&client, sql).await;
+    }
+    // Not even the owner can store an infinite expiry: leader_status must
+    // answer for every row the table allows.
+    let err = connect(&owner)
+        .await
+        .unwrap()
+        .batch_execute(
+            "UPDATE leader_leases SET holder_id = 'x', acquired_at = now(), expires_at = 'infinity'",
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::CHECK_VIOLATION), "{err:?}");
+    allowed(&client, "SELECT * FROM leader_status").await;
+}
+
+#[tokio::test]
+async fn lease_functions_refuse_out_of_range_durations_and_outcomes() {
+    let (owner, app) = db_with_user(&MigrateOptions::default(), Some("ticklease_app")).await;
+    allowed(
+        &connect(&owner).await.unwrap(),
+        "SELECT leader_seed(ARRAY['billing'])",
+    )
+    .await;
+    let client = connect(&app).await.unwrap();
+    for sql in [
+        "SELECT * FROM leader_acquire('billing', 'x', 0, 1000)",
+        "SELECT * FROM leader_acquire('billing', 'x', 1000, -1)",
+        "SELECT * FROM leader_acquire('billing', 'x', 86400001, 1000)",
+        "SELECT * FROM leader_renew('billing', 1, 9223372036854775807)",
+        "SELECT leader_release('billing', 1, 'completed', 0)",
+        "SELECT leader_release('billing', 1, 'forged', 1000)",
+    ] {
+        let err = client.batch_execute(sql).await.expect_err(sql);
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::INVALID_PARAMETER_VALUE),
+            "{sql}: {err:?}"
+        );
+    }
+    let row = client
+        .query_one(
+            "SELECT held, holder_id FROM leader_status WHERE role = 'billing'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(!row.get::<_, bool>(0), "nothing acquired");
+}

@@ -272,14 +272,7 @@ impl LeaseStore for PgStore {
         let current: Option<i64> = row.get("holder_token");
         let holder: Option<String> = row.get("holder_id");
         let paused: Option<bool> = row.get("paused");
-        Ok(Renew::Lost(match (current, holder, paused) {
-            (_, _, Some(true)) => LossReason::Paused,
-            (Some(t), _, _) if t != token.0 => LossReason::TakenOver,
-            (Some(_), None, _) | (None, _, _) => LossReason::Released,
-            // Our term looked live before the statement and ended during it:
-            // only an expiry plus a takeover does that concurrently.
-            (Some(_), Some(_), _) => LossReason::TakenOver,
-        }))
+        Ok(Renew::Lost(loss_reason(token, current, holder, paused)))
     }
 
     async fn release(
@@ -303,7 +296,7 @@ impl LeaseStore for PgStore {
                 ],
             )
             .await?;
-        Ok(!rows.is_empty())
+        Ok(one("RELEASE", rows)?.get(0))
     }
 
     async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
@@ -368,6 +361,22 @@ impl LeaseStore for PgStore {
                 not_before: r.get("not_before"),
             })
             .collect())
+    }
+}
+
+/// Why a RENEW of `token` found its term over, from the row as it is after
+/// the statement: `current` token, `holder`, `paused` (all `None` without a row).
+fn loss_reason(
+    token: Token,
+    current: Option<i64>,
+    holder: Option<String>,
+    paused: Option<bool>,
+) -> LossReason {
+    match (current, holder, paused) {
+        (_, _, Some(true)) => LossReason::Paused,
+        (Some(t), _, _) if t != token.0 => LossReason::TakenOver,
+        // Our token, cleared holder (released, or a pause since undone), or no row.
+        _ => LossReason::Released,
     }
 }
 
