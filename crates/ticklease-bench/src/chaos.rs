@@ -249,7 +249,7 @@ async fn check(
         ticklease_worker::audit::audit(db, &received, &["/hooks/a".to_string(), "/hooks/b".to_string()])
             .await?;
     let v = &mut report.violations;
-    v.extend(audit.violations);
+    v.extend(audit.violations.iter().map(ToString::to_string));
 
     // Leadership gaps: consecutive term starts per role, outside Postgres restarts.
     let interval = config.max_poll();

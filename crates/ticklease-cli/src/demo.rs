@@ -575,8 +575,8 @@ async fn run_with(opts: &DemoOptions, url: String) -> anyhow::Result<bool> {
     println!("effects (sent → received):");
     println!("  invoices created:        {}", audit.invoices);
     println!(
-        "  charges:                 {} idempotency keys, {} requests",
-        audit.charge_keys, audit.charge_requests
+        "  charges:                 {} invoices charged, {} idempotency keys, {} requests",
+        audit.charged_invoices, audit.charge_keys, audit.charge_requests
     );
     println!(
         "  webhooks:                {} events × {} endpoints → {} unique deliveries, {} requests ({} re-sent under the same webhook-id)",
@@ -595,15 +595,15 @@ async fn run_with(opts: &DemoOptions, url: String) -> anyhow::Result<bool> {
     );
     println!(
         "  duplicates past idempotency keys: {}",
-        audit
-            .violations
-            .iter()
-            .filter(|v| v.contains("bodies") || v.contains("different charges") || v.contains("duplicates"))
-            .count()
+        audit.count(ticklease_worker::audit::Kind::Duplicate)
     );
     println!(
         "  losses:                  {}",
-        audit.violations.iter().filter(|v| v.contains("never")).count()
+        audit.count(ticklease_worker::audit::Kind::Loss)
+    );
+    println!(
+        "  stale claims:            {}",
+        audit.count(ticklease_worker::audit::Kind::StaleClaim)
     );
     let ok = audit.violations.is_empty() && late.is_empty();
     for v in &audit.violations {

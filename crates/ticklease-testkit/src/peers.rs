@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 
 /// One request as it arrived.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +31,36 @@ struct HttpState {
     /// Every n-th webhook POST fails with 500 (0: never).
     fail_every: u32,
     hooks_seen: u32,
+    /// The next charge's answer is held (see [`HttpPeer::hold_next_charge`]).
+    hold: Option<Hold>,
+}
+
+#[derive(Debug)]
+struct Hold {
+    received: oneshot::Sender<String>,
+    release: oneshot::Receiver<()>,
+}
+
+/// A charge the provider has taken but not yet answered: what a client
+/// killed mid-request leaves behind.
+#[derive(Debug)]
+pub struct HeldCharge {
+    received: oneshot::Receiver<String>,
+    release: oneshot::Sender<()>,
+}
+
+impl HeldCharge {
+    /// Waits for the held charge to arrive; its idempotency key.
+    pub async fn received(&mut self) -> String {
+        (&mut self.received)
+            .await
+            .expect("the peer keeps the hold until it fires")
+    }
+
+    /// Lets the held answer go out (dropping the hold does too).
+    pub fn release(self) {
+        let _ = self.release.send(());
+    }
 }
 
 /// The payment provider (`POST /charges`, idempotent by `idempotency-key`) and
@@ -63,6 +94,29 @@ impl HttpPeer {
 
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.lock().expect("state").requests.clone()
+    }
+
+    /// Holds the answer to the next charge request: the charge is taken and
+    /// recorded, the hold reports its key, and the answer waits for release.
+    pub fn hold_next_charge(&self) -> HeldCharge {
+        let (received_tx, received) = oneshot::channel();
+        let (release, release_rx) = oneshot::channel();
+        self.state.lock().expect("state").hold = Some(Hold {
+            received: received_tx,
+            release: release_rx,
+        });
+        HeldCharge { received, release }
+    }
+
+    /// Idempotency key → the status the provider answers for it.
+    pub fn charge_answers(&self) -> BTreeMap<String, u16> {
+        self.state
+            .lock()
+            .expect("state")
+            .charges
+            .iter()
+            .map(|(k, (status, _))| (k.clone(), *status))
+            .collect()
     }
 
     /// Idempotency key → how many times it was requested (charged once each).
@@ -102,11 +156,20 @@ async fn charge(
     else {
         return (StatusCode::BAD_REQUEST, "missing idempotency-key".into());
     };
-    let mut s = state.lock().expect("state");
-    let entry = s.charges.entry(key).or_insert((200, 0));
-    entry.1 += 1;
+    let (status, hold) = {
+        let mut s = state.lock().expect("state");
+        let entry = s.charges.entry(key.clone()).or_insert((200, 0));
+        entry.1 += 1;
+        let status = entry.0;
+        (status, s.hold.take())
+    };
+    if let Some(hold) = hold {
+        let _ = hold.received.send(key);
+        // A dropped hold releases too.
+        let _ = hold.release.await;
+    }
     (
-        StatusCode::from_u16(entry.0).unwrap_or(StatusCode::OK),
+        StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
         r#"{"status":"succeeded"}"#.into(),
     )
 }
@@ -230,12 +293,16 @@ async fn session(stream: tokio::net::TcpStream, mails: Arc<Mutex<Vec<Mail>>>) ->
 /// What both peers received, in the shape of the worker's audit.
 pub fn received(http: &HttpPeer, smtp: &SmtpSink) -> ticklease_worker::audit::Received {
     let mut r = ticklease_worker::audit::Received::default();
+    let answers = http.charge_answers();
     for req in http.requests() {
         if req.path == "/charges" {
-            r.charges.push((
-                req.headers.get("idempotency-key").cloned().unwrap_or_default(),
-                req.body,
-            ));
+            let key = req.headers.get("idempotency-key").cloned().unwrap_or_default();
+            let accepted = matches!(answers.get(&key), Some(200 | 201));
+            r.charges.push(ticklease_worker::audit::ChargeRequest {
+                key,
+                body: req.body,
+                accepted,
+            });
         } else {
             let id = req.headers.get("webhook-id").cloned().unwrap_or_default();
             r.hooks.push((req.path, id, req.body));

@@ -2,6 +2,7 @@
 //! received. Shared by the chaos run and the demo.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use tokio_postgres::Client;
 
@@ -12,10 +13,53 @@ use crate::{email, journal, WorkerError};
 pub struct Received {
     /// Webhook POSTs: (path, webhook-id, body).
     pub hooks: Vec<(String, String, String)>,
-    /// Charge requests: (idempotency key, body).
-    pub charges: Vec<(String, String)>,
+    /// Charge requests, with repeats.
+    pub charges: Vec<ChargeRequest>,
     /// Message-IDs of the emails the SMTP sink accepted (with repeats).
     pub message_ids: Vec<String>,
+}
+
+/// One charge request as the payment provider saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeRequest {
+    pub key: String,
+    pub body: String,
+    /// The provider charged under this key (a decline is no charge).
+    pub accepted: bool,
+}
+
+/// What kind of invariant broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// A claim under a superseded token after a newer term's first claim.
+    StaleClaim,
+    /// An effect that happened twice.
+    Duplicate,
+    /// An effect that never happened.
+    Loss,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::StaleClaim => "stale claim",
+            Kind::Duplicate => "duplicate",
+            Kind::Loss => "loss",
+        })
+    }
+}
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: Kind,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.detail)
+    }
 }
 
 /// Counts for the report, and every broken invariant.
@@ -26,17 +70,32 @@ pub struct Audit {
     pub endpoints: Vec<String>,
     pub hooks_received: usize,
     pub hooks_unique: usize,
+    /// Invoices the provider charged.
+    pub charged_invoices: usize,
     pub charge_keys: usize,
     pub charge_requests: usize,
     pub emails: i64,
     pub emails_received: usize,
     pub emails_unique: usize,
-    pub violations: Vec<String>,
+    pub violations: Vec<Violation>,
+}
+
+impl Audit {
+    /// How many violations are of `kind`.
+    pub fn count(&self, kind: Kind) -> usize {
+        self.violations.iter().filter(|v| v.kind == kind).count()
+    }
+
+    fn push(&mut self, kind: Kind, detail: String) {
+        self.violations.push(Violation { kind, detail });
+    }
 }
 
 /// Checks: no stale claim in the journal; one invoice per subscription and
 /// period, none missing; every event at every endpoint, one body per
-/// webhook-id; one charge body per idempotency key; every email arrived.
+/// webhook-id; every invoice charged under at most one idempotency key (a
+/// charge is one key: a retry under a new key is a second charge), every
+/// paid run's invoice charged, one body per key; every email arrived.
 /// `endpoint_paths` are the receiver paths events must reach.
 pub async fn audit(
     db: &Client,
@@ -52,7 +111,7 @@ pub async fn audit(
         ..Audit::default()
     };
     for v in journal::violations(db).await? {
-        a.violations.push(format!("stale claim: {v:?}"));
+        a.push(Kind::StaleClaim, format!("{v:?}"));
     }
     let counts = &q("SELECT (SELECT count(*) FROM invoices),
                             (SELECT count(*) - count(DISTINCT (subscription_id, period_start)) FROM invoices),
@@ -62,10 +121,17 @@ pub async fn audit(
     .await?[0];
     let (invoices, duplicates, unbilled): (i64, i64, i64) = (counts.get(0), counts.get(1), counts.get(2));
     a.invoices = invoices;
-    if duplicates != 0 || unbilled != 0 {
-        a.violations.push(format!(
-            "invoices: {duplicates} duplicates, {unbilled} subscriptions unbilled"
-        ));
+    if duplicates != 0 {
+        a.push(
+            Kind::Duplicate,
+            format!("{duplicates} invoices for a period already invoiced"),
+        );
+    }
+    if unbilled != 0 {
+        a.push(
+            Kind::Loss,
+            format!("{unbilled} subscriptions due but never invoiced"),
+        );
     }
 
     let mut bodies: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
@@ -80,27 +146,17 @@ pub async fn audit(
         let id = crate::delivery::webhook_id(e);
         for path in endpoint_paths {
             match bodies.get(&(path.as_str(), id.as_str())) {
-                None => a.violations.push(format!("event {e} never reached {path}")),
-                Some(b) if b.len() > 1 => a
-                    .violations
-                    .push(format!("{id} at {path} arrived with {} bodies", b.len())),
+                None => a.push(Kind::Loss, format!("event {e} never reached {path}")),
+                Some(b) if b.len() > 1 => a.push(
+                    Kind::Duplicate,
+                    format!("{id} at {path} arrived with {} bodies", b.len()),
+                ),
                 Some(_) => {}
             }
         }
     }
 
-    let mut charges: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for (key, body) in &received.charges {
-        charges.entry(key).or_default().insert(body);
-    }
-    a.charge_keys = charges.len();
-    a.charge_requests = received.charges.len();
-    for (key, b) in charges.iter().filter(|(_, b)| b.len() > 1) {
-        a.violations.push(format!(
-            "idempotency key {key} used for {} different charges",
-            b.len()
-        ));
-    }
+    charges(db, received, &mut a).await?;
 
     let got: BTreeSet<&str> = received.message_ids.iter().map(String::as_str).collect();
     a.emails_received = received.message_ids.len();
@@ -109,8 +165,59 @@ pub async fn audit(
     a.emails = emails.len() as i64;
     for id in emails.iter().map(|r| r.get::<_, i64>(0)) {
         if !got.contains(email::message_id(id).as_str()) {
-            a.violations.push(format!("email {id} never arrived"));
+            a.push(Kind::Loss, format!("email {id} never arrived"));
         }
     }
     Ok(a)
+}
+
+/// The charges: keys per invoice and bodies per key, against the paid runs.
+async fn charges(db: &Client, received: &Received, a: &mut Audit) -> Result<(), WorkerError> {
+    let mut bodies: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    // None: a body without an invoice id, still counted (as one unknown invoice).
+    let mut keys: BTreeMap<Option<i64>, BTreeSet<&str>> = BTreeMap::new();
+    for c in &received.charges {
+        bodies.entry(&c.key).or_default().insert(&c.body);
+        if c.accepted {
+            let invoice = serde_json::from_str::<serde_json::Value>(&c.body)
+                .ok()
+                .and_then(|b| b["invoice_id"].as_i64());
+            keys.entry(invoice).or_default().insert(&c.key);
+        }
+    }
+    a.charge_keys = bodies.len();
+    a.charge_requests = received.charges.len();
+    a.charged_invoices = keys.len();
+    for (key, b) in bodies.iter().filter(|(_, b)| b.len() > 1) {
+        a.push(
+            Kind::Duplicate,
+            format!("idempotency key {key} used for {} different charges", b.len()),
+        );
+    }
+    for (invoice, k) in keys.iter().filter(|(_, k)| k.len() > 1) {
+        let invoice = invoice.map_or("with no invoice_id".to_string(), |i| i.to_string());
+        a.push(
+            Kind::Duplicate,
+            format!(
+                "invoice {invoice} charged under {} idempotency keys: {k:?}",
+                k.len()
+            ),
+        );
+    }
+    let paid = db
+        .query_typed(
+            "SELECT invoice_id FROM dunning_runs WHERE state = 'paid' ORDER BY invoice_id",
+            &[],
+        )
+        .await
+        .map_err(WorkerError::db("audit"))?;
+    for invoice in paid.iter().map(|r| r.get::<_, i64>(0)) {
+        if !keys.contains_key(&Some(invoice)) {
+            a.push(
+                Kind::Loss,
+                format!("invoice {invoice} settled paid but never charged"),
+            );
+        }
+    }
+    Ok(())
 }
