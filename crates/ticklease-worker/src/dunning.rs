@@ -1,16 +1,17 @@
 //! dunning: charges each due run's invoice through the payment provider.
 //!
-//! Every transition is a compare-and-set that proves the attempt count it
-//! read (`AND attempt_count = $expected`): recording an attempt, settling it,
-//! and rewinding it. The idempotency key derives from (run, attempt number),
-//! so a retried request is one charge at the provider. Only the provider's own
-//! decline counts as a decline; a transport error or a panic rewinds the
-//! attempt, so the run is as it was listed.
+//! An attempt is recorded before its charge, by a compare-and-set that proves
+//! the attempt count it read and stores the attempt's idempotency key (derived
+//! from run and attempt number) as the run's in-flight key. Only a definitive
+//! answer settles it, by a compare-and-set on that key: paid, or declined
+//! (which clears the key, so the next attempt gets a new one). Anything else
+//! (a transport error, an unexpected status, a panic, a tick dropped on lease
+//! loss or shutdown, a killed process) leaves the attempt in flight: the
+//! provider may have charged, so the next tick asks again under the same key,
+//! which is one charge at the provider, and spends no attempt.
 
-use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use futures::FutureExt;
 use ticklease::Fence;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
@@ -25,6 +26,8 @@ pub struct Run {
     pub attempt_count: i32,
     pub max_attempts: i32,
     pub amount_cents: i64,
+    /// The key of the attempt in flight, whose outcome is unknown.
+    pub inflight_key: Option<String>,
 }
 
 pub async fn due(client: &Client, fence: &Fence, limit: i64) -> Result<Vec<Run>, WorkerError> {
@@ -40,6 +43,7 @@ pub async fn due(client: &Client, fence: &Fence, limit: i64) -> Result<Vec<Run>,
             attempt_count: r.get("attempt_count"),
             max_attempts: r.get("max_attempts"),
             amount_cents: r.get("amount_cents"),
+            inflight_key: r.get("inflight_key"),
         })
         .collect())
 }
@@ -63,45 +67,50 @@ pub enum Attempt {
     Declined {
         exhausted: bool,
     },
-    /// Transport failure: the attempt was rewound and the run is due again.
-    Rewound,
-    /// The run moved since it was listed (another tick recorded the attempt): nothing done.
+    /// No definitive answer: the attempt stays in flight, and the next tick
+    /// charges again under the same key.
+    Unknown,
+    /// The run moved since it was listed (another tick recorded or settled the attempt): nothing written.
     Stale,
 }
 
-const RECORD: &str = "UPDATE dunning_runs SET attempt_count = attempt_count + 1
-  WHERE id = $1 AND attempt_count = $2 AND state = 'active'";
-const PAID: &str = "UPDATE dunning_runs SET state = 'paid', last_outcome = 'succeeded'
-  WHERE id = $1 AND attempt_count = $2 AND state = 'active'";
+const RECORD: &str = "UPDATE dunning_runs
+    SET attempt_count = attempt_count + 1, inflight_key = $3, inflight_started_at = now()
+  WHERE id = $1 AND attempt_count = $2 AND state = 'active' AND inflight_key IS NULL";
+const PAID: &str = "UPDATE dunning_runs
+    SET state = 'paid', last_outcome = 'succeeded', inflight_key = NULL, inflight_started_at = NULL
+  WHERE id = $1 AND inflight_key = $2 AND state = 'active'";
 const DECLINED: &str = "UPDATE dunning_runs
     SET state = CASE WHEN attempt_count >= max_attempts THEN 'exhausted' ELSE 'active' END,
-        next_attempt_at = now() + $3 * interval '1 second', last_outcome = 'declined'
-  WHERE id = $1 AND attempt_count = $2 AND state = 'active'
+        next_attempt_at = now() + $3 * interval '1 second', last_outcome = 'declined',
+        inflight_key = NULL, inflight_started_at = NULL
+  WHERE id = $1 AND inflight_key = $2 AND state = 'active'
   RETURNING state";
-const REWIND: &str = "UPDATE dunning_runs SET attempt_count = attempt_count - 1
-  WHERE id = $1 AND attempt_count = $2 AND state = 'active'";
 
-/// Records the next attempt of `run` (CAS on the count read); `false` if it moved.
-pub async fn record_attempt(client: &Client, run: &Run) -> Result<bool, WorkerError> {
+/// The key to charge `run` under: its in-flight key, or a new attempt's,
+/// recorded by CAS on the count read (`None` if the run moved).
+async fn key_for(client: &Client, run: &Run) -> Result<Option<String>, WorkerError> {
+    if let Some(key) = &run.inflight_key {
+        return Ok(Some(key.clone()));
+    }
+    let key = idempotency_key(run.id, run.attempt_count + 1);
     let n = client
-        .execute_typed(RECORD, &[(&run.id, Type::INT8), (&run.attempt_count, Type::INT4)])
+        .execute_typed(
+            RECORD,
+            &[
+                (&run.id, Type::INT8),
+                (&run.attempt_count, Type::INT4),
+                (&key, Type::TEXT),
+            ],
+        )
         .await
         .map_err(WorkerError::db("record attempt"))?;
-    Ok(n == 1)
+    Ok((n == 1).then_some(key))
 }
 
-/// Rewinds attempt `attempt` of run `id`; `false` if the run moved on.
-pub async fn rewind(client: &Client, id: i64, attempt: i32) -> Result<bool, WorkerError> {
-    let n = client
-        .execute_typed(REWIND, &[(&id, Type::INT8), (&attempt, Type::INT4)])
-        .await
-        .map_err(WorkerError::db("rewind attempt"))?;
-    Ok(n == 1)
-}
-
-/// One attempt: record it, charge with its idempotency key, settle by CAS.
-/// `charge` is the provider call; a panic in it rewinds the attempt and then
-/// continues unwinding.
+/// One attempt: record it (or take up the one in flight), charge under its
+/// idempotency key, settle a definitive answer by CAS on that key. `charge`
+/// is the provider call; if it fails or panics the attempt stays in flight.
 pub async fn attempt<F, Fut>(
     client: &Client,
     run: &Run,
@@ -112,39 +121,30 @@ where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = Result<Charge, WorkerError>>,
 {
-    if !record_attempt(client, run).await? {
+    let Some(key) = key_for(client, run).await? else {
         return Ok(Attempt::Stale);
-    }
-    let attempt = run.attempt_count + 1;
-    let charged = AssertUnwindSafe(charge(idempotency_key(run.id, attempt)))
-        .catch_unwind()
-        .await;
+    };
     let db = WorkerError::db;
-    match charged {
-        Err(panic) => {
-            rewind(client, run.id, attempt).await?;
-            std::panic::resume_unwind(panic)
+    match charge(key.clone()).await {
+        Err(error) => {
+            tracing::warn!(run = run.id, key, error = %error, "charge outcome unknown; the next tick retries under the same key");
+            Ok(Attempt::Unknown)
         }
-        Ok(Err(error)) => {
-            tracing::warn!(run = run.id, attempt, error = %error, "charge failed in transport; rewinding the attempt");
-            rewind(client, run.id, attempt).await?;
-            Ok(Attempt::Rewound)
-        }
-        Ok(Ok(Charge::Succeeded)) => {
+        Ok(Charge::Succeeded) => {
             let n = client
-                .execute_typed(PAID, &[(&run.id, Type::INT8), (&attempt, Type::INT4)])
+                .execute_typed(PAID, &[(&run.id, Type::INT8), (&key, Type::TEXT)])
                 .await
                 .map_err(db("settle paid"))?;
             Ok(if n == 1 { Attempt::Paid } else { Attempt::Stale })
         }
-        Ok(Ok(Charge::Declined)) => {
+        Ok(Charge::Declined) => {
             let backoff = decline_backoff.as_secs_f64();
             let rows = client
                 .query_typed(
                     DECLINED,
                     &[
                         (&run.id, Type::INT8),
-                        (&attempt, Type::INT4),
+                        (&key, Type::TEXT),
                         (&backoff, Type::FLOAT8),
                     ],
                 )

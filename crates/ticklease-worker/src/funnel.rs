@@ -28,7 +28,7 @@ pub const BILLING: Funnel = Funnel {
 pub const DUNNING: Funnel = Funnel {
     role: "dunning",
     table: "dunning_runs",
-    sql: "SELECT r.id, r.invoice_id, r.attempt_count, r.max_attempts, i.amount_cents
+    sql: "SELECT r.id, r.invoice_id, r.attempt_count, r.max_attempts, r.inflight_key, i.amount_cents
             FROM dunning_runs r JOIN invoices i ON i.id = r.invoice_id
            WHERE r.state = 'active' AND r.next_attempt_at <= now() AND {fence}
            ORDER BY r.next_attempt_at, r.id LIMIT $3",

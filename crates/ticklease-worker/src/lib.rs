@@ -11,7 +11,7 @@
 //! | role | claim | completion guard |
 //! |---|---|---|
 //! | billing | due subscriptions | the period writer proves the (status, period start, watermark) it read; `invoices_billing_period_dedup` |
-//! | dunning | due runs | every transition proves `attempt_count`; idempotency key `dunning-{run}-{attempt}` |
+//! | dunning | due runs | recording proves `attempt_count` and stores the in-flight key; settling proves that key; idempotency key `dunning-{run}-{attempt}`, reused until the provider answers |
 //! | webhook_outbox | undispatched events, locked | fan-out and the dispatched mark commit with the claim; `UNIQUE (event_id, endpoint_id)` |
 //! | webhook_delivery | pending deliveries | CAS on (id, attempt): a stale mark is refused; `webhook-id` per event |
 //! | email_outbox | claimBatch (bumps attempt) | CAS on (id, attempt); `Message-ID` per row |
@@ -48,11 +48,18 @@ pub const ROLES: [&str; 5] = [
 pub const SCHEMA: MigrationSet = MigrationSet {
     table: "ticklease_worker_schema_migrations",
     lock_key: 0x7469_636b_776f_726b, // "tickwork"
-    migrations: &[Migration {
-        version: 1,
-        name: "worker",
-        sql: include_str!("migrations/0001_worker.sql"),
-    }],
+    migrations: &[
+        Migration {
+            version: 1,
+            name: "worker",
+            sql: include_str!("migrations/0001_worker.sql"),
+        },
+        Migration {
+            version: 2,
+            name: "dunning_inflight",
+            sql: include_str!("migrations/0002_dunning_inflight.sql"),
+        },
+    ],
 };
 
 /// What a completion compare-and-set did.
