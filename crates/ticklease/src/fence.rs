@@ -31,17 +31,15 @@ impl Fence {
     }
 
     /// The SQL predicate for a claim statement's WHERE clause, with its two
-    /// parameters numbered from `first_param`: `(SELECT leader_fence_lock($n, $n+1))`.
+    /// parameters numbered from `first_param`: `(SELECT leader_fence($n, $n+1))`.
     ///
     /// The uncorrelated scalar subquery runs once per statement (an InitPlan),
-    /// not once per candidate row. It share-locks the lease row until the
-    /// claim's transaction ends, so the claim commits before any takeover.
+    /// not once per candidate row, and reads the term at that instant. When it
+    /// passes, the claim's transaction is checked again at its COMMIT: a claim
+    /// whose term ended before it committed fails with `serialization_failure`
+    /// and is rolled back (crate docs, guarantee 3).
     pub fn predicate(&self, first_param: usize) -> String {
-        format!(
-            "(SELECT leader_fence_lock(${}, ${}))",
-            first_param,
-            first_param + 1
-        )
+        format!("(SELECT leader_fence(${}, ${}))", first_param, first_param + 1)
     }
 
     /// The two parameters of [`Fence::predicate`], typed for `query_typed`.
