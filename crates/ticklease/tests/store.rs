@@ -1,0 +1,115 @@
+//! PgStore statements in races that only a real Postgres can hold open, and
+//! the operator view over every row state.
+
+use std::time::Duration;
+
+use ticklease::{Acquire, LeaseStore, LossReason, PgStore, PgStoreOptions, Release, Renew, Role};
+use ticklease_testkit::{connect, direct, migrated_db, scalar, test_config, PgCluster};
+
+fn billing() -> Role {
+    Role::new("billing").unwrap()
+}
+
+/// A RENEW that started before a pause committed, and waited for its row lock,
+/// reports the pause: the loss is classified by the row after the statement.
+#[tokio::test]
+async fn renew_racing_a_pause_reports_the_pause_not_a_takeover() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let store = PgStore::connect(
+        db.clone(),
+        PgStoreOptions {
+            pool_size: 2,
+            statement_timeout: Duration::from_secs(10),
+        },
+    )
+    .await
+    .unwrap();
+    let ttl = Duration::from_secs(30);
+    let Acquire::Acquired(term) = store
+        .acquire(&billing(), "a", ttl, Duration::from_secs(1))
+        .await
+        .unwrap()
+    else {
+        panic!("acquire")
+    };
+    let mut operator = connect(&direct(&db)).await.unwrap();
+    let observer = connect(&direct(&db)).await.unwrap();
+    let pause = operator.transaction().await.unwrap();
+    pause
+        .batch_execute("SELECT leader_pause('billing', 'ops', 'race')")
+        .await
+        .unwrap();
+    let renew = tokio::spawn({
+        let store = store.clone();
+        async move { store.renew(&billing(), term.token, ttl).await }
+    });
+    // Hold the pause open until the RENEW waits for its row lock.
+    let blocked = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    while scalar::<i64>(&observer, blocked).await == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pause.commit().await.unwrap();
+    assert_eq!(renew.await.unwrap().unwrap(), Renew::Lost(LossReason::Paused));
+}
+
+/// `leader_status` (and so `ticklease status` and the metrics scrape) answers
+/// for every state a row can be in.
+#[tokio::test]
+async fn leader_status_answers_in_every_row_state() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let config = test_config();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let owner = connect(&direct(&db)).await.unwrap();
+    let answers = |state: &'static str| {
+        let (store, owner) = (&store, &owner);
+        async move {
+            let n: i64 = scalar(owner, "SELECT count(*) FROM leader_status").await;
+            let rows = store.status().await.unwrap_or_else(|e| panic!("{state}: {e}"));
+            assert_eq!(rows.len() as i64, n, "{state}");
+        }
+    };
+    store.seed(&[billing()]).await.unwrap();
+    answers("free, never ran").await;
+    let short = Duration::from_millis(300);
+    let role = billing();
+    let acquired = |ttl| store.acquire(&role, "a", ttl, Duration::from_millis(1));
+    let Acquire::Acquired(t) = acquired(short).await.unwrap() else {
+        panic!()
+    };
+    answers("held").await;
+    tokio::time::sleep(short * 2).await;
+    answers("expired, not taken over").await;
+    let Acquire::Acquired(t2) = acquired(short).await.unwrap() else {
+        panic!()
+    };
+    assert!(t2.token > t.token);
+    store
+        .release(&billing(), t2.token, Release::Failed, Duration::from_secs(60))
+        .await
+        .unwrap();
+    answers("cooling down").await;
+    store.run_now(&billing()).await.unwrap();
+    let Acquire::Acquired(t3) = acquired(short).await.unwrap() else {
+        panic!()
+    };
+    store
+        .release(&billing(), t3.token, Release::Completed, Duration::from_millis(1))
+        .await
+        .unwrap();
+    answers("completed").await;
+    store.pause(&billing(), "ops", "\u{1b}]0;x\u{7}").await.unwrap();
+    answers("paused").await;
+    // The largest finite timestamps the table accepts.
+    owner
+        .batch_execute(
+            "UPDATE leader_leases SET paused_at = NULL, paused_by = NULL, pause_reason = NULL,
+                    holder_id = 'x', acquired_at = '4713-01-01 BC', expires_at = '294276-12-31',
+                    not_before = '294276-12-31', last_tick_ended_at = '4713-01-01 BC'",
+        )
+        .await
+        .unwrap();
+    answers("extreme but finite").await;
+}

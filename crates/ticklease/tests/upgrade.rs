@@ -1,0 +1,123 @@
+//! Migration 0003 upgrades a database at 0002 in place, with a live term
+//! whose holder keeps renewing through the upgrade.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+use tokio_util::sync::CancellationToken;
+
+use ticklease::migrate::{apply, MigrationSet, LIBRARY, MIGRATIONS};
+use ticklease::{LeaseStore, PgStore, PgStoreOptions, Renew, Role, Token};
+use ticklease_testkit::{connect, scalar, test_config, PgCluster};
+
+/// RENEW as the 0002 library sent it: a direct UPDATE by the app role.
+const RENEW_0002: &str = "UPDATE leader_leases SET expires_at = now() + $3::int8 * interval '1 millisecond'
+                           WHERE role = $1 AND holder_token = $2 AND holder_id IS NOT NULL";
+
+#[tokio::test]
+async fn migration_0003_keeps_a_live_term_whose_holder_renews_through_it() {
+    let cluster = PgCluster::shared();
+    let name = cluster.create_database().await.unwrap();
+    let owner = cluster.config(&name);
+    let mut client = connect(&owner).await.unwrap();
+    let at_0002 = MigrationSet {
+        migrations: &MIGRATIONS[..2],
+        ..LIBRARY
+    };
+    apply(&mut client, &at_0002, "").await.unwrap();
+    client
+        .batch_execute("CREATE ROLE upgrade_app LOGIN IN ROLE ticklease_app")
+        .await
+        .unwrap();
+    let mut app = owner.clone();
+    app.user("upgrade_app");
+    let app_client = connect(&app).await.unwrap();
+    let token: i64 = scalar(
+        &app_client,
+        "SELECT holder_token FROM leader_acquire('billing', 'old-holder', 2000, 1000)",
+    )
+    .await;
+    // A term forged through 0002's UPDATE grant: never expires, breaks leader_status.
+    app_client
+        .batch_execute(
+            "SELECT leader_acquire('email_outbox', 'forger', 2000, 1000);
+             UPDATE leader_leases SET expires_at = 'infinity' WHERE role = 'email_outbox'",
+        )
+        .await
+        .unwrap();
+
+    let stop = CancellationToken::new();
+    let holder = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let (mut renewed, mut refused) = (0, None);
+            while !stop.is_cancelled() && refused.is_none() {
+                match app_client
+                    .execute_typed(
+                        RENEW_0002,
+                        &[
+                            (&"billing", Type::TEXT),
+                            (&token, Type::INT8),
+                            (&2000i64, Type::INT8),
+                        ],
+                    )
+                    .await
+                {
+                    Ok(1) => renewed += 1,
+                    Ok(n) => panic!("the live term was lost ({n} rows)"),
+                    Err(e) => refused = e.code().cloned(),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (renewed, refused)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let report = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(report.applied, [3]);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "migration took {:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.cancel();
+    let (renewed, refused) = holder.await.unwrap();
+    assert!(renewed >= 3, "the holder renewed before the upgrade: {renewed}");
+    assert_eq!(
+        refused,
+        Some(SqlState::INSUFFICIENT_PRIVILEGE),
+        "after 0003 the app role writes the table only through functions"
+    );
+
+    // The term is intact and the new library renews it and fences with it.
+    let config = test_config();
+    let store = PgStore::connect(app.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let billing = Role::new("billing").unwrap();
+    let row = ticklease_testkit::lease_row(&store, "billing").await;
+    assert_eq!(
+        (row.token, row.holder_id.as_deref(), row.held),
+        (Token(token), Some("old-holder"), true)
+    );
+    assert!(matches!(
+        store
+            .renew(&billing, Token(token), config.lease_ttl())
+            .await
+            .unwrap(),
+        Renew::Renewed { .. }
+    ));
+    let passed: bool = scalar(
+        &connect(&app).await.unwrap(),
+        &format!("SELECT leader_fence('billing', {token})"),
+    )
+    .await;
+    assert!(passed, "the upgraded term passes the fence");
+    // The forged term was ended by the upgrade; leader_status answers.
+    let forged = ticklease_testkit::lease_row(&store, "email_outbox").await;
+    assert!(!forged.held && forged.expires_at.is_none(), "{forged:?}");
+}
