@@ -499,7 +499,9 @@ async fn run(url: &str, command: Command) -> anyhow::Result<()> {
             let roles: Vec<&str> = worker.roles.iter().map(Role::as_str).collect();
             println!("worker {} running {roles:?}", std::process::id());
             let stopped = ticklease_worker::worker::run(worker, shutdown).await?;
-            println!("worker stopped: {stopped:?}");
+            // Exit 1 when a term stays held: another replica waits out its lease.
+            anyhow::ensure!(stopped.all_released(), "worker stopped: {stopped}");
+            println!("worker stopped: {stopped}");
         }
         Command::Demo { .. } => unreachable!("handled before the database URL is required"),
         Command::Metrics { metrics_addr, prefix } => {

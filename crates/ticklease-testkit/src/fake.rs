@@ -40,6 +40,7 @@ struct State {
     rows: BTreeMap<String, Row>,
     renew_sends: Vec<Instant>,
     fail_renews: usize,
+    fail_releases: usize,
 }
 
 /// The fake store. Clones share state.
@@ -63,6 +64,7 @@ impl FakeStore {
                 rows: BTreeMap::new(),
                 renew_sends: Vec::new(),
                 fail_renews: 0,
+                fail_releases: 0,
             })),
             hang: Arc::new(watch::channel(false).0),
             epoch: (Instant::now(), SystemTime::now()),
@@ -82,6 +84,11 @@ impl FakeStore {
     /// The next `n` RENEWs fail with an error.
     pub fn fail_renews(&self, n: usize) {
         self.state.lock().expect("state").fail_renews = n;
+    }
+
+    /// The next `n` RELEASEs fail with an error (the term stays held).
+    pub fn fail_releases(&self, n: usize) {
+        self.state.lock().expect("state").fail_releases = n;
     }
 
     /// The instants at which RENEWs were received.
@@ -184,6 +191,13 @@ impl LeaseStore for FakeStore {
     ) -> Result<bool, StoreError> {
         let now = self.now();
         self.with(|s| {
+            if s.fail_releases > 0 {
+                s.fail_releases -= 1;
+                return Err(StoreError::Timeout {
+                    statement: "RELEASE",
+                    after: Duration::ZERO,
+                });
+            }
             let Some(row) = s.rows.get_mut(role.as_str()) else {
                 return Ok(false);
             };

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -144,6 +144,9 @@ struct Inner<S> {
     metrics: Option<Metrics>,
     /// RELEASE tasks, so a shutdown can wait for them.
     releases: TaskTracker,
+    /// RELEASEs that failed or did not answer after shutdown was requested:
+    /// those terms stay held until their lease runs out.
+    unreleased: AtomicUsize,
 }
 
 /// Leads the roles an application declares, one tick at a time.
@@ -208,6 +211,7 @@ impl<S: LeaseStore> Manager<S> {
                 }),
                 metrics,
                 releases: TaskTracker::new(),
+                unreleased: AtomicUsize::new(0),
             }),
         };
         let report = manager.check_roles().await?;
@@ -274,6 +278,12 @@ impl<S: LeaseStore> Manager<S> {
             .is_ok();
         self.inner.releases.reopen();
         done
+    }
+
+    /// Terms whose RELEASE failed or did not answer after [`Manager::shutdown`]:
+    /// they stay held until their lease runs out (at most `lease_ttl`).
+    pub fn unreleased(&self) -> usize {
+        self.inner.unreleased.load(Ordering::Relaxed)
     }
 
     pub fn metrics(&self) -> Option<&Metrics> {
@@ -451,23 +461,30 @@ struct TermGuard<S: LeaseStore> {
 }
 
 impl<S: LeaseStore> TermGuard<S> {
+    /// On the manager's release tracker, so a shutdown waits for it.
     fn spawn_release(&self, outcome: Release) -> tokio::task::JoinHandle<bool> {
         let (inner, role, token, interval) =
             (self.inner.clone(), self.role.clone(), self.token, self.interval);
-        tokio::spawn(async move {
+        self.inner.releases.spawn(async move {
             let bound = inner.config.statement_timeout();
-            match tokio::time::timeout(bound, inner.store.release(&role, token, outcome, interval)).await {
-                Ok(Ok(released)) => released,
-                Ok(Err(error)) => {
-                    tracing::warn!(%role, %token, error = &error as &dyn std::error::Error,
+            let released =
+                match tokio::time::timeout(bound, inner.store.release(&role, token, outcome, interval)).await
+                {
+                    Ok(Ok(released)) => return released,
+                    Ok(Err(error)) => {
+                        tracing::warn!(%role, %token, error = &error as &dyn std::error::Error,
                         "RELEASE failed; the lease expires on its own");
-                    false
-                }
-                Err(_) => {
-                    tracing::warn!(%role, %token, "RELEASE did not answer; the lease expires on its own");
-                    false
-                }
+                        false
+                    }
+                    Err(_) => {
+                        tracing::warn!(%role, %token, "RELEASE did not answer; the lease expires on its own");
+                        false
+                    }
+                };
+            if inner.shutdown.is_cancelled() {
+                inner.unreleased.fetch_add(1, Ordering::Relaxed);
             }
+            released
         })
     }
 

@@ -15,7 +15,7 @@
 //! current, until when the term lasts, whether an operator paused the role,
 //! when its last tick completed, and any cooldown (`not_before`). Every
 //! decision is one autocommit statement evaluated on the **database clock**
-//! (`now()`, and `statement_timestamp()` in the fence). No statement sets
+//! (`now()`, and `clock_timestamp()` in the fence). No statement sets
 //! session state, takes a session lock or listens, and every lease statement
 //! is an unnamed `query_typed` statement, so the store runs through PgBouncer
 //! in transaction mode. Migrations use the simple protocol and a
@@ -37,12 +37,15 @@
 //! | statement | matches | writes |
 //! |---|---|---|
 //! | ACQUIRE | role unpaused, no live term, due (`last_tick_ended_at + interval` and `not_before` passed) | token + 1, holder, `expires_at = now() + lease_ttl`; a missing row is created with a token seeded from the epoch in ms |
-//! | RENEW | `(role, token)` still holding | `expires_at = now() + lease_ttl`; 0 rows = the term is over ([`LossReason`]) |
+//! | RENEW | `(role, token)` still holding | `expires_at = now() + lease_ttl`; not renewed = the term is over, the reason read from the row after the statement ([`LossReason`]) |
 //! | RELEASE | `(role, token)` still holding | clears the holder; by [`Release`] outcome: Completed stamps `last_tick_*`; Interrupted leaves the role due at once; Lost sets `not_before = now() + min(interval, 60 s)`; Failed (an `Err` or a panic) sets `not_before = now() + interval` |
 //! | PAUSE / UNPAUSE | the role | `leader_pause` clears the holder and sets `paused_*` in one statement; `leader_unpause` clears `paused_*` and leaves `not_before` alone |
 //!
 //! The expiry predicate lives in one SQL function, `leader_lease_live`; ACQUIRE,
-//! the fence and `leader_status` all ask it.
+//! the fence and `leader_status` all ask it. Each statement is a SECURITY
+//! DEFINER function (`leader_acquire`, `leader_renew`, `leader_release`,
+//! `leader_pause`, …) that bounds its durations server-side (1 ms ..= 24 h)
+//! and refuses an unknown outcome; every timestamp in the table is finite.
 //!
 //! ## States
 //!
@@ -72,18 +75,28 @@
 //!    the loser re-evaluates against the winner's row. Tokens only grow.
 //! 2. **A superseded leader claims nothing.** A claim statement carrying
 //!    [`Fence::predicate`] returns 0 rows unless its term is live and unpaused
-//!    at the claim's own `statement_timestamp()` (not `now()`, which is frozen
-//!    at `BEGIN` and would accept an expired lease inside a long transaction).
-//! 3. **A claim never commits after the next term starts.** The predicate is
-//!    `(SELECT leader_fence_lock(role, token))`: a VOLATILE function (a STABLE
-//!    one may not lock rows) that takes `FOR KEY SHARE` on the lease row, run
-//!    once per statement because it is an uncorrelated scalar subquery (a
-//!    VOLATILE call in a WHERE clause would otherwise run per row). A takeover
+//!    when the fence executes: `(SELECT leader_fence(role, token))` is an
+//!    uncorrelated scalar subquery, so it runs once per statement, and it
+//!    reads `clock_timestamp()` — not `now()` (frozen at `BEGIN`) nor
+//!    `statement_timestamp()` (the arrival of the client's message, which in a
+//!    multi-statement message or a `DO` block can be long before).
+//! 3. **A claim commits only inside its term.** When the fence passes it
+//!    registers the transaction, and a deferred constraint trigger checks the
+//!    term again at COMMIT under `FOR KEY SHARE`: if the term ended (expired,
+//!    taken over, released or paused) the COMMIT fails with
+//!    `serialization_failure` and the claim is rolled back. The share lock is
+//!    held only from that check to the end of the commit; a takeover
 //!    (ACQUIRE's `ON CONFLICT DO UPDATE` names the key column, so it locks
-//!    `FOR UPDATE`) and `leader_pause` (`SELECT … FOR UPDATE`) wait for that
-//!    share lock, so the claim's transaction commits before the term ends;
-//!    RENEW and RELEASE do not wait for it. Keep fenced transactions short: a
-//!    long one delays a takeover or a pause by its own length.
+//!    `FOR UPDATE`) waits only for a commit in progress. So a claimer that
+//!    froze inside its transaction (idle, or stuck in a statement) delays
+//!    neither takeover nor pause: the bounds of 5 and 6 hold whatever the
+//!    claimer's client does. The fence also lowers the transaction's
+//!    `idle_in_transaction_session_timeout` to the term's remaining time
+//!    (at least 100 ms), so the server ends a claimer frozen idle in its
+//!    transaction, and frees the rows it locked, by the term's expiry as the
+//!    fence saw it. A statement running past the term is not cut (its COMMIT
+//!    fails instead). A transaction that outlives its term without a takeover
+//!    fails its COMMIT too: keep fenced transactions shorter than the lease.
 //! 4. **A leader stops before its lease can expire.** The work is cancelled
 //!    and dropped at most A after the last acknowledged beat was sent, and no
 //!    RENEW starts after that instant (a RENEW in flight is cut there), while
@@ -93,9 +106,12 @@
 //! 5. **A dead leader is replaced.** Its role is acquirable at most T after its
 //!    last heartbeat, and a follower that polls every P leads it within
 //!    T + P (+ one statement). A clean shutdown releases at once.
-//! 6. **Pause is prompt.** From `leader_pause`'s commit the fence is false and
+//! 6. **Pause is prompt.** `leader_pause` marks the row (a lock no claim
+//!    holds, so it never waits for one) and then waits only for claims inside
+//!    their COMMIT. When it returns, the fence and every commit check fail and
 //!    ACQUIRE is refused on every replica; the holder's next RENEW (within H,
-//!    or H/2 after a missed beat) returns 0 rows and its work is cancelled.
+//!    or H/2 after a missed beat) is not renewed, reads `Paused`, and its work
+//!    is cancelled.
 //! 7. **A statement that does not answer within S is a missed beat, not a
 //!    loss.** Its connection leaves the pool, a cancel is sent (held open until
 //!    the server or bouncer closes it, since PgBouncer drops a cancel whose
@@ -111,19 +127,22 @@
 //!
 //! ## Privileges
 //!
-//! Migration 0002 grants an application role (default `ticklease_app`) SELECT
-//! and a column-scoped UPDATE on `leader_leases` (the term columns, not the
-//! pause columns), and EXECUTE on `leader_acquire` and `leader_seed`. The
-//! spec wants ACQUIRE to recreate a missing row and denies the app INSERT; the
-//! two meet in `leader_acquire`, a SECURITY DEFINER function owned by the
-//! migrating role with `search_path` pinned to `pg_catalog` and the schema,
-//! so a caller can neither insert arbitrary rows nor shadow a table or
-//! operator. An operator role (default `ticklease_operator`) can only call
-//! `leader_pause`, `leader_unpause`, `leader_run_now` (all SECURITY DEFINER)
-//! and read `leader_status`. Neither owns anything, nor can DELETE, TRUNCATE
-//! or alter the table. A column-scoped INSERT grant was the alternative; it
-//! would let the app insert rows for any role name and cannot express "only
-//! through ACQUIRE".
+//! The application role (default `ticklease_app`) may SELECT `leader_leases`
+//! and write it only through SECURITY DEFINER functions: `leader_acquire`
+//! (which must recreate a missing row: the spec denies the app INSERT),
+//! `leader_renew`, `leader_release`, `leader_seed`, and the fence. It cannot
+//! forge a term, move an expiry or clear a cooldown. The operator role
+//! (default `ticklease_operator`) can only call `leader_pause`,
+//! `leader_unpause`, `leader_run_now` and read `leader_status`. Neither owns
+//! anything, nor can DELETE, TRUNCATE or alter the table. Every definer
+//! function is owned by the migrating role, pins `search_path = pg_catalog,
+//! <schema>, pg_temp` (`pg_temp` last, or a caller's temporary table would
+//! shadow ours inside the owner's rights) and names its relations
+//! schema-qualified; EXECUTE is revoked from PUBLIC on every function. A test
+//! reads the catalog and fails if a definer function of ours lacks that
+//! setting. Upgrading a database from 0002 revokes the app's direct UPDATE:
+//! replicas still on a 0002 build then fail their RENEWs and step down (safe),
+//! so roll the new build out right after migrating.
 //!
 //! Not guaranteed: effects the work already started (an HTTP call, an email)
 //! complete even after a takeover, so outbound effects are at-least-once;
@@ -192,7 +211,7 @@
 //! })?;
 //! let shutdown = CancellationToken::new(); // cancel on SIGTERM
 //! let stopped = scheduler.run(shutdown).await;
-//! assert!(stopped.releases_done);
+//! assert!(stopped.all_released(), "{stopped}");
 //! # Ok(())
 //! # }
 //! ```

@@ -2,8 +2,10 @@
 //! `max_poll` and leading a tick when one is due.
 //!
 //! Shutdown cancels the in-flight ticks (they release as interrupted, so the
-//! role is due at once on another replica) and returns only after every
-//! RELEASE has been attempted, within a bounded deadline.
+//! role is due at once on another replica). A tick that has not returned
+//! within the shutdown grace is abandoned: its work is dropped and its term
+//! RELEASEd. `run` returns after every RELEASE answered or timed out, and
+//! [`Stopped`] says truthfully whether every term was released.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -32,11 +34,42 @@ struct Job {
 
 /// How a scheduler run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stopped {
-    /// Every role loop returned before the shutdown deadline.
+    /// Every tick returned within the shutdown grace (none was abandoned).
     pub loops_finished: bool,
-    /// Every RELEASE was attempted before the deadline.
+    /// Every RELEASE answered or timed out before `run` returned.
     pub releases_done: bool,
+    /// Terms whose RELEASE failed or did not answer: they stay held until
+    /// their lease runs out.
+    pub unreleased: usize,
+}
+
+impl Stopped {
+    /// Every term this replica held at shutdown was released.
+    pub fn all_released(&self) -> bool {
+        self.releases_done && self.unreleased == 0
+    }
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.loops_finished {
+            "every tick returned"
+        } else {
+            "a tick did not return within the shutdown grace and was abandoned"
+        })?;
+        match (self.releases_done, self.unreleased) {
+            (true, 0) => f.write_str("; every term was released"),
+            (true, n) => write!(
+                f,
+                "; {n} term(s) could not be released and stay held until their lease runs out"
+            ),
+            (false, _) => f.write_str(
+                "; some RELEASEs did not finish in time: their terms stay held until their lease runs out",
+            ),
+        }
+    }
 }
 
 /// Runs the jobs of a [`Manager`]'s roles.
@@ -106,6 +139,7 @@ impl<S: LeaseStore> Scheduler<S> {
             // Dropping a lead future releases its term as interrupted.
             loops.shutdown().await;
         }
+        // Each RELEASE is bounded by the statement timeout on its own task.
         let releases_done = self
             .manager
             .wait_released(self.manager.config().statement_timeout() * 2)
@@ -113,6 +147,7 @@ impl<S: LeaseStore> Scheduler<S> {
         Stopped {
             loops_finished,
             releases_done,
+            unreleased: self.manager.unreleased(),
         }
     }
 }

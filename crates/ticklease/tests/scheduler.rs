@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use ticklease::{Lead, LeaseStore, Manager, Metrics, PgStore, PgStoreOptions, Role, Scheduler, Steps};
-use ticklease_testkit::{migrated_db, test_config, PgCluster};
+use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -112,7 +112,7 @@ async fn a_step_panic_lets_the_rest_of_the_tick_run_and_the_tick_is_released_pan
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     shutdown.cancel();
-    assert!(run.await.unwrap().releases_done);
+    assert!(run.await.unwrap().all_released());
     let s = status(&r.manager, "billing").await;
     assert_eq!(s.last_tick_ended_at, None, "a panicked tick is not a completion");
     assert!((3590.0..=3600.0).contains(&not_before_wait(&s)));
@@ -273,7 +273,7 @@ async fn shutdown_mid_tick_releases_as_interrupted_and_the_role_is_due_at_once_e
     let stopping = tokio::time::Instant::now();
     stop_a.cancel();
     let stopped = run_a.await.unwrap();
-    assert!(stopped.loops_finished && stopped.releases_done, "{stopped:?}");
+    assert!(stopped.loops_finished && stopped.all_released(), "{stopped}");
     assert_eq!(started_rx.recv().await, Some("b"));
     let took = stopping.elapsed();
     println!("shutdown of a → tick on b: {took:?}");
@@ -439,4 +439,86 @@ async fn a_tick_lost_before_its_work_panics_reports_only_the_loss_once() {
         m[r#"ticklease_leader_ticks_total{role="email_outbox",outcome="lost"}"#],
         1.0
     );
+}
+
+/// Shutdown with a tick that ignores its cancellation: after the grace the
+/// tick is abandoned and its term RELEASEd before `run` returns.
+#[tokio::test]
+async fn a_tick_stuck_past_the_shutdown_grace_is_released_before_run_returns() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let r = replica(&db, &["billing"]).await;
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel();
+    let scheduler = Scheduler::new(r.manager.clone())
+        .shutdown_timeout(Duration::from_millis(300))
+        .job(&role("billing"), HOUR, move |_tick| {
+            let started = started_tx.clone();
+            async move {
+                started.send(()).unwrap();
+                std::future::pending::<()>().await;
+                Ok::<_, Infallible>(())
+            }
+        })
+        .unwrap();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(scheduler.run(stop.clone()));
+    started_rx.recv().await.unwrap();
+    // Slow the RELEASE down: a row lock that the test lets go 200 ms after
+    // the RELEASE starts waiting for it (well inside its statement timeout).
+    let mut locker = connect(&ticklease_testkit::direct(&db)).await.unwrap();
+    let observer = connect(&ticklease_testkit::direct(&db)).await.unwrap();
+    let lock = tokio::spawn(async move {
+        let tx = locker.transaction().await.unwrap();
+        tx.batch_execute("SELECT 1 FROM leader_leases WHERE role = 'billing' FOR NO KEY UPDATE")
+            .await
+            .unwrap();
+        let waiting = "SELECT count(*) FROM pg_stat_activity
+                        WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        while ticklease_testkit::scalar::<i64>(&observer, waiting).await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tx.commit().await.unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await; // the lock is taken before the shutdown
+    stop.cancel();
+    let stopped = run.await.unwrap();
+    let row = ticklease_testkit::lease_row(r.manager.store(), "billing").await;
+    assert!(!row.held, "run returned while its term was still held: {row:?}");
+    lock.await.unwrap();
+    assert!(!stopped.loops_finished, "{stopped}");
+    assert!(stopped.all_released(), "{stopped}");
+    assert_eq!(
+        stopped.to_string(),
+        "a tick did not return within the shutdown grace and was abandoned; every term was released"
+    );
+}
+
+/// A RELEASE that fails at shutdown is reported, not hidden.
+#[tokio::test]
+async fn a_release_that_fails_at_shutdown_is_reported() {
+    let store = ticklease_testkit::FakeStore::new();
+    let manager = Manager::start(store.clone(), test_config(), [role("billing")])
+        .await
+        .unwrap();
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel();
+    let scheduler = Scheduler::new(manager)
+        .job(&role("billing"), HOUR, move |tick| {
+            let started = started_tx.clone();
+            async move {
+                started.send(()).unwrap();
+                tick.cancelled().await;
+                Ok::<_, Infallible>(())
+            }
+        })
+        .unwrap();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(scheduler.run(stop.clone()));
+    started_rx.recv().await.unwrap();
+    store.fail_releases(1);
+    stop.cancel();
+    let stopped = run.await.unwrap();
+    assert!(stopped.loops_finished && stopped.releases_done, "{stopped}");
+    assert_eq!(stopped.unreleased, 1);
+    assert!(!stopped.all_released());
+    assert!(ticklease_testkit::lease_row(&store, "billing").await.held);
 }
