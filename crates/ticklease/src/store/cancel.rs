@@ -5,6 +5,10 @@
 //! was forwarded. So the request is written through a duplicate of the socket
 //! whose shutdown is a no-op, and the original is held open until the server
 //! (or bouncer) closes it, bounded by `linger`.
+//!
+//! The request goes with the connection's own TLS choice: a cancel carries the
+//! backend's secret key, which must not cross the wire in the clear when the
+//! session did not.
 
 use std::io;
 use std::path::PathBuf;
@@ -16,11 +20,16 @@ use deadpool_postgres::ClientWrapper;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_postgres::config::Host;
-use tokio_postgres::NoTls;
+use tokio_postgres::tls::MakeTlsConnect;
+
+use crate::tls::{PgConnect, PgTls};
 
 #[derive(Debug, Clone)]
 pub(super) struct CancelTarget {
     address: Option<Address>,
+    /// The name the server certificate is checked against.
+    host_name: String,
+    tls: PgTls,
     linger: Duration,
 }
 
@@ -31,13 +40,27 @@ enum Address {
 }
 
 impl CancelTarget {
-    pub(super) fn from_config(pg: &tokio_postgres::Config, linger: Duration) -> Self {
-        let port = pg.get_ports().first().copied().unwrap_or(5432);
-        let address = pg.get_hosts().first().map(|h| match h {
-            Host::Tcp(host) => Address::Tcp(host.clone(), port),
-            Host::Unix(dir) => Address::Unix(dir.join(format!(".s.PGSQL.{port}"))),
-        });
-        CancelTarget { address, linger }
+    pub(super) fn from_config(pg: &PgConnect, linger: Duration) -> Self {
+        let config = pg.config();
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let host = config.get_hosts().first();
+        // As tokio-postgres connects: to `hostaddr` when given, TLS checked against `host`.
+        let address = match (config.get_hostaddrs().first(), host) {
+            (Some(addr), _) => Some(Address::Tcp(addr.to_string(), port)),
+            (None, Some(Host::Tcp(host))) => Some(Address::Tcp(host.clone(), port)),
+            (None, Some(Host::Unix(dir))) => Some(Address::Unix(dir.join(format!(".s.PGSQL.{port}")))),
+            (None, None) => None,
+        };
+        let host_name = match host {
+            Some(Host::Tcp(host)) => host.clone(),
+            _ => String::new(),
+        };
+        CancelTarget {
+            address,
+            host_name,
+            tls: pg.tls(),
+            linger,
+        }
     }
 
     /// Sends a cancel for the client's running statement, then drops the
@@ -54,12 +77,12 @@ impl CancelTarget {
                     Some(Address::Tcp(host, port)) => {
                         let stream = TcpStream::connect((host.as_str(), *port)).await?;
                         let (send, keep) = duplicate_tcp(stream)?;
-                        send_and_linger(&token, send, keep).await
+                        send_and_linger(&token, &target, send, keep).await
                     }
                     Some(Address::Unix(path)) => {
                         let stream = UnixStream::connect(path).await?;
                         let (send, keep) = duplicate_unix(stream)?;
-                        send_and_linger(&token, send, keep).await
+                        send_and_linger(&token, &target, send, keep).await
                     }
                     None => Ok(()),
                 }
@@ -73,12 +96,19 @@ impl CancelTarget {
     }
 }
 
-async fn send_and_linger<S>(token: &tokio_postgres::CancelToken, send: S, mut keep: S) -> io::Result<()>
+async fn send_and_linger<S>(
+    token: &tokio_postgres::CancelToken,
+    target: &CancelTarget,
+    send: S,
+    mut keep: S,
+) -> io::Result<()>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let tls = MakeTlsConnect::<NoHalfClose<S>>::make_tls_connect(&mut target.tls.clone(), &target.host_name)
+        .map_err(io::Error::other)?;
     token
-        .cancel_query_raw(NoHalfClose(send), NoTls)
+        .cancel_query_raw(NoHalfClose(send), tls)
         .await
         .map_err(io::Error::other)?;
     let mut buf = [0u8; 64];
