@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{Gid, Pid, Uid, User};
 
+use crate::tls::ServerCert;
+
 /// Why a cluster could not be had.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -122,10 +124,15 @@ impl std::fmt::Debug for PgCluster {
 impl PgCluster {
     /// Starts a cluster of its own (for tests that kill or restart it).
     pub fn start() -> Result<PgCluster, KitError> {
-        PgCluster::start_inner(false)
+        PgCluster::start_inner(false, None)
     }
 
-    fn start_inner(die_with_parent: bool) -> Result<PgCluster, KitError> {
+    /// With `tls`, the server has `ssl=on` with that certificate and takes TCP
+    /// connections over TLS only (`hostssl`); its Unix socket stays plain.
+    pub(crate) fn start_inner(
+        die_with_parent: bool,
+        tls: Option<&ServerCert>,
+    ) -> Result<PgCluster, KitError> {
         sweep_stale();
         let bindir = bindir()?;
         let user = server_user()?;
@@ -172,8 +179,43 @@ impl PgCluster {
                 output: String::from_utf8_lossy(&out.stderr).into_owned(),
             });
         }
+        if let Some(cert) = tls {
+            cluster.enable_tls(cert)?;
+        }
         cluster.spawn_postmaster()?;
         Ok(cluster)
+    }
+
+    /// Writes the certificate and key where the server looks by default, turns
+    /// `ssl` on and replaces pg_hba.conf with `hostssl` lines for TCP.
+    fn enable_tls(&self, cert: &ServerCert) -> Result<(), KitError> {
+        use std::io::Write;
+        let data = self.data_dir();
+        let files = [
+            ("server.crt", cert.cert_pem.as_str(), 0o644),
+            // The server refuses a key that group or others can read.
+            ("server.key", cert.key_pem.as_str(), 0o600),
+            (
+                "pg_hba.conf",
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
+                0o600,
+            ),
+        ];
+        for (name, contents, mode) in files {
+            let path = data.join(name);
+            std::fs::write(&path, contents).map_err(io(format!("write {name}")))?;
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .map_err(io(format!("chmod {name}")))?;
+            if let Some((uid, gid)) = self.user {
+                nix::unistd::chown(&path, Some(uid), Some(gid))
+                    .map_err(|e| io(format!("chown {name} to postgres"))(e.into()))?;
+            }
+        }
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .and_then(|mut f| f.write_all(b"ssl = on\n"))
+            .map_err(io("turn ssl on in postgresql.conf"))
     }
 
     /// One cluster shared by the tests of this process, started on first use.
@@ -181,10 +223,12 @@ impl PgCluster {
     /// [`PgCluster::start`] instead.
     pub fn shared() -> &'static PgCluster {
         static SHARED: OnceLock<PgCluster> = OnceLock::new();
-        SHARED.get_or_init(|| match on_lasting_thread(|| PgCluster::start_inner(true)) {
-            Ok(c) => c,
-            Err(e) => panic!("test kit could not start Postgres: {e}"),
-        })
+        SHARED.get_or_init(
+            || match on_lasting_thread(|| PgCluster::start_inner(true, None)) {
+                Ok(c) => c,
+                Err(e) => panic!("test kit could not start Postgres: {e}"),
+            },
+        )
     }
 
     fn command(&self, program: &str) -> Command {
@@ -204,6 +248,10 @@ impl PgCluster {
     }
     pub fn port(&self) -> u16 {
         self.port
+    }
+    /// The cluster's temp dir, removed with it.
+    pub(crate) fn root_dir(&self) -> &Path {
+        self.root.path()
     }
     fn log_path(&self) -> PathBuf {
         self.root.path().join("postmaster.log")
@@ -433,16 +481,16 @@ fn sweep_stale() {
     }
 }
 
-/// Connects one client and drives its connection on a task.
+/// Connects one client and drives its connection on a task. TLS as the
+/// config's `sslmode` says (by default: if the server offers it, unverified).
 pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, KitError> {
-    let (client, connection) =
-        config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|source| KitError::Db {
-                what: "connect".into(),
-                source,
-            })?;
+    let (client, connection) = ticklease::PgConnect::from(config.clone())
+        .connect()
+        .await
+        .map_err(|source| KitError::Db {
+            what: "connect".into(),
+            source,
+        })?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
