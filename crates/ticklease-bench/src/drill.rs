@@ -20,11 +20,11 @@ pub async fn run(
     write_every: Duration,
 ) -> anyhow::Result<()> {
     let role = Role::new(role)?;
-    let pg: tokio_postgres::Config = url.parse()?;
+    let pg: ticklease::PgConnect = url.parse()?;
     let store = PgStore::connect(pg.clone(), PgStoreOptions::from_config(&config)).await?;
     let manager = Manager::start(store, config, [role.clone()]).await?;
     let holder = manager.holder_id().to_string();
-    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+    let (client, connection) = pg.connect().await?;
     tokio::spawn(connection);
     let shutdown = CancellationToken::new();
     ticklease::cancel_on_signals(shutdown.clone())?;
