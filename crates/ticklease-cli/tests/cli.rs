@@ -27,7 +27,7 @@ async fn migrate_applies_once_then_reports_already_applied() {
     let first = ticklease(&["migrate", "--database-url", &url]);
     assert_eq!(first.status.code(), Some(0), "{}", text(&first));
     assert!(
-        text(&first).contains("migrations applied: [1, 2]"),
+        text(&first).contains("migrations applied: [1, 2, 3]"),
         "{}",
         text(&first)
     );
@@ -38,7 +38,7 @@ async fn migrate_applies_once_then_reports_already_applied() {
         .unwrap();
     assert_eq!(again.status.code(), Some(0));
     assert!(
-        text(&again).contains("migrations applied: []; already applied: [1, 2]"),
+        text(&again).contains("migrations applied: []; already applied: [1, 2, 3]"),
         "{}",
         text(&again)
     );
@@ -406,4 +406,142 @@ fn worker_refuses_bad_timings_and_roles_as_usage_errors() {
     let o = ticklease(&["worker", "--database-url", url]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("--webhook-secret"), "{}", text(&o));
+}
+
+async fn scalar_at(url: &str, sql: &str) -> i64 {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let client = ticklease_testkit::connect(&config).await.unwrap();
+    ticklease_testkit::scalar(&client, sql).await
+}
+
+#[tokio::test]
+async fn migrate_naming_new_roles_on_a_migrated_database_grants_them() {
+    let cluster = PgCluster::shared();
+    let url = cluster.url(&cluster.create_database().await.unwrap());
+    assert_eq!(
+        ticklease(&["migrate", "--database-url", &url]).status.code(),
+        Some(0)
+    );
+    let (app, operator) = (
+        format!("svc_{}", std::process::id()),
+        format!("oncall_{}", std::process::id()),
+    );
+    let o = ticklease(&[
+        "migrate",
+        "--database-url",
+        &url,
+        "--app-role",
+        &app,
+        "--operator-role",
+        &operator,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let granted = format!(
+        "SELECT count(*) FROM (VALUES
+           (has_function_privilege('{app}', 'leader_renew(text, bigint, bigint)', 'EXECUTE')),
+           (has_function_privilege('{operator}', 'leader_pause(text, text, text)', 'EXECUTE'))) g(ok)
+         WHERE ok"
+    );
+    assert_eq!(scalar_at(&url, &granted).await, 2, "both roles granted");
+}
+
+#[tokio::test]
+async fn an_invalid_database_role_name_is_a_usage_error_and_writes_nothing() {
+    let cluster = PgCluster::shared();
+    let url = cluster.url(&cluster.create_database().await.unwrap());
+    for args in [
+        ["migrate", "--app-role", "app; DROP TABLE x"],
+        ["grant", "--operator-role", "Ops"],
+    ] {
+        let o = ticklease(&[&args[..], &["--database-url", &url]].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains("invalid database role name"), "{}", text(&o));
+    }
+    let tables = "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'";
+    assert_eq!(scalar_at(&url, tables).await, 0, "nothing written");
+}
+
+#[tokio::test]
+async fn worker_refuses_an_out_of_range_tick_interval_or_batch_before_touching_the_database() {
+    let cluster = PgCluster::shared();
+    let url = cluster.url(&cluster.create_database().await.unwrap());
+    assert_eq!(
+        ticklease(&["migrate", "--database-url", &url]).status.code(),
+        Some(0)
+    );
+    for bad in [
+        ["--tick-interval", "billing=0s"],
+        ["--tick-interval", "billing=48h"],
+        ["--batch-size", "0"],
+        ["--batch-size", "1001"],
+    ] {
+        let o = ticklease(
+            &[
+                &["worker", "--database-url", &url, "--webhook-secret", "s"][..],
+                &bad[..],
+            ]
+            .concat(),
+        );
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", text(&o));
+        assert!(!text(&o).contains("running"), "{}", text(&o));
+    }
+    assert_eq!(
+        scalar_at(&url, "SELECT count(*) FROM leader_leases").await,
+        0,
+        "no role seeded"
+    );
+}
+
+#[tokio::test]
+async fn worker_without_its_schema_names_the_command_that_applies_it() {
+    let cluster = PgCluster::shared();
+    let url = cluster.url(&cluster.create_database().await.unwrap());
+    assert_eq!(
+        ticklease(&["migrate", "--database-url", &url]).status.code(),
+        Some(0)
+    );
+    let o = ticklease(&["worker", "--database-url", &url, "--webhook-secret", "s"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("(run `ticklease worker migrate`)"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[tokio::test]
+async fn status_shows_control_characters_from_the_database_escaped() {
+    let cluster = PgCluster::shared();
+    let url = cluster.url(&cluster.create_database().await.unwrap());
+    assert_eq!(
+        ticklease(&["migrate", "--database-url", &url]).status.code(),
+        Some(0)
+    );
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    ticklease_testkit::connect(&config)
+        .await
+        .unwrap()
+        .batch_execute(
+            "SELECT leader_seed(ARRAY['billing']);
+             SELECT leader_pause('billing', E'eve\\u202e', E'\\x1b]0;pwned\\x07\\x1b[2J')",
+        )
+        .await
+        .unwrap();
+    let o = ticklease(&["status", "--database-url", &url]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(!out.contains(['\u{1b}', '\u{7}', '\u{202e}']), "{out:?}");
+    assert!(
+        out.contains(r"eve\u{202e}: \u{1b}]0;pwned\u{7}\u{1b}[2J"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_connection_error_names_each_cause_once() {
+    let o = ticklease(&["status", "--database-url", "postgres://postgres@127.0.0.1:1/x"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o);
+    assert_eq!(err.matches("error connecting to server").count(), 1, "{err}");
+    assert_eq!(err.matches("Connection refused").count(), 1, "{err}");
 }

@@ -57,8 +57,12 @@ pub enum StoreError {
         #[source]
         source: deadpool_postgres::PoolError,
     },
-    #[error("the database is not migrated for ticklease: {detail} (run `ticklease migrate`)")]
-    NotMigrated { detail: String },
+    #[error("the database is not migrated: {detail} (run `{command}`)")]
+    NotMigrated {
+        detail: String,
+        /// The command that applies the missing migrations.
+        command: &'static str,
+    },
     #[error("unknown role {role:?}: no such row in leader_leases")]
     UnknownRole { role: String },
     #[error("{statement} was refused: permission denied")]
@@ -126,14 +130,65 @@ pub enum Error {
     Store(#[from] StoreError),
 }
 
-/// An error and its sources on one line, `outer: inner: root`, for logs.
+/// An error and its sources on one line, `outer: inner: root`, each cause
+/// once: many errors (tokio-postgres's, deadpool's) print their source in
+/// their own text as well, so a message that ends with its source's text is
+/// cut before it.
 pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
+    let mut parts = Vec::new();
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string();
+        next = e.source();
+        let own = match next.map(|s| s.to_string()) {
+            Some(inner) if text != inner && text.ends_with(&inner) => text[..text.len() - inner.len()]
+                .trim_end_matches([' ', ':'])
+                .to_string(),
+            Some(inner) if text == inner => continue,
+            _ => text,
+        };
+        parts.push(own);
     }
-    text
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct E {
+        text: &'static str,
+        #[source]
+        source: Option<Box<E>>,
+    }
+
+    fn e(text: &'static str, source: Option<E>) -> E {
+        E {
+            text,
+            source: source.map(Box::new),
+        }
+    }
+
+    #[test]
+    fn chain_names_each_cause_once() {
+        let root = e("Connection refused (os error 111)", None);
+        let pg = e(
+            "error connecting to server: Connection refused (os error 111)",
+            Some(root),
+        );
+        let pool = e(
+            "Error occurred while creating a new object: error connecting to server: Connection refused (os error 111)",
+            Some(pg),
+        );
+        let ours = e("could not get a database connection for schema check", Some(pool));
+        assert_eq!(
+            chain(&ours),
+            "could not get a database connection for schema check: Error occurred while creating a new object: \
+             error connecting to server: Connection refused (os error 111)"
+        );
+        let same = e("timed out", Some(e("timed out", None)));
+        assert_eq!(chain(&same), "timed out");
+    }
 }

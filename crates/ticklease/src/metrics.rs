@@ -327,8 +327,16 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics` (the registry in OpenMetrics text, cluster facts
-/// refreshed from `store` on each scrape) and `/healthz` until `shutdown`.
+/// Scrapes read the store at most this often; in between they serve the last snapshot.
+pub const SCRAPE_REFRESH_MIN: Duration = Duration::from_secs(1);
+/// Scrapes served at once; more are answered 503 at once.
+pub const SCRAPES_MAX: usize = 16;
+
+/// Serves `/metrics` (the registry in OpenMetrics text) and `/healthz` until
+/// `shutdown`. The cluster facts are refreshed from `store` by at most one
+/// scrape at a time and at most once per [`SCRAPE_REFRESH_MIN`], so a flood of
+/// scrapes costs the store one STATUS statement a second. Give it a store of
+/// its own (a pool of one) so that statement never queues before a RENEW.
 pub async fn serve<S: LeaseStore + Clone>(
     listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
@@ -337,27 +345,43 @@ pub async fn serve<S: LeaseStore + Clone>(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     use axum::http::header::CONTENT_TYPE;
+    use axum::http::StatusCode;
     use axum::routing::get;
 
+    let refreshed: Arc<tokio::sync::Mutex<Option<tokio::time::Instant>>> = Arc::default();
+    let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_MAX));
     let scrape = move || {
         let (registry, metrics, store) = (registry.clone(), metrics.clone(), store.clone());
+        let (refreshed, slots) = (refreshed.clone(), slots.clone());
         async move {
-            metrics.refresh(&store).await;
+            let text = |status, body: &str| {
+                (
+                    status,
+                    [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                    body.to_string(),
+                )
+            };
+            let Ok(_slot) = slots.try_acquire_owned() else {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "too many scrapes at once\n");
+            };
+            {
+                let mut last = refreshed.lock().await;
+                if last.is_none_or(|t| t.elapsed() >= SCRAPE_REFRESH_MIN) {
+                    metrics.refresh(&store).await;
+                    *last = Some(tokio::time::Instant::now());
+                }
+            }
             let mut body = String::new();
             match prometheus_client::encoding::text::encode(&mut body, &registry) {
                 Ok(()) => (
-                    axum::http::StatusCode::OK,
+                    StatusCode::OK,
                     [(
                         CONTENT_TYPE,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )],
                     body,
                 ),
-                Err(_) => (
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    [(CONTENT_TYPE, "text/plain; charset=utf-8")],
-                    "could not encode metrics\n".to_string(),
-                ),
+                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "could not encode metrics\n"),
             }
         }
     };

@@ -93,6 +93,8 @@ pub struct MigrationSet {
     /// The advisory transaction lock that serializes concurrent runners.
     pub lock_key: i64,
     pub migrations: &'static [Migration],
+    /// The command that applies this set, named when it is missing.
+    pub command: &'static str,
 }
 
 /// The library's own schema.
@@ -100,6 +102,7 @@ pub const LIBRARY: MigrationSet = MigrationSet {
     table: MIGRATIONS_TABLE,
     lock_key: 0x7469_636b_6c65_6173, // "tickleas" in ASCII
     migrations: MIGRATIONS,
+    command: "ticklease migrate",
 };
 
 /// What a migration run did.
@@ -114,19 +117,25 @@ pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError>
     migrate_with(client, &MigrateOptions::default()).await
 }
 
-/// Applies every pending migration in one transaction.
+/// Applies every pending migration in one transaction, then grants the
+/// roles of `options` (also when every migration was applied before, so
+/// naming new roles on a migrated database grants them).
 pub async fn migrate_with(
     client: &mut Client,
     options: &MigrateOptions,
 ) -> Result<MigrateReport, MigrateError> {
     check_role_name(&options.app_role)?;
     check_role_name(&options.operator_role)?;
-    // Transaction-local: read by migration 0002, gone at commit.
+    // Transaction-local: read by migrations 0002 and 0003, gone at commit.
     let settings = format!(
         "SELECT set_config('ticklease.app_role', '{}', true), set_config('ticklease.operator_role', '{}', true)",
         options.app_role, options.operator_role
     );
-    apply(client, &LIBRARY, &settings).await
+    let report = apply(client, &LIBRARY, &settings).await?;
+    if report.applied.is_empty() {
+        grant(client, options).await?;
+    }
+    Ok(report)
 }
 
 /// Applies every pending migration of `set` in one transaction, after
@@ -242,6 +251,7 @@ pub async fn check_set(client: &Client, set: &MigrationSet) -> Result<(), StoreE
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
             return Err(StoreError::NotMigrated {
                 detail: format!("table {table} does not exist"),
+                command: set.command,
             })
         }
         Err(source) => return Err(crate::store::classify("schema check", source)),
@@ -252,6 +262,7 @@ pub async fn check_set(client: &Client, set: &MigrationSet) -> Result<(), StoreE
             None => {
                 return Err(StoreError::NotMigrated {
                     detail: format!("migration {} ({}) is not applied", m.version, m.name),
+                    command: set.command,
                 })
             }
             Some(r) if r.get::<_, String>(1) != m.checksum() => {
@@ -260,6 +271,7 @@ pub async fn check_set(client: &Client, set: &MigrationSet) -> Result<(), StoreE
                         "migration {} ({}) was applied with a different checksum",
                         m.version, m.name
                     ),
+                    command: set.command,
                 })
             }
             Some(_) => {}

@@ -182,11 +182,13 @@ pub fn cancel_on_signals(token: CancellationToken) -> std::io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        // Cancel before logging: nothing a log line does may stop the shutdown.
         token.cancel();
+        tracing::info!("{name}: shutting down");
     });
     Ok(())
 }

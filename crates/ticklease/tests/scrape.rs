@@ -1,0 +1,104 @@
+//! `/metrics` under a scrape flood: the lease statements never wait behind it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use ticklease::{Config, Lead, Manager, Metrics, PgStore, PgStoreOptions, Role};
+use ticklease_testkit::{connect, Fault, FaultProxy, PgCluster};
+
+async fn get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut conn = tokio::net::TcpStream::connect(addr).await?;
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).await?;
+    Ok(response)
+}
+
+/// 100 concurrent scrapers, without pause, against a replica whose link to
+/// Postgres adds 200 ms per chunk, and `/metrics` served from the lease
+/// store itself: a tick that needs several RENEWs still completes.
+#[tokio::test]
+async fn a_scrape_flood_over_a_slow_link_costs_no_heartbeat() {
+    let cluster = PgCluster::shared();
+    let name = cluster.create_database().await.unwrap();
+    ticklease::migrate(&mut connect(&cluster.config(&name)).await.unwrap())
+        .await
+        .unwrap();
+    let proxy = FaultProxy::start(([127, 0, 0, 1], cluster.port()).into())
+        .await
+        .unwrap();
+    let mut via = tokio_postgres::Config::new();
+    via.host("127.0.0.1")
+        .port(proxy.port())
+        .user("postgres")
+        .dbname(&name);
+    // Timings for a 400 ms round trip: a RENEW answers well inside its timeout.
+    let config = Config::builder()
+        .lease_ttl(Duration::from_secs(6))
+        .heartbeat_every(Duration::from_millis(800))
+        .statement_timeout(Duration::from_millis(1800))
+        .abandon_after(Duration::from_millis(3600))
+        .max_poll(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let store = PgStore::connect(via, PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let billing = Role::new("billing").unwrap();
+    let mut registry = Registry::with_prefix("ticklease");
+    let metrics = Metrics::register(&mut registry, [billing.clone()]);
+    let manager = Manager::start_with_metrics(store.clone(), config, [billing.clone()], metrics.clone())
+        .await
+        .unwrap();
+    proxy.set(Fault::Latency(Duration::from_millis(200)));
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(ticklease::metrics::serve(
+        listener,
+        Arc::new(registry),
+        metrics,
+        store,
+        stop.clone(),
+    ));
+    let scrapers: Vec<_> = (0..100)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut served = 0;
+                while !stop.is_cancelled() {
+                    if get(addr, "/metrics")
+                        .await
+                        .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+                    {
+                        served += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                served
+            })
+        })
+        .collect();
+
+    // Longer than the TTL: the term lives only if RENEWs get through.
+    let lead = manager
+        .lead(&billing, Duration::from_secs(3600), |tick| async move {
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            Ok::<_, std::convert::Infallible>(tick.token())
+        })
+        .await
+        .unwrap();
+    stop.cancel();
+    let mut served = 0;
+    for s in scrapers {
+        served += s.await.unwrap();
+    }
+    assert!(matches!(lead, Lead::Completed { .. }), "{lead:?}");
+    assert!(served >= 100, "the flood was served: {served} scrapes");
+}
