@@ -5,6 +5,7 @@
 
 mod demo;
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -27,8 +28,9 @@ struct Cli {
     command: Command,
 }
 
-const ROLES_HELP: &str = "Database roles: the application role gets SELECT and a column-scoped UPDATE on \
-leader_leases and EXECUTE on leader_acquire/leader_seed (SECURITY DEFINER); the operator role gets EXECUTE on \
+const ROLES_HELP: &str = "Database roles: the application role gets SELECT on leader_leases and EXECUTE on \
+leader_acquire/leader_renew/leader_release/leader_seed/leader_fence (SECURITY DEFINER, its only way to write \
+the table); the operator role gets EXECUTE on \
 leader_pause/leader_unpause/leader_run_now and SELECT on leader_status. Both are created NOLOGIN if missing; \
 grant them to login users: GRANT ticklease_app TO my_service;";
 
@@ -194,7 +196,8 @@ struct WorkerRun {
     #[arg(long = "tick-interval", value_parser = parse_tick_interval)]
     tick_intervals: Vec<(Role, Duration)>,
     /// Rows claimed per tick.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100,
+          value_parser = clap::value_parser!(i64).range(1..=ticklease_worker::worker::BATCH_MAX))]
     batch_size: i64,
     /// Wait after a declined charge before the next attempt.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
@@ -232,8 +235,15 @@ fn parse_tick_interval(s: &str) -> Result<(Role, Duration), String> {
         .split_once('=')
         .ok_or_else(|| format!("{s:?}: expected ROLE=DURATION"))?;
     let role = Role::new(role).map_err(|e| e.to_string())?;
-    let duration = humantime::parse_duration(duration).map_err(|e| format!("{duration:?}: {e}"))?;
-    Ok((role, duration))
+    let parsed = humantime::parse_duration(duration).map_err(|e| format!("{duration:?}: {e}"))?;
+    let max = ticklease::config::DURATION_MAX;
+    if parsed.is_zero() || parsed > max {
+        return Err(format!(
+            "{role}={duration}: a tick interval must be greater than zero and at most {}",
+            humantime::format_duration(max)
+        ));
+    }
+    Ok((role, parsed))
 }
 
 impl WorkerRun {
@@ -259,7 +269,7 @@ impl WorkerRun {
 
     fn config(
         self,
-        database: tokio_postgres::Config,
+        database: ticklease::PgConnect,
     ) -> Result<ticklease_worker::worker::WorkerConfig, String> {
         let lease = self.lease().map_err(|e| e.to_string())?;
         let smtp = self.smtp_url.strip_prefix("smtp://").ok_or(format!(
@@ -304,11 +314,17 @@ impl WorkerRun {
 #[derive(clap::Args)]
 struct RoleNames {
     /// The application's database role.
-    #[arg(long, default_value = "ticklease_app")]
+    #[arg(long, default_value = "ticklease_app", value_parser = db_role)]
     app_role: String,
     /// The operators' database role.
-    #[arg(long, default_value = "ticklease_operator")]
+    #[arg(long, default_value = "ticklease_operator", value_parser = db_role)]
     operator_role: String,
+}
+
+fn db_role(name: &str) -> Result<String, String> {
+    ticklease::migrate::check_role_name(name)
+        .map(|()| name.to_string())
+        .map_err(|e| e.to_string())
 }
 
 impl RoleNames {
@@ -320,13 +336,50 @@ impl RoleNames {
     }
 }
 
+/// Stderr that drops what it cannot write: a closed log pipe (a crashed log
+/// shipper, a terminal closed under ssh) must not change what a replica does.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// A line on stdout that may be lost, for the long-running commands.
+fn say(line: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
+        .with_writer(|| LossyStderr)
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
+    let service = matches!(
+        cli.command,
+        Command::Demo { .. } | Command::Metrics { .. } | Command::Worker(WorkerCmd { action: None, .. })
+    );
+    if !service {
+        // A one-shot command piped into `head` ends quietly, as Unix tools do
+        // (exit 141), instead of panicking on a closed stdout. Rust ignores
+        // SIGPIPE by default; services keep that, and write with `say`.
+        // SAFETY: no other thread exists yet that could race on the disposition.
+        let _ = unsafe {
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGPIPE,
+                nix::sys::signal::SigHandler::SigDfl,
+            )
+        };
+    }
     if let Command::Demo {
         replicas,
         duration,
@@ -344,12 +397,12 @@ async fn main() -> ExitCode {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::from(1),
                 Err(e) => {
-                    eprintln!("ticklease demo: {e:#}");
+                    let _ = writeln!(LossyStderr, "ticklease demo: {}", ticklease::error::chain(e.as_ref()));
                     ExitCode::from(1)
                 }
             },
             _ = interrupted() => {
-                eprintln!("ticklease demo: interrupted; stopping the workers and removing the cluster");
+                let _ = writeln!(LossyStderr, "ticklease demo: interrupted; stopping the workers and removing the cluster");
                 ExitCode::from(130)
             }
         };
@@ -361,15 +414,15 @@ async fn main() -> ExitCode {
     match run(&url, cli.command).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ticklease: {e:#}");
+            let _ = writeln!(LossyStderr, "ticklease: {}", ticklease::error::chain(e.as_ref()));
             ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })
         }
     }
 }
 
 async fn run(url: &str, command: Command) -> anyhow::Result<()> {
-    let config: tokio_postgres::Config = url.parse().context("invalid --database-url")?;
-    let target = describe(&config);
+    let config: ticklease::PgConnect = url.parse().context("invalid --database-url")?;
+    let target = describe(config.config());
     match command {
         Command::Migrate { roles } => {
             let mut client = connect(&config, &target).await?;
@@ -497,11 +550,11 @@ async fn run(url: &str, command: Command) -> anyhow::Result<()> {
             let shutdown = tokio_util::sync::CancellationToken::new();
             ticklease::cancel_on_signals(shutdown.clone())?;
             let roles: Vec<&str> = worker.roles.iter().map(Role::as_str).collect();
-            println!("worker {} running {roles:?}", std::process::id());
+            say(format_args!("worker {} running {roles:?}", std::process::id()));
             let stopped = ticklease_worker::worker::run(worker, shutdown).await?;
             // Exit 1 when a term stays held: another replica waits out its lease.
             anyhow::ensure!(stopped.all_released(), "worker stopped: {stopped}");
-            println!("worker stopped: {stopped}");
+            say(format_args!("worker stopped: {stopped}"));
         }
         Command::Demo { .. } => unreachable!("handled before the database URL is required"),
         Command::Metrics { metrics_addr, prefix } => {
@@ -517,10 +570,10 @@ async fn run(url: &str, command: Command) -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(metrics_addr)
                 .await
                 .with_context(|| format!("could not listen on {metrics_addr}"))?;
-            println!(
+            say(format_args!(
                 "serving /metrics and /healthz on http://{}",
                 listener.local_addr()?
-            );
+            ));
             let shutdown = tokio_util::sync::CancellationToken::new();
             let stop = shutdown.clone();
             tokio::spawn(async move {
@@ -543,16 +596,16 @@ fn describe(config: &tokio_postgres::Config) -> String {
     format!("{host}:{port}/{}", config.get_dbname().unwrap_or_default())
 }
 
-async fn connect(config: &tokio_postgres::Config, target: &str) -> anyhow::Result<tokio_postgres::Client> {
+async fn connect(config: &ticklease::PgConnect, target: &str) -> anyhow::Result<tokio_postgres::Client> {
     let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
+        .connect()
         .await
         .with_context(|| format!("could not connect to the database at {target}"))?;
     tokio::spawn(connection);
     Ok(client)
 }
 
-async fn store(config: tokio_postgres::Config, target: &str) -> anyhow::Result<PgStore> {
+async fn store(config: ticklease::PgConnect, target: &str) -> anyhow::Result<PgStore> {
     let options = ticklease::PgStoreOptions::from_config(&ticklease::Config::default());
     PgStore::connect(config, options).await.map_err(|e| match e {
         ticklease::StoreError::Connect { .. } | ticklease::StoreError::Timeout { .. } => {
@@ -580,6 +633,21 @@ fn short(seconds: f64) -> String {
     }
 }
 
+/// Text from the database, made safe for a terminal: control characters and
+/// bidirectional overrides are shown escaped (`\u{1b}`), never interpreted.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let bidi = matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn status_table(rows: &[LeaseStatus]) -> String {
     let header = [
         "ROLE",
@@ -594,39 +662,42 @@ fn status_table(rows: &[LeaseStatus]) -> String {
     let mut lines: Vec<[String; 8]> = vec![header.map(String::from)];
     for r in rows {
         let held = r.held;
-        lines.push([
-            r.role.clone(),
-            if held {
-                r.holder_id.clone().unwrap_or_default()
-            } else {
-                "-".into()
-            },
-            r.token.to_string(),
-            r.acquired_at
-                .filter(|_| held)
-                .map(|t| short(seconds(r.db_now, t)))
-                .unwrap_or_else(|| "-".into()),
-            r.remaining
-                .map(|d| short(d.as_secs_f64()))
-                .unwrap_or_else(|| "-".into()),
-            match (&r.paused_by, &r.pause_reason) {
-                (Some(by), why) => format!("{by}: {}", why.clone().unwrap_or_default()),
-                _ => "-".into(),
-            },
-            r.last_tick_ended_at
-                .map(|t| short(seconds(r.db_now, t)))
-                .unwrap_or_else(|| "never".into()),
-            r.not_before
-                .map(|t| {
-                    let wait = seconds(t, r.db_now);
-                    if wait > 0.0 {
-                        format!("in {}", short(wait))
-                    } else {
-                        "passed".into()
-                    }
-                })
-                .unwrap_or_else(|| "-".into()),
-        ]);
+        lines.push(
+            [
+                r.role.clone(),
+                if held {
+                    r.holder_id.clone().unwrap_or_default()
+                } else {
+                    "-".into()
+                },
+                r.token.to_string(),
+                r.acquired_at
+                    .filter(|_| held)
+                    .map(|t| short(seconds(r.db_now, t)))
+                    .unwrap_or_else(|| "-".into()),
+                r.remaining
+                    .map(|d| short(d.as_secs_f64()))
+                    .unwrap_or_else(|| "-".into()),
+                match (&r.paused_by, &r.pause_reason) {
+                    (Some(by), why) => format!("{by}: {}", why.clone().unwrap_or_default()),
+                    _ => "-".into(),
+                },
+                r.last_tick_ended_at
+                    .map(|t| short(seconds(r.db_now, t)))
+                    .unwrap_or_else(|| "never".into()),
+                r.not_before
+                    .map(|t| {
+                        let wait = seconds(t, r.db_now);
+                        if wait > 0.0 {
+                            format!("in {}", short(wait))
+                        } else {
+                            "passed".into()
+                        }
+                    })
+                    .unwrap_or_else(|| "-".into()),
+            ]
+            .map(|cell| escape(&cell)),
+        );
     }
     let widths: Vec<usize> = (0..8)
         .map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))

@@ -8,6 +8,7 @@ pub mod conformance;
 pub mod fake;
 pub mod peers;
 pub mod proxy;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ pub use conformance::lease_row;
 pub use fake::FakeStore;
 pub use peers::{HttpPeer, SmtpSink};
 pub use proxy::{Fault, FaultProxy};
+pub use tls::{TestCa, TlsCluster};
 
 use ticklease::{Config, PgStore, PgStoreOptions};
 

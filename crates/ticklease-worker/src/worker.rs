@@ -8,7 +8,6 @@ use std::time::Duration;
 use deadpool_postgres::{Manager as PoolManager, ManagerConfig, Pool, RecyclingMethod};
 use ticklease::error::chain;
 use ticklease::{Manager, Metrics, PgStore, PgStoreOptions, Role, Scheduler, Steps, Stopped, Tick};
-use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;
 
 use crate::billing::{self, PeriodClose};
@@ -30,7 +29,7 @@ const _: () = assert!(RETRY_BASE.as_millis() < RETRY_CAP.as_millis());
 /// Everything a worker process needs.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    pub database: tokio_postgres::Config,
+    pub database: ticklease::PgConnect,
     pub roles: Vec<Role>,
     pub lease: ticklease::Config,
     /// Per-role tick intervals; roles not named here use [`DEFAULT_TICK_INTERVAL`].
@@ -64,8 +63,8 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
     }
     let store = PgStore::connect(cfg.database.clone(), PgStoreOptions::from_config(&cfg.lease)).await?;
     let pool = Pool::builder(PoolManager::from_config(
-        cfg.database.clone(),
-        NoTls,
+        cfg.database.config().clone(),
+        cfg.database.tls(),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -87,11 +86,21 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
                 source,
             })?;
         tracing::info!(addr = %listener.local_addr().map_err(|source| WorkerError::Io { what: "local addr".into(), source })?, "serving /metrics");
+        // Scrapes read status on a connection of their own: a RENEW never
+        // queues behind one.
+        let status = PgStore::connect(
+            cfg.database.clone(),
+            PgStoreOptions {
+                pool_size: 1,
+                ..PgStoreOptions::from_config(&cfg.lease)
+            },
+        )
+        .await?;
         tokio::spawn(ticklease::metrics::serve(
             listener,
             Arc::new(registry),
             metrics,
-            store,
+            status,
             shutdown.clone(),
         ));
     }

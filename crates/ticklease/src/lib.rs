@@ -215,6 +215,16 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## TLS
+//!
+//! [`PgConnect`] parses a connection URL with libpq's `sslmode` (`disable`,
+//! `prefer` by default, `require`, `verify-ca`, `verify-full`) and
+//! `sslrootcert` (a PEM CA file; the platform's roots when absent) into a
+//! `tokio_postgres::Config` and a rustls connector. [`PgStore::connect`] takes
+//! one, or a bare `tokio_postgres::Config`, which encrypts when the server
+//! offers TLS but checks no certificate; the cancel of a timed-out statement
+//! goes with the same TLS. See [`tls`] for what each mode checks.
 
 pub mod config;
 pub mod error;
@@ -227,6 +237,7 @@ pub mod role;
 pub mod scheduler;
 pub mod step;
 pub mod store;
+pub mod tls;
 pub mod token;
 
 pub use config::{Config, ConfigBuilder};
@@ -241,6 +252,7 @@ pub use step::Steps;
 pub use store::{
     Acquire, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Release, Renew, Term,
 };
+pub use tls::{PgConnect, PgConnectError};
 pub use token::Token;
 
 #[doc = include_str!("../../../README.md")]

@@ -11,14 +11,15 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio::time::{timeout_at, Instant};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
 use super::cancel::CancelTarget;
 use super::{Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Term};
 use crate::config::Config;
 use crate::error::StoreError;
-use crate::migrate::check_schema;
+use crate::migrate::{check_schema, LIBRARY};
 use crate::role::Role;
+use crate::tls::PgConnect;
 use crate::token::Token;
 
 const ACQUIRE: &str = include_str!("acquire.sql");
@@ -71,8 +72,9 @@ impl std::fmt::Debug for PgStore {
 
 impl PgStore {
     /// Builds the pool and checks the schema: an unmigrated database is
-    /// `StoreError::NotMigrated`, before anything is written.
-    pub async fn connect(pg: tokio_postgres::Config, options: PgStoreOptions) -> Result<Self, StoreError> {
+    /// `StoreError::NotMigrated`, before anything is written. TLS as `pg` says
+    /// (a [`PgConnect`] parsed from a URL, or a `tokio_postgres::Config`).
+    pub async fn connect(pg: impl Into<PgConnect>, options: PgStoreOptions) -> Result<Self, StoreError> {
         if !(1..=POOL_SIZE_MAX).contains(&options.pool_size) {
             return Err(StoreError::Rejected {
                 statement: "connect",
@@ -86,12 +88,13 @@ impl PgStore {
             });
         }
         let pool_size = options.pool_size;
+        let pg = pg.into();
         let cancel = CancelTarget::from_config(&pg, options.statement_timeout);
-        let mut pg = pg;
-        pg.connect_timeout(options.statement_timeout);
+        let mut config = pg.config().clone();
+        config.connect_timeout(options.statement_timeout);
         let manager = Manager::from_config(
-            pg,
-            NoTls,
+            config,
+            pg.tls(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -179,6 +182,7 @@ pub(crate) fn classify(statement: &'static str, source: tokio_postgres::Error) -
                     .as_db_error()
                     .map(|e| e.message().to_string())
                     .unwrap_or_default(),
+                command: LIBRARY.command,
             }
         }
         Some(c) if c == SqlState::INSUFFICIENT_PRIVILEGE => {
@@ -198,6 +202,7 @@ fn millis(d: Duration) -> i64 {
 fn one(statement: &'static str, rows: Vec<Row>) -> Result<Row, StoreError> {
     rows.into_iter().next().ok_or(StoreError::NotMigrated {
         detail: format!("{statement} returned no row"),
+        command: LIBRARY.command,
     })
 }
 
