@@ -97,6 +97,14 @@
 //!    fence saw it. A statement running past the term is not cut (its COMMIT
 //!    fails instead). A transaction that outlives its term without a takeover
 //!    fails its COMMIT too: keep fenced transactions shorter than the lease.
+//!    The fence refuses (`feature_not_supported`) what would skip or stretch
+//!    that check: REPEATABLE READ and SERIALIZABLE (their snapshot may predate
+//!    a pause), `SET CONSTRAINTS … IMMEDIATE`, and `PREPARE TRANSACTION`. Its
+//!    check fires first among deferred triggers; the application's own
+//!    deferred triggers, and a synchronous-replication commit wait, then run
+//!    under the share lock and delay a takeover by their length. The fence
+//!    writes (one row of an UNLOGGED table, deleted at commit), so a fenced
+//!    statement needs a read-write transaction and is given an xid.
 //! 4. **A leader stops before its lease can expire.** The work is cancelled
 //!    and dropped at most A after the last acknowledged beat was sent, and no
 //!    RENEW starts after that instant (a RENEW in flight is cut there), while
@@ -131,7 +139,12 @@
 //! and write it only through SECURITY DEFINER functions: `leader_acquire`
 //! (which must recreate a missing row: the spec denies the app INSERT),
 //! `leader_renew`, `leader_release`, `leader_seed`, and the fence. It cannot
-//! forge a term, move an expiry or clear a cooldown. The operator role
+//! forge a term, set an expiry other than `now() + lease_ttl` (1 ms ..= 24 h)
+//! on a term it holds, or clear a cooldown. The owner (or a superuser) cannot
+//! be named the application role: revoking its writes would break the
+//! definer functions. Call the lease functions in autocommit, as the
+//! library does: a transaction that called one and then stalls holds the
+//! row's lock. The operator role
 //! (default `ticklease_operator`) can only call `leader_pause`,
 //! `leader_unpause`, `leader_run_now` and read `leader_status`. Neither owns
 //! anything, nor can DELETE, TRUNCATE or alter the table. Every definer

@@ -367,8 +367,10 @@ pub async fn serve<S: LeaseStore + Clone>(
             {
                 let mut last = refreshed.lock().await;
                 if last.is_none_or(|t| t.elapsed() >= SCRAPE_REFRESH_MIN) {
-                    metrics.refresh(&store).await;
+                    // Stamped first: a scraper that hangs up mid-refresh
+                    // (dropping it) does not earn the next one a refresh.
                     *last = Some(tokio::time::Instant::now());
+                    metrics.refresh(&store).await;
                 }
             }
             let mut body = String::new();

@@ -117,6 +117,8 @@ pub enum PgConnectError {
     NoPlatformRoots,
     #[error("sslrootcert=system needs sslmode=verify-full, not {mode}")]
     SystemRootsNeedVerifyFull { mode: SslMode },
+    #[error("sslmode=verify-ca needs sslrootcert (a CA file): against the platform's roots, without the host name check, any certificate bought for any name would pass")]
+    VerifyCaNeedsRootCert,
 }
 
 /// Where to reach Postgres and how to secure the connection: a
@@ -154,7 +156,8 @@ impl std::fmt::Debug for PgConnect {
 
 impl PgConnect {
     /// `config` with `ssl_mode`, checking certificates against the PEM file
-    /// `root_cert` (`system`, or `None` with a verify mode: the platform's roots).
+    /// `root_cert` (`system`, or `None` with verify-full: the platform's roots;
+    /// verify-ca needs a file).
     /// The config's own `ssl_mode` is replaced.
     pub fn new(
         mut config: tokio_postgres::Config,
@@ -172,7 +175,8 @@ impl PgConnect {
                 Roots::Platform
             }
             Some(path) => Roots::File(path.to_path_buf()),
-            None if matches!(ssl_mode, SslMode::VerifyCa | SslMode::VerifyFull) => Roots::Platform,
+            None if ssl_mode == SslMode::VerifyCa => return Err(PgConnectError::VerifyCaNeedsRootCert),
+            None if ssl_mode == SslMode::VerifyFull => Roots::Platform,
             None => Roots::Unchecked,
         };
         let store = match &roots {

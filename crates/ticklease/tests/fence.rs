@@ -540,3 +540,67 @@ async fn fence_predicate_runs_once_per_statement() {
         "expected an InitPlan: {plan:#?}"
     );
 }
+
+/// SET CONSTRAINTS ... IMMEDIATE, before or after the fence, would fire the
+/// commit check early and skip it at COMMIT: refused either way.
+#[tokio::test]
+async fn set_constraints_immediate_cannot_skip_the_commit_check() {
+    let s = setup().await;
+    let t = term_of(&s, Duration::from_secs(30)).await;
+    let fenced = format!(
+        "UPDATE jobs SET claimed_by = {t} WHERE id = 1 AND (SELECT leader_fence('billing', {t}))",
+        t = t.0
+    );
+    for sql in [
+        format!("BEGIN; SET CONSTRAINTS ALL IMMEDIATE; {fenced}; COMMIT"),
+        format!("BEGIN; {fenced}; SET CONSTRAINTS ALL IMMEDIATE; COMMIT"),
+        format!("BEGIN; {fenced}; SET CONSTRAINTS leader_fence_commit IMMEDIATE; COMMIT"),
+    ] {
+        let err = s.client.batch_execute(&sql).await.expect_err(&sql);
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::FEATURE_NOT_SUPPORTED),
+            "{sql}: {err:?}"
+        );
+        s.client.batch_execute("ROLLBACK").await.unwrap();
+    }
+    assert_eq!(unclaimed(&s.client).await, 100);
+}
+
+/// A COMMIT whose check waits for a pause in progress: when the pause
+/// commits, the check reads the row again and fails (a non-key update is not
+/// re-checked by the row lock itself).
+#[tokio::test]
+async fn a_commit_check_waiting_for_a_pause_fails_once_the_pause_commits() {
+    let s = setup().await;
+    let t = term_of(&s, Duration::from_secs(30)).await;
+    let mut claimer = connect(&s.db).await.unwrap();
+    let mut operator = connect(&ticklease_testkit::direct(&s.db)).await.unwrap();
+    let observer = connect(&ticklease_testkit::direct(&s.db)).await.unwrap();
+    let claim = claimer.transaction().await.unwrap();
+    let claimed = claim
+        .execute_typed(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+            &[(&"billing", Type::TEXT), (&t.0, Type::INT8)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed, 1);
+    let pause = operator.transaction().await.unwrap();
+    pause
+        .batch_execute("SELECT leader_pause('billing', 'ops', 'race')")
+        .await
+        .unwrap();
+    let let_the_pause_commit = async {
+        let waiting = "SELECT count(*) FROM pg_stat_activity
+                        WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        while ticklease_testkit::scalar::<i64>(&observer, waiting).await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        pause.commit().await.unwrap();
+    };
+    let (commit, ()) = tokio::join!(claim.commit(), let_the_pause_commit);
+    let err = commit.expect_err("the claim committed after the pause");
+    assert_eq!(err.code(), Some(&SqlState::T_R_SERIALIZATION_FAILURE), "{err:?}");
+    assert_eq!(unclaimed(&s.client).await, 100);
+}

@@ -382,3 +382,58 @@ async fn lease_functions_refuse_out_of_range_durations_and_outcomes() {
         .unwrap();
     assert!(!row.get::<_, bool>(0), "nothing acquired");
 }
+
+/// Naming the schema owner (here a superuser) as the application role would
+/// revoke the owner's own writes and break every definer function: refused.
+#[tokio::test]
+async fn the_owner_cannot_be_granted_as_the_application_role() {
+    let db = ticklease_testkit::migrated_db(PgCluster::shared()).await;
+    let owner = connect(&ticklease_testkit::direct(&db)).await.unwrap();
+    let err = ticklease::migrate::grant(
+        &owner,
+        &MigrateOptions {
+            app_role: "postgres".into(),
+            ..MigrateOptions::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        ticklease::error::chain(&err).contains("cannot be the application role"),
+        "{err:?}"
+    );
+    allowed(&owner, "SELECT * FROM leader_acquire('billing', 'x', 1000, 1000)").await;
+}
+
+/// REPEATABLE READ and SERIALIZABLE read a snapshot that may predate a pause:
+/// the fence refuses them rather than pass a paused term.
+#[tokio::test]
+async fn the_fence_refuses_snapshot_isolation() {
+    let (owner, app) = db_with_user(&MigrateOptions::default(), Some("ticklease_app")).await;
+    allowed(
+        &connect(&owner).await.unwrap(),
+        "SELECT leader_seed(ARRAY['billing'])",
+    )
+    .await;
+    let token: i64 = ticklease_testkit::scalar(
+        &connect(&app).await.unwrap(),
+        "SELECT holder_token FROM leader_acquire('billing', 'x', 60000, 1000)",
+    )
+    .await;
+    let client = connect(&app).await.unwrap();
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let err = client
+            .batch_execute(&format!(
+                "BEGIN ISOLATION LEVEL {level}; SELECT leader_fence('billing', {token}); COMMIT"
+            ))
+            .await
+            .expect_err(level);
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::FEATURE_NOT_SUPPORTED),
+            "{level}: {err:?}"
+        );
+        client.batch_execute("ROLLBACK").await.unwrap();
+    }
+    allowed(&client, &format!("SELECT leader_fence('billing', {token})")).await;
+}

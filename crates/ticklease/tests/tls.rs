@@ -134,6 +134,14 @@ fn an_unknown_sslmode_is_refused_naming_the_value() {
 }
 
 #[test]
+fn verify_ca_without_a_root_cert_is_refused() {
+    let err = "postgres://app@db/app?sslmode=verify-ca"
+        .parse::<PgConnect>()
+        .unwrap_err();
+    assert!(matches!(err, PgConnectError::VerifyCaNeedsRootCert), "{err:?}");
+}
+
+#[test]
 fn a_missing_root_cert_file_is_refused_naming_the_path() {
     let err = "host=db user=app sslmode=verify-full sslrootcert=/nonexistent/ca.pem"
         .parse::<PgConnect>()

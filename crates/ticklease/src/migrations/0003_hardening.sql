@@ -16,6 +16,10 @@
 -- 4. A RENEW that finds its term over names the reason from the row as it is
 --    after the statement (a pause racing a RENEW is a pause, not a takeover).
 
+-- A replica of 0002 may hold a lease row lock in a frozen claim: fail the
+-- upgrade rather than queue every RENEW behind ALTER TABLE's lock.
+SET LOCAL lock_timeout = '5s';
+
 -- A forged or hand-edited infinite timestamp would make the CHECKs below fail
 -- (and breaks leader_status): such a term is ended, such a stamp cleared.
 UPDATE leader_leases SET holder_id = NULL, acquired_at = NULL, expires_at = NULL
@@ -171,6 +175,13 @@ DECLARE
     remaining interval;
     idle_ms bigint;
 BEGIN
+    -- Under REPEATABLE READ or SERIALIZABLE both checks would read the
+    -- transaction's snapshot and miss a pause made since.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'ticklease: leader_fence needs READ COMMITTED, not %',
+                        current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
     SELECT l.expires_at - clock_timestamp() INTO remaining
       FROM @schema@.leader_leases AS l
      WHERE l.role = p_role AND l.holder_token = p_token AND l.paused_at IS NULL
@@ -181,6 +192,14 @@ BEGIN
     INSERT INTO @schema@.leader_fence_claims (xid, role, token)
     VALUES (pg_current_xact_id(), p_role, p_token)
     ON CONFLICT DO NOTHING;
+    -- With SET CONSTRAINTS ... IMMEDIATE the check has fired already, at the
+    -- INSERT, and would not run at COMMIT.
+    PERFORM 1 FROM @schema@.leader_fence_claims AS c
+     WHERE c.xid = pg_current_xact_id() AND c.role = p_role AND c.token = p_token;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'ticklease: the fence''s commit check is deferred; SET CONSTRAINTS ... IMMEDIATE would skip it'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
     idle_ms := greatest(ceil(extract(epoch FROM remaining) * 1000)::bigint, 100);
     IF current_setting('idle_in_transaction_session_timeout')::interval = interval '0'
        OR current_setting('idle_in_transaction_session_timeout')::interval > idle_ms * interval '1 millisecond' THEN
@@ -199,10 +218,24 @@ AS $fn$
 -- (FOR UPDATE after its mark) wait for this commit to finish; it is held only
 -- from here to the end of the commit.
 BEGIN
+    -- Fired early (SET CONSTRAINTS ... IMMEDIATE after the fence) or at
+    -- PREPARE TRANSACTION, the check would hold its lock until a commit that
+    -- may never come: refuse both.
+    IF current_query() ~* '(set\s+constraints|prepare\s+transaction)' THEN
+        RAISE EXCEPTION 'ticklease: a fenced transaction cannot set its constraints immediate or be prepared'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
     PERFORM 1 FROM @schema@.leader_leases AS l
      WHERE l.role = NEW.role AND l.holder_token = NEW.token AND l.paused_at IS NULL
        AND @schema@.leader_lease_live(l.holder_id, l.expires_at, clock_timestamp())
        FOR KEY SHARE;
+    -- A second read with a fresh snapshot: a pause (a non-key update, which
+    -- FOR KEY SHARE waited for but does not re-check) committed meanwhile.
+    IF FOUND THEN
+        PERFORM 1 FROM @schema@.leader_leases AS l
+         WHERE l.role = NEW.role AND l.holder_token = NEW.token AND l.paused_at IS NULL
+           AND @schema@.leader_lease_live(l.holder_id, l.expires_at, clock_timestamp());
+    END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'ticklease: the term (%, %) ended before this fenced transaction committed',
                         NEW.role, NEW.token
@@ -288,6 +321,13 @@ END
 $fn$
 $def$,
 $def$
+-- The spec-named fence of 0001 was STABLE and unsound; callers built against
+-- 0002 call leader_fence_lock. Both now are the one fence above.
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_lock(p_role text, p_token bigint) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $fn$ SELECT @schema@.leader_fence(p_role, p_token) $fn$
+$def$,
+$def$
 CREATE OR REPLACE FUNCTION @schema@.leader_seed(p_roles text[]) RETURNS void
 LANGUAGE sql VOLATILE SECURITY DEFINER
 AS $fn$
@@ -301,11 +341,6 @@ $def$
 END
 $migration$;
 
--- The spec-named fence of 0001 took a lock and was STABLE; callers built
--- against 0002 call leader_fence_lock. Both now are the one fence above.
-CREATE OR REPLACE FUNCTION leader_fence_lock(p_role text, p_token bigint) RETURNS boolean
-LANGUAGE sql VOLATILE
-AS $$ SELECT leader_fence(p_role, p_token) $$;
 
 CREATE CONSTRAINT TRIGGER leader_fence_commit
     AFTER INSERT ON leader_fence_claims
@@ -352,6 +387,15 @@ BEGIN
         EXECUTE format('GRANT EXECUTE ON FUNCTION leader_lease_live(text, timestamptz, timestamptz) TO %I', r);
     END LOOP;
     IF p_app IS NOT NULL THEN
+        -- Revoking writes from the owner (or a role with its rights) would
+        -- break every definer function; such a role needs no grants.
+        IF EXISTS (SELECT 1 FROM pg_roles r, pg_class c
+                    WHERE r.rolname = p_app AND c.oid = 'leader_leases'::regclass
+                      AND (r.rolsuper OR pg_has_role(r.oid, c.relowner, 'USAGE'))) THEN
+            RAISE EXCEPTION 'ticklease: % owns the schema (or is a superuser): it cannot be the application role', p_app
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Create a separate login role for the application, a member of the app role.';
+        END IF;
         -- The app reads the table and writes it only through these functions.
         EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leader_leases FROM %I', p_app);
         EXECUTE format('GRANT SELECT ON leader_leases TO %I', p_app);
@@ -377,7 +421,8 @@ BEGIN
     FOR r IN SELECT DISTINCT g.rolname
                FROM pg_proc p, aclexplode(p.proacl) a, pg_roles g
               WHERE p.oid = 'leader_acquire(text, text, bigint, bigint)'::regprocedure AND g.oid = a.grantee
-                AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner LOOP
+                AND a.privilege_type = 'EXECUTE' AND NOT g.rolsuper
+                AND NOT pg_has_role(g.oid, p.proowner, 'USAGE') LOOP
         PERFORM leader_grant(r, NULL);
     END LOOP;
     FOR r IN SELECT DISTINCT g.rolname
