@@ -12,6 +12,13 @@ pub enum RoleError {
     Invalid { name: String, problem: &'static str },
 }
 
+/// A `holder_id` that is not `host:pid:nonce`.
+#[derive(Debug, thiserror::Error)]
+#[error("holder id {text:?} is not host:pid:nonce")]
+pub struct HolderIdError {
+    pub text: String,
+}
+
 /// A lease timing configuration that breaks a rule.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

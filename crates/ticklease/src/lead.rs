@@ -16,6 +16,7 @@ use crate::config::{Config, DURATION_MAX};
 use crate::error::Error;
 use crate::fence::Fence;
 use crate::heartbeat::Heartbeat;
+use crate::holder::HolderId;
 use crate::metrics::{LostReason, Metrics, TickOutcome};
 use crate::role::Role;
 use crate::store::{Acquire, LeaseStatus, LeaseStore, LossReason, Release};
@@ -137,6 +138,8 @@ impl Drift {
 struct Inner<S> {
     store: Arc<S>,
     config: Config,
+    holder: HolderId,
+    /// `holder` as text, as the store takes it.
     holder_id: String,
     roles: BTreeSet<Role>,
     shutdown: CancellationToken,
@@ -160,12 +163,6 @@ impl<S> Clone for Manager<S> {
             inner: self.inner.clone(),
         }
     }
-}
-
-/// `hostname:pid:8hex`: who holds a lease (observability only, never part of the fence).
-pub fn holder_id() -> String {
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    format!("{host}:{}:{:08x}", std::process::id(), rand::random::<u32>())
 }
 
 impl<S: LeaseStore> Manager<S> {
@@ -198,11 +195,13 @@ impl<S: LeaseStore> Manager<S> {
     ) -> Result<Self, Error> {
         let declared: Vec<Role> = roles.iter().cloned().collect();
         store.seed(&declared).await?;
+        let holder = HolderId::new();
         let manager = Manager {
             inner: Arc::new(Inner {
                 store: Arc::new(store),
                 config,
-                holder_id: holder_id(),
+                holder_id: holder.to_string(),
+                holder,
                 roles,
                 shutdown: CancellationToken::new(),
                 drift: Arc::new(Drift {
@@ -230,8 +229,12 @@ impl<S: LeaseStore> Manager<S> {
     pub fn config(&self) -> &Config {
         &self.inner.config
     }
+    /// This manager's holder id as written to `leader_leases`.
     pub fn holder_id(&self) -> &str {
         &self.inner.holder_id
+    }
+    pub fn holder(&self) -> &HolderId {
+        &self.inner.holder
     }
     pub fn roles(&self) -> impl Iterator<Item = &Role> {
         self.inner.roles.iter()
