@@ -9,7 +9,6 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use ticklease::store::LOST_COOLDOWN_MAX;
 
 use ticklease::{
     Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Role, StoreError, Term, Token,
@@ -204,15 +203,11 @@ impl LeaseStore for FakeStore {
             if row.token != token.0 || row.holder_id.is_none() {
                 return Ok(false);
             }
-            if outcome == Release::Completed {
+            if outcome.stamps_last_tick() {
                 row.last_tick_ended_at = Some(now);
                 row.last_tick_holder = row.holder_id.clone();
             }
-            row.not_before = match outcome {
-                Release::Lost => Some(now + interval.min(LOST_COOLDOWN_MAX)),
-                Release::Failed => Some(now + interval),
-                _ => None,
-            };
+            row.not_before = outcome.cooldown(interval).map(|d| now + d);
             row.holder_id = None;
             row.acquired_at = None;
             row.expires_at = None;

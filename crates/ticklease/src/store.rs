@@ -106,6 +106,7 @@ pub enum Release {
 }
 
 impl Release {
+    /// The outcome's label in logs and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Release::Completed => "completed",
@@ -114,10 +115,26 @@ impl Release {
             Release::Failed => "failed",
         }
     }
+
+    /// Whether RELEASE stamps `last_tick_ended_at` / `last_tick_holder`.
+    pub fn stamps_last_tick(self) -> bool {
+        self == Release::Completed
+    }
+
+    /// How long the role waits before its next term (`not_before`), for a
+    /// tick of `interval`; `None` clears any cooldown. Every store applies
+    /// this one policy.
+    pub fn cooldown(self, interval: Duration) -> Option<Duration> {
+        match self {
+            Release::Lost => Some(interval.min(LOST_COOLDOWN_MAX)),
+            Release::Failed => Some(interval),
+            Release::Completed | Release::Interrupted => None,
+        }
+    }
 }
 
 /// Longest cooldown after a lost tick.
-pub const LOST_COOLDOWN_MAX: Duration = Duration::from_secs(60);
+pub(crate) const LOST_COOLDOWN_MAX: Duration = Duration::from_secs(60);
 
 /// One row of `leader_status`.
 #[derive(Debug, Clone, PartialEq)]

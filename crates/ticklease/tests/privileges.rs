@@ -240,7 +240,7 @@ async fn a_temporary_table_cannot_hijack_acquire_for_the_app_role() {
         "SELECT * FROM leader_acquire('billing', 'x', 10000, 5000)",
         "SELECT leader_seed(ARRAY['dunning'])",
         "SELECT * FROM leader_renew('billing', 1, 10000)",
-        "SELECT leader_release('billing', 1, 'completed', 5000)",
+        "SELECT leader_release('billing', 1, true, NULL)",
         "SELECT leader_fence('billing', 1)",
     ] {
         client
@@ -363,8 +363,8 @@ async fn lease_functions_refuse_out_of_range_durations_and_outcomes() {
         "SELECT * FROM leader_acquire('billing', 'x', 1000, -1)",
         "SELECT * FROM leader_acquire('billing', 'x', 86400001, 1000)",
         "SELECT * FROM leader_renew('billing', 1, 9223372036854775807)",
-        "SELECT leader_release('billing', 1, 'completed', 0)",
-        "SELECT leader_release('billing', 1, 'forged', 1000)",
+        "SELECT leader_release('billing', 1, false, 0)",
+        "SELECT leader_release('billing', 1, NULL, 1000)",
     ] {
         let err = client.batch_execute(sql).await.expect_err(sql);
         assert_eq!(

@@ -127,32 +127,27 @@ END
 $fn$
 $def$,
 $def$
-CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, p_outcome text, p_interval_ms bigint)
+CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, p_stamp boolean, p_cooldown_ms bigint)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- RELEASE, term-scoped: false when the term was already over. Only a
--- completed tick stamps last_tick_*; a lost tick cools down min(interval,
--- 60 s); a failed or panicked tick waits one full interval; an interrupted
--- tick is due at once.
+-- RELEASE, term-scoped: false when the term was already over. The outcome's
+-- policy (ticklease::Release) arrives as values: whether to stamp
+-- last_tick_* (a completed tick) and the cooldown (NULL: due at once).
 DECLARE
-    pause interval := @schema@.leader_check_ms('interval', p_interval_ms);
+    cooldown interval := CASE WHEN p_cooldown_ms IS NOT NULL
+                              THEN @schema@.leader_check_ms('cooldown', p_cooldown_ms) END;
 BEGIN
-    IF p_outcome IS NULL OR p_outcome NOT IN ('completed', 'interrupted', 'lost', 'failed') THEN
-        RAISE EXCEPTION 'ticklease: unknown release outcome %', p_outcome
-            USING ERRCODE = 'invalid_parameter_value';
+    IF p_stamp IS NULL THEN
+        RAISE EXCEPTION 'ticklease: leader_release needs p_stamp' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE @schema@.leader_leases AS l
        SET holder_id = NULL,
            acquired_at = NULL,
            expires_at = NULL,
-           last_tick_ended_at = CASE WHEN p_outcome = 'completed' THEN now() ELSE l.last_tick_ended_at END,
-           last_tick_holder = CASE WHEN p_outcome = 'completed' THEN l.holder_id ELSE l.last_tick_holder END,
-           not_before = CASE p_outcome
-               WHEN 'lost' THEN now() + least(pause, interval '60 seconds')
-               WHEN 'failed' THEN now() + pause
-               ELSE NULL
-           END
+           last_tick_ended_at = CASE WHEN p_stamp THEN now() ELSE l.last_tick_ended_at END,
+           last_tick_holder = CASE WHEN p_stamp THEN l.holder_id ELSE l.last_tick_holder END,
+           not_before = now() + cooldown
      WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NOT NULL;
     RETURN FOUND;
 END
@@ -400,7 +395,7 @@ BEGIN
         EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leader_leases FROM %I', p_app);
         EXECUTE format('GRANT SELECT ON leader_leases TO %I', p_app);
         EXECUTE format('GRANT EXECUTE ON FUNCTION leader_acquire(text, text, bigint, bigint),
-                        leader_renew(text, bigint, bigint), leader_release(text, bigint, text, bigint),
+                        leader_renew(text, bigint, bigint), leader_release(text, bigint, boolean, bigint),
                         leader_seed(text[]), leader_fence(text, bigint), leader_fence_lock(text, bigint)
                         TO %I', p_app);
     END IF;

@@ -287,8 +287,8 @@ impl LeaseStore for PgStore {
         outcome: Release,
         interval: Duration,
     ) -> Result<bool, StoreError> {
-        let interval = millis(interval);
-        let outcome = outcome.as_str();
+        let stamp = outcome.stamps_last_tick();
+        let cooldown = outcome.cooldown(interval).map(millis);
         let rows = self
             .query(
                 "RELEASE",
@@ -296,8 +296,8 @@ impl LeaseStore for PgStore {
                 &[
                     (&role.as_str(), Type::TEXT),
                     (&token.0, Type::INT8),
-                    (&outcome, Type::TEXT),
-                    (&interval, Type::INT8),
+                    (&stamp, Type::BOOL),
+                    (&cooldown, Type::INT8),
                 ],
             )
             .await?;
