@@ -9,7 +9,6 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-
 use ticklease::{
     Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Role, StoreError, Term, Token,
 };
