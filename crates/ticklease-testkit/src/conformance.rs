@@ -4,7 +4,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use ticklease::{Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Role, StoreError, Token};
+use ticklease::{
+    Acquire, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Renew, Role, StoreError, Token,
+};
 
 /// The lease TTL the suite uses.
 pub const TTL: Duration = Duration::from_millis(400);
@@ -44,7 +46,7 @@ pub async fn acquire_starts_a_term_and_refuses_a_second_holder<S: LeaseStore>(st
     let r = role("billing");
     let t = acquired(store, &r, "a", HOUR).await;
     match store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE") {
-        Acquire::Held { holder, .. } => assert_eq!(holder, "a"),
+        Acquire::Refused(Refusal::Held { holder, .. }) => assert_eq!(holder, "a"),
         other => panic!("second holder got {other:?}"),
     }
     let s = row(store, &r).await;
@@ -84,7 +86,7 @@ pub async fn renew_keeps_the_term_live_past_its_first_ttl<S: LeaseStore>(store: 
     }
     assert!(matches!(
         store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE"),
-        Acquire::Held { .. }
+        Acquire::Refused(Refusal::Held { .. })
     ));
 }
 
@@ -116,7 +118,7 @@ pub async fn completed_release_stamps_the_tick_and_waits_an_interval<S: LeaseSto
     assert!(near(s.last_tick_ended_at.expect("stamped"), s.db_now));
     assert_eq!(s.not_before, None);
     match store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE") {
-        Acquire::NotDue { due_at } => assert!(near(due_at, s.db_now + HOUR)),
+        Acquire::Refused(Refusal::NotDue { due_at }) => assert!(near(due_at, s.db_now + HOUR)),
         other => panic!("expected NotDue, got {other:?}"),
     }
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -150,7 +152,7 @@ pub async fn lost_release_cools_down_for_the_interval_capped_at_60s<S: LeaseStor
     assert_eq!(s.last_tick_ended_at, None);
     assert!(matches!(
         store.acquire(&long, "b", TTL, HOUR).await.expect("ACQUIRE"),
-        Acquire::NotDue { .. }
+        Acquire::Refused(Refusal::NotDue { .. })
     ));
 
     let t = acquired(store, &short, "a", Duration::from_secs(5)).await;
@@ -180,7 +182,7 @@ pub async fn failed_release_waits_a_full_interval_and_is_not_a_completion<S: Lea
             .acquire(&r, "b", TTL, Duration::from_millis(1))
             .await
             .expect("ACQUIRE"),
-        Acquire::NotDue { .. }
+        Acquire::Refused(Refusal::NotDue { .. })
     ));
 }
 
@@ -197,7 +199,7 @@ pub async fn pause_ends_the_term_and_refuses_acquire_until_unpause<S: LeaseStore
         Renew::Lost(LossReason::Paused)
     );
     match store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE") {
-        Acquire::Paused { by, reason } => {
+        Acquire::Refused(Refusal::Paused { by, reason }) => {
             assert_eq!((by.as_str(), reason.as_str()), ("ops", "smtp key rotation"))
         }
         other => panic!("expected Paused, got {other:?}"),
@@ -226,7 +228,7 @@ pub async fn unpause_leaves_not_before_alone<S: LeaseStore>(store: &S) {
     assert_eq!(row(store, &r).await.not_before, before);
     assert!(matches!(
         store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE"),
-        Acquire::NotDue { .. }
+        Acquire::Refused(Refusal::NotDue { .. })
     ));
 }
 
@@ -306,7 +308,7 @@ pub async fn run_now_clears_a_cooldown_and_names_unknown_roles<S: LeaseStore>(st
             .acquire(&r, "b", TTL, Duration::from_millis(1))
             .await
             .expect("ACQUIRE"),
-        Acquire::NotDue { .. }
+        Acquire::Refused(Refusal::NotDue { .. })
     ));
     assert!(
         store.run_now(&r).await.expect("RUN NOW"),

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use ticklease::{
-    Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Role, StoreError, Term, Token,
+    Acquire, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Renew, Role, StoreError, Term, Token,
 };
 
 #[derive(Debug, Clone, Default)]
@@ -120,23 +120,23 @@ impl LeaseStore for FakeStore {
                 ..Row::default()
             });
             if let Some(by) = &row.paused_by {
-                return Ok(Acquire::Paused {
+                return Ok(Acquire::Refused(Refusal::Paused {
                     by: by.clone(),
                     reason: row.pause_reason.clone().unwrap_or_default(),
-                });
+                }));
             }
             if row.live(now) {
-                return Ok(Acquire::Held {
+                return Ok(Acquire::Refused(Refusal::Held {
                     holder: row.holder_id.clone().unwrap_or_default(),
                     expires_at: row.expires_at.unwrap_or(now),
-                });
+                }));
             }
             let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before]
                 .into_iter()
                 .flatten()
                 .max();
             if let Some(due_at) = due_at.filter(|d| *d > now) {
-                return Ok(Acquire::NotDue { due_at });
+                return Ok(Acquire::Refused(Refusal::NotDue { due_at }));
             }
             row.token += 1;
             row.holder_id = Some(holder.to_string());

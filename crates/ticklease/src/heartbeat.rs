@@ -18,7 +18,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::lead::Drift;
+use crate::drift::Drift;
 use crate::metrics::Metrics;
 use crate::role::Role;
 use crate::store::{LeaseStore, LossReason, Renew};

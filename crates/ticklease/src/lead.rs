@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -13,13 +13,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, DURATION_MAX};
+use crate::drift::Drift;
 use crate::error::Error;
 use crate::fence::Fence;
 use crate::heartbeat::Heartbeat;
 use crate::holder::HolderId;
 use crate::metrics::{LostReason, Metrics, TickOutcome};
 use crate::role::Role;
-use crate::store::{Acquire, LeaseStatus, LeaseStore, LossReason, Release};
+use crate::store::{Acquire, LeaseStatus, LeaseStore, LossReason, Refusal, Release};
 use crate::token::Token;
 
 /// The error type work may return.
@@ -82,7 +83,7 @@ impl Tick {
 #[non_exhaustive]
 pub enum Lead<T> {
     /// ACQUIRE started no term (held elsewhere, paused, not due, contended).
-    Refused(Acquire),
+    Refused(Refusal),
     /// The manager is shutting down; nothing was attempted.
     ShuttingDown,
     /// Work returned `Ok`; released as completed.
@@ -102,37 +103,6 @@ pub struct RoleReport {
     pub missing: Vec<Role>,
     /// A row in the table, not declared here (another release, or a leftover).
     pub undeclared: Vec<String>,
-}
-
-/// Database-vs-local clock offset seen in ACQUIRE/RENEW replies. Observed
-/// only: no decision ever compares a database timestamp with a local one.
-#[derive(Debug, Default)]
-pub(crate) struct Drift {
-    micros: AtomicI64,
-    seen: std::sync::atomic::AtomicBool,
-    metrics: Option<Metrics>,
-}
-
-impl Drift {
-    /// `db_now` is taken somewhere between the send and the reply; assume the middle.
-    pub(crate) fn observe(&self, sent_wall: SystemTime, round_trip: Duration, db_now: SystemTime) {
-        let local = sent_wall + round_trip / 2;
-        let micros = match db_now.duration_since(local) {
-            Ok(ahead) => ahead.as_micros() as i64,
-            Err(behind) => -(behind.duration().as_micros() as i64),
-        };
-        self.micros.store(micros, Ordering::Relaxed);
-        self.seen.store(true, Ordering::Relaxed);
-        if let Some(m) = &self.metrics {
-            m.drift(micros as f64 / 1e6);
-        }
-    }
-
-    fn seconds(&self) -> Option<f64> {
-        self.seen
-            .load(Ordering::Relaxed)
-            .then(|| self.micros.load(Ordering::Relaxed) as f64 / 1e6)
-    }
 }
 
 struct Inner<S> {
@@ -204,10 +174,7 @@ impl<S: LeaseStore> Manager<S> {
                 holder,
                 roles,
                 shutdown: CancellationToken::new(),
-                drift: Arc::new(Drift {
-                    metrics: metrics.clone(),
-                    ..Drift::default()
-                }),
+                drift: Arc::new(Drift::new(metrics.clone())),
                 metrics,
                 releases: TaskTracker::new(),
                 unreleased: AtomicUsize::new(0),
@@ -336,7 +303,7 @@ impl<S: LeaseStore> Manager<S> {
             .await?
         {
             Acquire::Acquired(term) => term,
-            refused => return Ok(Lead::Refused(refused)),
+            Acquire::Refused(refusal) => return Ok(Lead::Refused(refusal)),
         };
         inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
         let token = term.token;
@@ -390,51 +357,15 @@ impl<S: LeaseStore> Manager<S> {
         }
         drop(work);
 
-        let (release, lead, outcome, lost) = match ended {
-            Ended::Lost(reason) => (
-                Release::Lost,
-                Ok(Lead::Lost { token, reason }),
-                TickOutcome::Lost,
-                Some(LostReason::Lease(reason)),
-            ),
-            Ended::Returned(result) => {
-                let interrupted = tick.is_cancelled();
-                match result {
-                    // A shutdown-cancelled tick is interrupted even if its work then panicked.
-                    Err(panic) if interrupted => {
-                        (Release::Interrupted, Err(panic), TickOutcome::Interrupted, None)
-                    }
-                    Err(panic) => (
-                        Release::Failed,
-                        Err(panic),
-                        TickOutcome::Panicked,
-                        Some(LostReason::Panicked),
-                    ),
-                    Ok(_) if interrupted => (
-                        Release::Interrupted,
-                        Ok(Lead::Interrupted { token }),
-                        TickOutcome::Interrupted,
-                        None,
-                    ),
-                    Ok(Ok(value)) => (
-                        Release::Completed,
-                        Ok(Lead::Completed { token, value }),
-                        TickOutcome::Completed,
-                        None,
-                    ),
-                    Ok(Err(e)) => {
-                        let error: BoxError = e.into();
-                        tracing::warn!(%role, %token, error = %crate::error::chain(&*error), "tick failed");
-                        (
-                            Release::Failed,
-                            Ok(Lead::Failed { token, error }),
-                            TickOutcome::Failed,
-                            Some(LostReason::Failed),
-                        )
-                    }
-                }
-            }
-        };
+        let Settled {
+            release,
+            outcome,
+            lost,
+            lead,
+        } = settle(token, ended, tick.is_cancelled());
+        if let Ok(Lead::Failed { error, .. }) = &lead {
+            tracing::warn!(%role, %token, error = %crate::error::chain(&**error), "tick failed");
+        }
         if let Some(m) = &inner.metrics {
             m.tick_ended(role, outcome, sent.elapsed(), lost);
         }
@@ -448,9 +379,75 @@ impl<S: LeaseStore> Manager<S> {
     }
 }
 
+/// How a tick's work ended: the term was lost under it, or it returned (or panicked).
 enum Ended<R> {
     Lost(LossReason),
     Returned(R),
+}
+
+/// A panic payload, re-raised from [`Manager::lead`] after RELEASE.
+type Panic = Box<dyn std::any::Any + Send + 'static>;
+
+/// What the end of a tick means: the RELEASE outcome, the metric labels, and
+/// what `lead` returns (or the panic it raises again).
+struct Settled<T> {
+    release: Release,
+    outcome: TickOutcome,
+    lost: Option<LostReason>,
+    lead: Result<Lead<T>, Panic>,
+}
+
+/// Decides a tick's outcome. `interrupted`: shutdown cancelled the tick; it
+/// then releases as Interrupted even if its work failed or panicked after.
+fn settle<T, E: Into<BoxError>>(
+    token: Token,
+    ended: Ended<Result<Result<T, E>, Panic>>,
+    interrupted: bool,
+) -> Settled<T> {
+    let settled = |release, outcome, lost, lead| Settled {
+        release,
+        outcome,
+        lost,
+        lead,
+    };
+    match ended {
+        Ended::Lost(reason) => settled(
+            Release::Lost,
+            TickOutcome::Lost,
+            Some(LostReason::Lease(reason)),
+            Ok(Lead::Lost { token, reason }),
+        ),
+        Ended::Returned(Err(panic)) if interrupted => {
+            settled(Release::Interrupted, TickOutcome::Interrupted, None, Err(panic))
+        }
+        Ended::Returned(Err(panic)) => settled(
+            Release::Failed,
+            TickOutcome::Panicked,
+            Some(LostReason::Panicked),
+            Err(panic),
+        ),
+        Ended::Returned(Ok(_)) if interrupted => settled(
+            Release::Interrupted,
+            TickOutcome::Interrupted,
+            None,
+            Ok(Lead::Interrupted { token }),
+        ),
+        Ended::Returned(Ok(Ok(value))) => settled(
+            Release::Completed,
+            TickOutcome::Completed,
+            None,
+            Ok(Lead::Completed { token, value }),
+        ),
+        Ended::Returned(Ok(Err(e))) => settled(
+            Release::Failed,
+            TickOutcome::Failed,
+            Some(LostReason::Failed),
+            Ok(Lead::Failed {
+                token,
+                error: e.into(),
+            }),
+        ),
+    }
 }
 
 /// Releases the term on a task of its own, so neither a cancelled parent nor a
@@ -503,6 +500,63 @@ impl<S: LeaseStore> Drop for TermGuard<S> {
         }
         if self.armed && tokio::runtime::Handle::try_current().is_ok() {
             drop(self.spawn_release(Release::Interrupted));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Token = Token(7);
+
+    fn outcome(
+        ended: Ended<Result<Result<u8, std::io::Error>, Panic>>,
+        interrupted: bool,
+    ) -> (Release, TickOutcome, Option<LostReason>, String) {
+        let s = settle(T, ended, interrupted);
+        let lead = match s.lead {
+            Ok(lead) => format!("{lead:?}"),
+            Err(_) => "panic".into(),
+        };
+        (s.release, s.outcome, s.lost, lead)
+    }
+
+    #[test]
+    fn a_returned_tick_releases_by_its_result_unless_shutdown_interrupted_it() {
+        let ok = || Ended::Returned(Ok(Ok(1)));
+        let err = || Ended::Returned(Ok(Err(std::io::Error::other("no"))));
+        let panic = || Ended::Returned(Err(Box::new("boom") as Panic));
+        assert_eq!(outcome(ok(), false).0, Release::Completed);
+        assert_eq!(outcome(ok(), false).1, TickOutcome::Completed);
+        assert_eq!(outcome(err(), false).0, Release::Failed);
+        assert_eq!(outcome(err(), false).2, Some(LostReason::Failed));
+        assert!(outcome(err(), false).3.starts_with("Failed"));
+        assert_eq!(outcome(panic(), false).1, TickOutcome::Panicked);
+        assert_eq!(outcome(panic(), false).3, "panic");
+        for ended in [ok(), err()] {
+            let (release, tick, lost, lead) = outcome(ended, true);
+            assert_eq!(
+                (release, tick, lost),
+                (Release::Interrupted, TickOutcome::Interrupted, None)
+            );
+            assert_eq!(lead, "Interrupted { token: Token(7) }");
+        }
+        let (release, _, lost, lead) = outcome(panic(), true);
+        assert_eq!(
+            (release, lost, lead.as_str()),
+            (Release::Interrupted, None, "panic")
+        );
+    }
+
+    #[test]
+    fn a_lost_term_releases_as_lost_whatever_else_happened() {
+        for interrupted in [false, true] {
+            let (release, tick, lost, lead) = outcome(Ended::Lost(LossReason::Paused), interrupted);
+            assert_eq!(release, Release::Lost);
+            assert_eq!(tick, TickOutcome::Lost);
+            assert_eq!(lost, Some(LostReason::Lease(LossReason::Paused)));
+            assert_eq!(lead, "Lost { token: Token(7), reason: Paused }");
         }
     }
 }

@@ -240,6 +240,7 @@
 //! goes with the same TLS. See [`tls`] for what each mode checks.
 
 pub mod config;
+mod drift;
 pub mod error;
 pub mod fence;
 mod heartbeat;
@@ -265,7 +266,7 @@ pub use role::Role;
 pub use scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use step::Steps;
 pub use store::{
-    Acquire, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Release, Renew, Term,
+    Acquire, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Refusal, Release, Renew, Term,
 };
 pub use tls::{PgConnect, PgConnectError};
 pub use token::Token;

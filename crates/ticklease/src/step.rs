@@ -57,7 +57,7 @@ struct Caught {
 /// The guard of one tick's steps. Make one per tick, run each step through
 /// it, and end the work with [`Steps::finish`].
 pub struct Steps {
-    role: Option<Role>,
+    role: Role,
     first: Option<Caught>,
     panics: usize,
 }
@@ -76,7 +76,7 @@ impl Steps {
     pub fn new(tick: &Tick) -> Steps {
         install_backtrace_hook();
         Steps {
-            role: Some(tick.role().clone()),
+            role: tick.role().clone(),
             first: None,
             panics: 0,
         }
@@ -121,7 +121,7 @@ impl Steps {
     /// Ends the tick's work: raises the first panic again, if any.
     pub fn finish(self) {
         if let Some(first) = self.first {
-            tracing::error!(role = ?self.role.as_ref().map(Role::as_str), step = %first.step, panics = self.panics,
+            tracing::error!(role = %self.role, step = %first.step, panics = self.panics,
                 "raising the first step panic at the end of the tick");
             std::panic::resume_unwind(first.payload);
         }
@@ -130,7 +130,7 @@ impl Steps {
     fn caught(&mut self, step: String, payload: Box<dyn Any + Send>) {
         let backtrace = LAST_BACKTRACE.with(|b| b.borrow_mut().take());
         tracing::error!(
-            role = ?self.role.as_ref().map(Role::as_str),
+            role = %self.role,
             step = %step,
             panic = panic_message(&*payload),
             backtrace = %backtrace.map(|b| b.to_string()).unwrap_or_default(),

@@ -25,25 +25,25 @@ pub struct Term {
     pub db_now: SystemTime,
 }
 
-/// What one ACQUIRE did. Only `Acquired` starts a term; the rest are normal outcomes.
+/// What one ACQUIRE did: a term, or why none started (a normal outcome).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    /// A term started.
+    Acquired(Term),
+    /// No term started.
+    Refused(Refusal),
+}
+
+/// Why an ACQUIRE started no term.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Acquire {
-    Acquired(Term),
+pub enum Refusal {
     /// Another live term holds the role.
-    Held {
-        holder: String,
-        expires_at: SystemTime,
-    },
+    Held { holder: String, expires_at: SystemTime },
     /// An operator paused the role.
-    Paused {
-        by: String,
-        reason: String,
-    },
+    Paused { by: String, reason: String },
     /// The last completed tick is younger than the interval, or a cooldown runs.
-    NotDue {
-        due_at: SystemTime,
-    },
+    NotDue { due_at: SystemTime },
     /// Another replica acquired the role during this statement.
     Contended,
 }

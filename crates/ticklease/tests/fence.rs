@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
-use ticklease::{Acquire, Fence, Lead, LeaseStore, Manager, PgStore, PgStoreOptions, Role, Token};
+use ticklease::{Acquire, Fence, Lead, LeaseStore, Manager, PgStore, PgStoreOptions, Refusal, Role, Token};
 use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
 
 const JOBS: &str = "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint);
@@ -248,7 +248,7 @@ async fn take_over(s: &Setup, holder: &str) -> (Duration, Token) {
             .unwrap()
         {
             Acquire::Acquired(term) => return (started.elapsed(), term.token),
-            Acquire::Held { .. } => tokio::time::sleep(Duration::from_millis(10)).await,
+            Acquire::Refused(Refusal::Held { .. }) => tokio::time::sleep(Duration::from_millis(10)).await,
             other => panic!("takeover: {other:?}"),
         }
     }

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use ticklease::{
-    Acquire, Cancel, Lead, LeaseStatus, LossReason, Manager, PgStore, PgStoreOptions, Role, Tick,
+    Acquire, Cancel, Lead, LeaseStatus, LossReason, Manager, PgStore, PgStoreOptions, Refusal, Role, Tick,
 };
 use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
 
@@ -164,7 +164,7 @@ async fn pause_mid_tick_cancels_within_one_heartbeat_and_unpause_leads_at_the_ne
             .await
             .unwrap()
         {
-            Lead::Refused(Acquire::Paused { by, reason }) => {
+            Lead::Refused(Refusal::Paused { by, reason }) => {
                 assert_eq!((by.as_str(), reason.as_str()), ("ops", "smtp key rotation"))
             }
             other => panic!("ACQUIRE must be refused while paused, got {other:?}"),
@@ -267,7 +267,7 @@ async fn panicked_tick_is_not_a_completion_and_waits_a_full_interval() {
         .await
         .unwrap();
     assert!(
-        matches!(other, Lead::Refused(Acquire::NotDue { .. })),
+        matches!(other, Lead::Refused(Refusal::NotDue { .. })),
         "{other:?}"
     );
 }

@@ -14,7 +14,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::cancel::CancelTarget;
-use super::{Acquire, LeaseStatus, LeaseStore, LossReason, Release, Renew, Term};
+use super::{Acquire, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Renew, Term};
 use crate::config::Config;
 use crate::error::StoreError;
 use crate::migrate::{check_schema, LIBRARY};
@@ -239,19 +239,19 @@ impl LeaseStore for PgStore {
         let held: Option<bool> = row.get("held");
         let due_at: Option<SystemTime> = row.get("due_at");
         Ok(if let Some(by) = paused_by {
-            Acquire::Paused {
+            Acquire::Refused(Refusal::Paused {
                 by,
                 reason: row.get::<_, Option<String>>("pause_reason").unwrap_or_default(),
-            }
+            })
         } else if held == Some(true) {
-            Acquire::Held {
+            Acquire::Refused(Refusal::Held {
                 holder: row.get("holder_id"),
                 expires_at: row.get("expires_at"),
-            }
+            })
         } else if let Some(due_at) = due_at.filter(|d| *d > db_now) {
-            Acquire::NotDue { due_at }
+            Acquire::Refused(Refusal::NotDue { due_at })
         } else {
-            Acquire::Contended
+            Acquire::Refused(Refusal::Contended)
         })
     }
 
