@@ -15,6 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
 
+use ticklease_sandbox::Violation;
 use ticklease_testkit::{connect, scalar, signal, Fault, FaultProxy, HttpPeer, PgBouncer, SmtpSink};
 
 use crate::failover::Env;
@@ -244,9 +245,9 @@ async fn check(
     report: &mut ChaosReport,
 ) -> anyhow::Result<()> {
     let config = env.timing.config();
-    let received = ticklease_testkit::peers::received(http, smtp);
+    let received = ticklease_sandbox::peers::received(http, smtp);
     let audit =
-        ticklease_worker::audit::audit(db, &received, &["/hooks/a".to_string(), "/hooks/b".to_string()])
+        ticklease_sandbox::audit::audit(db, &received, &["/hooks/a".to_string(), "/hooks/b".to_string()])
             .await?;
     let v = &mut report.violations;
     v.extend(audit.violations.iter().map(ToString::to_string));
@@ -277,9 +278,13 @@ async fn check(
                 let max = report.max_gap_ms.entry(role.clone()).or_default();
                 *max = max.max(gap.as_secs_f64() * 1000.0);
                 if gap > bound {
-                    v.push(format!(
-                        "{role} had no new term for {gap:?} (bound {bound:?}) after {prev:?}"
-                    ));
+                    let gap = Violation::LeaderlessGap {
+                        role: role.clone(),
+                        gap,
+                        bound,
+                        after: prev,
+                    };
+                    v.push(gap.to_string());
                 }
             }
         }

@@ -5,11 +5,13 @@
 //! and every run settles paid on its first attempt.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use ticklease_testkit::{connect, scalar, HttpPeer, PgCluster, SmtpSink};
-use ticklease_worker::audit::Kind;
+use ticklease::HolderId;
+use ticklease_sandbox::audit::Kind;
+use ticklease_sandbox::WorkerProcess;
+use ticklease_testkit::{connect, scalar, test_config, HttpPeer, PgCluster, SmtpSink};
 
 const SUBSCRIPTIONS: i64 = 3;
 
@@ -27,39 +29,14 @@ fn ticklease(args: &[&str], url: &str) {
 }
 
 fn spawn_worker(url: &str, payments: &str, log: &std::path::Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args([
-            "worker",
-            "--roles",
-            "billing,dunning",
-            "--webhook-secret",
-            "whsec_ZHVubmluZy1jcmFzaA==",
-            "--payments-url",
-            payments,
-            "--lease-ttl",
-            "2s",
-            "--heartbeat-every",
-            "300ms",
-            "--statement-timeout",
-            "500ms",
-            "--abandon-after",
-            "1200ms",
-            "--max-poll",
-            "200ms",
-            "--tick-interval",
-            "billing=150ms",
-            "--tick-interval",
-            "dunning=150ms",
-        ])
-        .env("DATABASE_URL", url)
-        .env("RUST_LOG", "ticklease=info,ticklease_worker=info")
-        .stdout(Stdio::null())
-        .stderr(log)
+    WorkerProcess::new(env!("CARGO_BIN_EXE_ticklease"), url, "whsec_ZHVubmluZy1jcmFzaA==")
+        .roles(&["billing", "dunning"])
+        .payments_url(payments)
+        .lease(test_config())
+        .tick_interval(Duration::from_millis(150))
+        .log(log)
+        .command()
+        .unwrap()
         .spawn()
         .unwrap()
 }
@@ -95,7 +72,7 @@ async fn a_dunning_leader_killed_mid_charge_leaves_one_idempotency_key_per_invoi
         "SELECT holder_id FROM leader_status WHERE role = 'dunning' AND held",
     )
     .await;
-    let pid: u32 = holder.split(':').nth(1).unwrap().parse().unwrap();
+    let pid = holder.parse::<HolderId>().unwrap().pid();
     let i = workers.iter().position(|w| w.id() == pid).unwrap();
     let mut leader = workers.swap_remove(i);
     leader.kill().unwrap();
@@ -146,7 +123,7 @@ async fn a_dunning_leader_killed_mid_charge_leaves_one_idempotency_key_per_invoi
 
     // The effects audit counts the same: one charge per invoice, no duplicate.
     let received = ticklease_testkit::peers::received(&http, &smtp);
-    let audit = ticklease_worker::audit::audit(&observer, &received, &[])
+    let audit = ticklease_sandbox::audit::audit(&observer, &received, &[])
         .await
         .unwrap();
     assert_eq!(audit.charged_invoices as i64, SUBSCRIPTIONS);

@@ -5,14 +5,16 @@
 //! (duplicates only under the same webhook-id), every email arrived, and
 //! every invoice was charged under one idempotency key.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use ticklease_testkit::{connect, scalar, HttpPeer, PgCluster, SmtpSink};
+use ticklease::HolderId;
+use ticklease_sandbox::WorkerProcess;
+use ticklease_testkit::{connect, scalar, test_config, HttpPeer, PgCluster, SmtpSink};
 
 const SECRET: &str = "whsec_dGlja2xlYXNlLWUyZS1zZWNyZXQ=";
 const SUBSCRIPTIONS: i64 = 12;
@@ -35,44 +37,15 @@ fn ticklease(args: &[&str], url: &str) -> std::process::Output {
 }
 
 fn spawn_worker(url: &str, payments: &str, smtp: &str, log: &std::path::Path) -> Child {
-    let mut args: Vec<String> = [
-        "worker",
-        "--webhook-secret",
-        SECRET,
-        "--payments-url",
-        payments,
-        "--smtp-url",
-        smtp,
-        "--lease-ttl",
-        "2s",
-        "--heartbeat-every",
-        "300ms",
-        "--statement-timeout",
-        "500ms",
-        "--abandon-after",
-        "1200ms",
-        "--max-poll",
-        "200ms",
-        "--batch-size",
-        "4",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    for role in ROLES {
-        args.extend(["--tick-interval".to_string(), format!("{role}=150ms")]);
-    }
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(&args)
-        .env("DATABASE_URL", url)
-        .env("RUST_LOG", "ticklease=info,ticklease_worker=info")
-        .stdout(Stdio::null())
-        .stderr(log)
+    WorkerProcess::new(env!("CARGO_BIN_EXE_ticklease"), url, SECRET)
+        .payments_url(payments)
+        .smtp_url(smtp)
+        .lease(test_config())
+        .batch_size(4)
+        .tick_interval(Duration::from_millis(150))
+        .log(log)
+        .command()
+        .unwrap()
         .spawn()
         .unwrap()
 }
@@ -148,8 +121,8 @@ async fn three_replicas_survive_a_sigkill_of_each_roles_leader_without_double_ef
                 .map(|r| r.get(0));
             let pid = holder
                 .as_deref()
-                .and_then(|h| h.split(':').nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
+                .and_then(|h| h.parse::<HolderId>().ok())
+                .map(|h| h.pid());
             if let Some(i) = pid.and_then(|pid| workers.iter().position(|w| w.id() == pid)) {
                 let mut victim = workers.swap_remove(i);
                 victim.kill().unwrap();
@@ -244,9 +217,10 @@ async fn three_replicas_survive_a_sigkill_of_each_roles_leader_without_double_ef
     // Effects against the stores: one invoice per subscription and period, every event at every
     // endpoint under one webhook-id and body, one idempotency key per invoice, every email arrived.
     let received = ticklease_testkit::peers::received(&http, &smtp);
-    let audit = ticklease_worker::audit::audit(&observer, &received, &["/hooks/a".into(), "/hooks/b".into()])
-        .await
-        .unwrap();
+    let audit =
+        ticklease_sandbox::audit::audit(&observer, &received, &["/hooks/a".into(), "/hooks/b".into()])
+            .await
+            .unwrap();
     println!("{audit:#?}");
     assert!(audit.violations.is_empty(), "{:#?}", audit.violations);
     assert_eq!(audit.invoices, SUBSCRIPTIONS);

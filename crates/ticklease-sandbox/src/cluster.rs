@@ -17,12 +17,29 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{Gid, Pid, Uid, User};
 
-use crate::tls::ServerCert;
+/// A server certificate and its private key, PEM.
+#[derive(Debug, Clone)]
+pub struct ServerCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// How to start a cluster beyond the defaults.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ClusterOptions {
+    /// The postmaster gets SIGQUIT when the thread that spawned it exits
+    /// (see [`on_lasting_thread`]).
+    pub die_with_parent: bool,
+    /// `ssl=on` with this certificate, and TCP connections over TLS only
+    /// (`hostssl`); the Unix socket stays plain.
+    pub tls: Option<ServerCert>,
+}
 
 /// Why a cluster could not be had.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum KitError {
+pub enum SandboxError {
     #[error(
         "no PostgreSQL server binaries found (looked at $TICKLEASE_PG_BINDIR, `pg_config --bindir` and \
          /usr/lib/postgresql/*/bin); install the Debian package postgresql-15 or set TICKLEASE_PG_BINDIR"
@@ -48,22 +65,22 @@ pub enum KitError {
     },
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> KitError {
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SandboxError {
     let what = what.into();
-    move |source| KitError::Io { what, source }
+    move |source| SandboxError::Io { what, source }
 }
 
 /// How long a postmaster may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The directory holding the server binaries.
-pub fn bindir() -> Result<PathBuf, KitError> {
+pub fn bindir() -> Result<PathBuf, SandboxError> {
     let has_postgres = |p: &Path| p.join("postgres").is_file() && p.join("initdb").is_file();
     if let Some(dir) = std::env::var_os("TICKLEASE_PG_BINDIR").map(PathBuf::from) {
         return if has_postgres(&dir) {
             Ok(dir)
         } else {
-            Err(KitError::NoBinaries)
+            Err(SandboxError::NoBinaries)
         };
     }
     if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
@@ -80,22 +97,22 @@ pub fn bindir() -> Result<PathBuf, KitError> {
         .filter(|(_, p)| has_postgres(p))
         .collect();
     candidates.sort();
-    candidates.pop().map(|(_, p)| p).ok_or(KitError::NoBinaries)
+    candidates.pop().map(|(_, p)| p).ok_or(SandboxError::NoBinaries)
 }
 
 /// The uid/gid to run the server as: `postgres` when we are root, else ourselves.
-fn server_user() -> Result<Option<(Uid, Gid)>, KitError> {
+fn server_user() -> Result<Option<(Uid, Gid)>, SandboxError> {
     if !Uid::effective().is_root() {
         return Ok(None);
     }
     let user = User::from_name("postgres")
         .ok()
         .flatten()
-        .ok_or(KitError::NoPostgresUser)?;
+        .ok_or(SandboxError::NoPostgresUser)?;
     Ok(Some((user.uid, user.gid)))
 }
 
-fn free_port() -> Result<u16, KitError> {
+fn free_port() -> Result<u16, SandboxError> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free port"))?;
     Ok(listener.local_addr().map_err(io("read the bound port"))?.port())
 }
@@ -123,16 +140,12 @@ impl std::fmt::Debug for PgCluster {
 
 impl PgCluster {
     /// Starts a cluster of its own (for tests that kill or restart it).
-    pub fn start() -> Result<PgCluster, KitError> {
-        PgCluster::start_inner(false, None)
+    pub fn start() -> Result<PgCluster, SandboxError> {
+        PgCluster::start_with(&ClusterOptions::default())
     }
 
-    /// With `tls`, the server has `ssl=on` with that certificate and takes TCP
-    /// connections over TLS only (`hostssl`); its Unix socket stays plain.
-    pub(crate) fn start_inner(
-        die_with_parent: bool,
-        tls: Option<&ServerCert>,
-    ) -> Result<PgCluster, KitError> {
+    /// Starts a cluster of its own with `options`.
+    pub fn start_with(options: &ClusterOptions) -> Result<PgCluster, SandboxError> {
         sweep_stale();
         let bindir = bindir()?;
         let user = server_user()?;
@@ -151,7 +164,7 @@ impl PgCluster {
             user,
             postmaster: Mutex::new(None),
             databases: AtomicU32::new(0),
-            die_with_parent,
+            die_with_parent: options.die_with_parent,
         };
         std::fs::create_dir_all(cluster.socket_dir()).map_err(io("create the socket dir"))?;
         if let Some((uid, gid)) = user {
@@ -174,12 +187,12 @@ impl PgCluster {
             .output()
             .map_err(io("run initdb"))?;
         if !out.status.success() {
-            return Err(KitError::Command {
+            return Err(SandboxError::Command {
                 what: "initdb".into(),
                 output: String::from_utf8_lossy(&out.stderr).into_owned(),
             });
         }
-        if let Some(cert) = tls {
+        if let Some(cert) = &options.tls {
             cluster.enable_tls(cert)?;
         }
         cluster.spawn_postmaster()?;
@@ -188,7 +201,7 @@ impl PgCluster {
 
     /// Writes the certificate and key where the server looks by default, turns
     /// `ssl` on and replaces pg_hba.conf with `hostssl` lines for TCP.
-    fn enable_tls(&self, cert: &ServerCert) -> Result<(), KitError> {
+    fn enable_tls(&self, cert: &ServerCert) -> Result<(), SandboxError> {
         use std::io::Write;
         let data = self.data_dir();
         let files = [
@@ -221,10 +234,17 @@ impl PgCluster {
     /// One cluster shared by the tests of this process, started on first use.
     /// Tests get a fresh database each; tests that signal the postmaster use
     /// [`PgCluster::start`] instead.
+    ///
+    /// # Panics
+    /// When the cluster cannot be started: tests have no better answer.
     pub fn shared() -> &'static PgCluster {
         static SHARED: OnceLock<PgCluster> = OnceLock::new();
+        let options = ClusterOptions {
+            die_with_parent: true,
+            tls: None,
+        };
         SHARED.get_or_init(
-            || match on_lasting_thread(|| PgCluster::start_inner(true, None)) {
+            || match on_lasting_thread(move || PgCluster::start_with(&options)) {
                 Ok(c) => c,
                 Err(e) => panic!("test kit could not start Postgres: {e}"),
             },
@@ -250,14 +270,14 @@ impl PgCluster {
         self.port
     }
     /// The cluster's temp dir, removed with it.
-    pub(crate) fn root_dir(&self) -> &Path {
+    pub fn root_dir(&self) -> &Path {
         self.root.path()
     }
     fn log_path(&self) -> PathBuf {
         self.root.path().join("postmaster.log")
     }
 
-    fn spawn_postmaster(&self) -> Result<(), KitError> {
+    fn spawn_postmaster(&self) -> Result<(), SandboxError> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -304,13 +324,13 @@ impl PgCluster {
         self.wait_ready()
     }
 
-    fn wait_ready(&self) -> Result<(), KitError> {
+    fn wait_ready(&self) -> Result<(), SandboxError> {
         let started = Instant::now();
         let socket = self.socket_dir().join(format!(".s.PGSQL.{}", self.port));
         while started.elapsed() < START_TIMEOUT {
             if let Some(child) = self.postmaster.lock().expect("postmaster lock").as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    return Err(KitError::Command {
+                    return Err(SandboxError::Command {
                         what: format!("postgres exited ({status})"),
                         output: self.log(),
                     });
@@ -329,7 +349,7 @@ impl PgCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(KitError::StartTimeout {
+        Err(SandboxError::StartTimeout {
             after: START_TIMEOUT,
             log: self.log(),
         })
@@ -354,8 +374,8 @@ impl PgCluster {
     }
 
     /// Sends `signal` to the postmaster (SIGKILL, SIGSTOP, SIGCONT, ...).
-    pub fn signal(&self, signal: Signal) -> Result<(), KitError> {
-        let pid = self.postmaster_pid().ok_or(KitError::Command {
+    pub fn signal(&self, signal: Signal) -> Result<(), SandboxError> {
+        let pid = self.postmaster_pid().ok_or(SandboxError::Command {
             what: "signal the postmaster".into(),
             output: "not running".into(),
         })?;
@@ -382,7 +402,7 @@ impl PgCluster {
     }
 
     /// Stops and starts the postmaster on the same port and data dir.
-    pub fn restart(&self) -> Result<(), KitError> {
+    pub fn restart(&self) -> Result<(), SandboxError> {
         self.stop();
         self.spawn_postmaster()
     }
@@ -405,7 +425,7 @@ impl PgCluster {
 
     /// Terminates every backend connected to `dbname` (as a crashed or
     /// restarted server would drop them). Returns how many were terminated.
-    pub async fn terminate_backends(&self, dbname: &str) -> Result<i64, KitError> {
+    pub async fn terminate_backends(&self, dbname: &str) -> Result<i64, SandboxError> {
         let client = connect(&self.config("postgres")).await?;
         let row = client
             .query_one(
@@ -413,7 +433,7 @@ impl PgCluster {
                 &[&dbname],
             )
             .await
-            .map_err(|source| KitError::Db {
+            .map_err(|source| SandboxError::Db {
                 what: "pg_terminate_backend".into(),
                 source,
             })?;
@@ -421,14 +441,14 @@ impl PgCluster {
     }
 
     /// Creates an empty database with a fresh name.
-    pub async fn create_database(&self) -> Result<String, KitError> {
+    pub async fn create_database(&self) -> Result<String, SandboxError> {
         let n = self.databases.fetch_add(1, Ordering::Relaxed);
         let name = format!("t{}_{n}", std::process::id());
         let client = connect(&self.config("postgres")).await?;
         client
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
-            .map_err(|source| KitError::Db {
+            .map_err(|source| SandboxError::Db {
                 what: format!("CREATE DATABASE {name}"),
                 source,
             })?;
@@ -445,7 +465,7 @@ impl Drop for PgCluster {
 /// Runs `start` on a thread that lives as long as the process and returns its
 /// result. A server spawned there with a parent-death signal ends with the
 /// process (a static is never dropped), not with the test thread that asked.
-pub(crate) fn on_lasting_thread<T: Send + 'static>(start: impl FnOnce() -> T + Send + 'static) -> T {
+pub fn on_lasting_thread<T: Send + 'static>(start: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(start());
@@ -483,11 +503,11 @@ fn sweep_stale() {
 
 /// Connects one client and drives its connection on a task. TLS as the
 /// config's `sslmode` says (by default: if the server offers it, unverified).
-pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, KitError> {
+pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, SandboxError> {
     let (client, connection) = ticklease::PgConnect::from(config.clone())
         .connect()
         .await
-        .map_err(|source| KitError::Db {
+        .map_err(|source| SandboxError::Db {
             what: "connect".into(),
             source,
         })?;

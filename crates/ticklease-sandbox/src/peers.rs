@@ -1,4 +1,4 @@
-//! Real network peers for the worker's tests: an HTTP server that plays the
+//! Real network peers for the worker: an HTTP server that plays the
 //! payment provider and the webhook receivers, recording every request, and
 //! an SMTP sink recording every message. Duplicates and losses are counted
 //! from what actually arrived.
@@ -291,14 +291,14 @@ async fn session(stream: tokio::net::TcpStream, mails: Arc<Mutex<Vec<Mail>>>) ->
 }
 
 /// What both peers received, in the shape of the worker's audit.
-pub fn received(http: &HttpPeer, smtp: &SmtpSink) -> ticklease_worker::audit::Received {
-    let mut r = ticklease_worker::audit::Received::default();
+pub fn received(http: &HttpPeer, smtp: &SmtpSink) -> crate::audit::Received {
+    let mut r = crate::audit::Received::default();
     let answers = http.charge_answers();
     for req in http.requests() {
         if req.path == "/charges" {
             let key = req.headers.get("idempotency-key").cloned().unwrap_or_default();
             let accepted = matches!(answers.get(&key), Some(200 | 201));
-            r.charges.push(ticklease_worker::audit::ChargeRequest {
+            r.charges.push(crate::audit::ChargeRequest {
                 key,
                 body: req.body,
                 accepted,

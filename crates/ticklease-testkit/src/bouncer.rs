@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use nix::unistd::{Gid, Uid, User};
 
-use crate::cluster::{KitError, PgCluster};
+use ticklease_sandbox::{PgCluster, SandboxError as KitError};
 
 /// A running pgbouncer; stopped on drop.
 pub struct PgBouncer {

@@ -1,23 +1,23 @@
-//! Test kit for ticklease: throwaway Postgres clusters (a fresh database per
-//! test), an in-memory fake store for paused-time tests, and the conformance
-//! suite both stores pass.
+//! Test kit for ticklease: an in-memory fake store for paused-time tests,
+//! the conformance suite both stores pass, a TCP fault proxy, PgBouncer, a
+//! TLS cluster and the tests' timings. The throwaway clusters (a fresh
+//! database per test) and network peers come from `ticklease-sandbox`,
+//! re-exported here.
 
 pub mod bouncer;
-pub mod cluster;
 pub mod conformance;
 pub mod fake;
-pub mod peers;
 pub mod proxy;
 pub mod tls;
 
 use std::time::Duration;
 
 pub use bouncer::PgBouncer;
-pub use cluster::{connect, KitError, PgCluster};
 pub use conformance::lease_row;
 pub use fake::FakeStore;
-pub use peers::{HttpPeer, SmtpSink};
 pub use proxy::{Fault, FaultProxy};
+pub use ticklease_sandbox::{cluster, peers};
+pub use ticklease_sandbox::{connect, signal, HttpPeer, PgCluster, SandboxError as KitError, SmtpSink};
 pub use tls::{TestCa, TlsCluster};
 
 use ticklease::{Config, PgStore, PgStoreOptions};
@@ -45,7 +45,7 @@ pub fn shared_bouncer() -> Option<&'static PgBouncer> {
         .get_or_init(|| match std::env::var("TICKLEASE_TEST_POOLER").as_deref() {
             Ok("pgbouncer") => {
                 let cluster = PgCluster::shared();
-                match cluster::on_lasting_thread(move || bouncer::PgBouncer::start_inner(cluster, 2, true)) {
+                match ticklease_sandbox::on_lasting_thread(move || PgBouncer::start_inner(cluster, 2, true)) {
                     Ok(b) => Some(b),
                     Err(e) => panic!("test kit could not start pgbouncer: {e}"),
                 }
@@ -101,11 +101,4 @@ pub async fn pg_store(config: &Config) -> (PgStore, tokio_postgres::Config) {
         .await
         .expect("PgStore");
     (store, db)
-}
-
-/// Sends `signal` to a child process (if it still has a pid).
-pub fn signal(child: &tokio::process::Child, signal: nix::sys::signal::Signal) {
-    if let Some(pid) = child.id() {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal);
-    }
 }

@@ -6,17 +6,11 @@ use std::sync::OnceLock;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
-use crate::cluster::{on_lasting_thread, KitError, PgCluster};
+use ticklease_sandbox::{on_lasting_thread, ClusterOptions, PgCluster, SandboxError, ServerCert};
 
 /// A throwaway certificate authority.
 pub struct TestCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-/// A server certificate and its private key, PEM.
-pub struct ServerCert {
-    pub cert_pem: String,
-    pub key_pem: String,
 }
 
 impl TestCa {
@@ -71,12 +65,15 @@ impl TlsCluster {
         })
     }
 
-    fn start_inner() -> Result<TlsCluster, KitError> {
+    fn start_inner() -> Result<TlsCluster, SandboxError> {
         let ca = TestCa::new("ticklease test CA");
         let cert = ca.server_cert(&["localhost", "127.0.0.1"]);
-        let cluster = PgCluster::start_inner(true, Some(&cert))?;
+        let mut options = ClusterOptions::default();
+        options.die_with_parent = true;
+        options.tls = Some(cert);
+        let cluster = PgCluster::start_with(&options)?;
         let root_cert = cluster.root_dir().join("root.crt");
-        std::fs::write(&root_cert, ca.pem()).map_err(|source| KitError::Io {
+        std::fs::write(&root_cert, ca.pem()).map_err(|source| SandboxError::Io {
             what: "write the CA certificate".into(),
             source,
         })?;

@@ -22,7 +22,6 @@
 
 use std::time::Duration;
 
-pub mod audit;
 pub mod billing;
 pub mod delivery;
 pub mod dunning;

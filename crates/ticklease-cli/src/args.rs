@@ -1,0 +1,303 @@
+//! The command line: clap's structs, and turning parsed flags into the
+//! library's and the worker's configs.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ticklease::{MigrateOptions, Role};
+
+#[derive(Parser)]
+#[command(
+    name = "ticklease",
+    version,
+    about = "Leader leases for singleton background jobs on Postgres"
+)]
+pub struct Cli {
+    /// Postgres connection URL (`migrate` and `grant` want the schema owner on a direct or session-mode connection).
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+const ROLES_HELP: &str = "Database roles: the application role gets SELECT on leader_leases and EXECUTE on \
+leader_acquire/leader_renew/leader_release/leader_seed/leader_fence (SECURITY DEFINER, its only way to write \
+the table); the operator role gets EXECUTE on \
+leader_pause/leader_unpause/leader_run_now and SELECT on leader_status. Both are created NOLOGIN if missing; \
+grant them to login users: GRANT ticklease_app TO my_service;";
+
+// Parsed once per process: the size of the worker's flags does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+pub enum Command {
+    /// Apply the schema migrations (safe to run from several replicas at once).
+    #[command(after_help = format!("{ROLES_HELP}\n\nExamples:\n  ticklease migrate --database-url postgres://owner@db/app\n  ticklease migrate --app-role billing_svc --operator-role oncall"))]
+    Migrate {
+        #[command(flatten)]
+        roles: RoleNames,
+    },
+    /// Grant the application and operator roles again (for example under other names).
+    #[command(after_help = format!("{ROLES_HELP}\n\nExamples:\n  ticklease grant --app-role billing_svc --operator-role oncall"))]
+    Grant {
+        #[command(flatten)]
+        roles: RoleNames,
+    },
+    /// Show who leads what: holder, token, held for, expires in, pause, last tick age, cooldown.
+    #[command(
+        after_help = "Examples:\n  ticklease status\n  ticklease status --json | jq '.[] | select(.paused_by)'\n  ticklease status --watch"
+    )]
+    Status {
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Redraw every second until Ctrl-C.
+        #[arg(long, conflicts_with = "json")]
+        watch: bool,
+    },
+    /// Pause a role: ends its current term now and refuses ACQUIRE on every replica.
+    #[command(
+        after_help = "Examples:\n  ticklease pause email_outbox --by alice --reason 'SMTP key rotation'"
+    )]
+    Pause {
+        role: Role,
+        /// Who pauses (shown in status).
+        #[arg(long)]
+        by: String,
+        /// Why (shown in status).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Unpause a role: due again at the next poll (a cooldown stays; see run-now).
+    #[command(after_help = "Examples:\n  ticklease unpause email_outbox")]
+    Unpause { role: Role },
+    /// Clear a role's cooldown (not_before) so it runs at its next poll once due.
+    #[command(
+        after_help = "Examples:\n  ticklease run-now billing   # after the fix for a panicking tick shipped"
+    )]
+    RunNow { role: Role },
+    /// List the role rows present, and compare them with the roles an application declares.
+    #[command(
+        after_help = "Examples:\n  ticklease roles\n  ticklease roles --declared billing,dunning,email_outbox"
+    )]
+    Roles {
+        /// The roles the application declares, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        declared: Vec<Role>,
+    },
+    /// Run the reference worker (the spec's five roles on five fenced stores), or set it up.
+    #[command(
+        after_help = "Examples:\n  ticklease worker migrate\n  ticklease worker seed --subscriptions 20 --emails 20 --events 20 --endpoint http://127.0.0.1:9000/hooks/a\n  ticklease worker --webhook-secret whsec_c2VjcmV0 --roles billing,dunning --tick-interval billing=1m\n  ticklease worker --webhook-secret s --lease-ttl 2s --heartbeat-every 300ms --statement-timeout 500ms \\\n      --abandon-after 1200ms --max-poll 200ms --metrics-addr 127.0.0.1:9188"
+    )]
+    Worker(WorkerCmd),
+    /// A one-minute tour: throwaway Postgres, worker replicas, narrated failures, a report.
+    #[command(
+        after_help = "Examples:\n  ticklease demo\n  ticklease demo --replicas 4 --duration 2m\n  ticklease demo --database-url postgres://me@localhost/scratch --keep"
+    )]
+    Demo {
+        /// Worker processes to start.
+        #[arg(long, default_value_t = 3)]
+        replicas: usize,
+        /// How long the scripted run lasts (the drain may add a little).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        duration: Duration,
+        /// Leave the cluster and the workers running at the end, until Ctrl-C.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Serve the cluster-fact metrics of every role in leader_leases on /metrics, and /healthz.
+    #[command(
+        after_help = "Examples:\n  ticklease metrics --metrics-addr 0.0.0.0:9187\n  ticklease metrics --metrics-addr 127.0.0.1:0 --prefix myapp"
+    )]
+    Metrics {
+        /// Address to listen on (port 0 picks a free port; the bound address is printed).
+        #[arg(long, default_value = "127.0.0.1:9187")]
+        metrics_addr: std::net::SocketAddr,
+        /// Metric name prefix.
+        #[arg(long, default_value = "ticklease")]
+        prefix: String,
+    },
+}
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct WorkerCmd {
+    #[command(subcommand)]
+    pub action: Option<WorkerAction>,
+    #[command(flatten)]
+    pub run: WorkerRun,
+}
+
+#[derive(Subcommand)]
+pub enum WorkerAction {
+    /// Apply the worker's own migrations (after `ticklease migrate`).
+    Migrate,
+    /// Insert a demo workload: subscriptions due now, emails, events, webhook endpoints.
+    Seed {
+        #[arg(long, default_value_t = 0)]
+        subscriptions: i64,
+        #[arg(long, default_value_t = 0)]
+        emails: i64,
+        #[arg(long, default_value_t = 0)]
+        events: i64,
+        /// A webhook endpoint URL (repeatable).
+        #[arg(long = "endpoint")]
+        endpoints: Vec<String>,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct WorkerRun {
+    /// Roles to run, comma-separated (default: all five).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "billing,dunning,webhook_outbox,email_outbox,webhook_delivery"
+    )]
+    roles: Vec<Role>,
+    /// Serve /metrics and /healthz here.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Base URL of the payment provider (POST {url}/charges with an Idempotency-Key).
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    payments_url: String,
+    /// SMTP relay, smtp://host:port (no TLS).
+    #[arg(long, default_value = "smtp://127.0.0.1:2525")]
+    smtp_url: String,
+    /// Sender address of outbox emails.
+    #[arg(long, default_value = "billing@ticklease.invalid")]
+    mail_from: String,
+    /// Standard Webhooks signing secret (`whsec_` + base64, or raw bytes).
+    #[arg(long, env = "TICKLEASE_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+    /// Lease TTL (default 10s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    lease_ttl: Option<Duration>,
+    /// Heartbeat period (default 3s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    heartbeat_every: Option<Duration>,
+    /// Statement timeout (default 2s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    statement_timeout: Option<Duration>,
+    /// Abandon a tick this long after the last acknowledged beat (default 6s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    abandon_after: Option<Duration>,
+    /// Longest wait between polls (default 5s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_poll: Option<Duration>,
+    /// A role's tick interval, ROLE=DURATION (repeatable; default 5s).
+    #[arg(long = "tick-interval", value_parser = parse_tick_interval)]
+    tick_intervals: Vec<(Role, Duration)>,
+    /// Rows claimed per tick.
+    #[arg(long, default_value_t = 100,
+          value_parser = clap::value_parser!(i64).range(1..=ticklease_worker::worker::BATCH_MAX))]
+    batch_size: i64,
+    /// Wait after a declined charge before the next attempt.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+    decline_backoff: Duration,
+}
+
+fn parse_tick_interval(s: &str) -> Result<(Role, Duration), String> {
+    let (role, duration) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected ROLE=DURATION"))?;
+    let role = Role::new(role).map_err(|e| e.to_string())?;
+    let parsed = humantime::parse_duration(duration).map_err(|e| format!("{duration:?}: {e}"))?;
+    let max = ticklease::DURATION_MAX;
+    if parsed.is_zero() || parsed > max {
+        return Err(format!(
+            "{role}={duration}: a tick interval must be greater than zero and at most {}",
+            humantime::format_duration(max)
+        ));
+    }
+    Ok((role, parsed))
+}
+
+impl WorkerRun {
+    fn lease(&self) -> Result<ticklease::Config, ticklease::ConfigError> {
+        let mut b = ticklease::Config::builder();
+        if let Some(v) = self.lease_ttl {
+            b = b.lease_ttl(v);
+        }
+        if let Some(v) = self.heartbeat_every {
+            b = b.heartbeat_every(v);
+        }
+        if let Some(v) = self.statement_timeout {
+            b = b.statement_timeout(v);
+        }
+        if let Some(v) = self.abandon_after {
+            b = b.abandon_after(v);
+        }
+        if let Some(v) = self.max_poll {
+            b = b.max_poll(v);
+        }
+        b.build()
+    }
+
+    pub fn config(
+        self,
+        database: ticklease::PgConnect,
+    ) -> Result<ticklease_worker::worker::WorkerConfig, String> {
+        let lease = self.lease().map_err(|e| e.to_string())?;
+        let smtp = self.smtp_url.strip_prefix("smtp://").ok_or(format!(
+            "--smtp-url {:?}: expected smtp://host:port",
+            self.smtp_url
+        ))?;
+        let (host, port) = smtp.rsplit_once(':').ok_or(format!(
+            "--smtp-url {:?}: expected smtp://host:port",
+            self.smtp_url
+        ))?;
+        let port = port
+            .parse()
+            .map_err(|_| format!("--smtp-url {:?}: bad port", self.smtp_url))?;
+        for role in &self.roles {
+            if !ticklease_worker::ROLES.contains(&role.as_str()) {
+                return Err(format!(
+                    "--roles: {:?} is not one of {:?}",
+                    role.as_str(),
+                    ticklease_worker::ROLES
+                ));
+            }
+        }
+        Ok(ticklease_worker::worker::WorkerConfig {
+            database,
+            roles: self.roles,
+            lease,
+            tick_intervals: self.tick_intervals.into_iter().collect(),
+            payments_url: self.payments_url,
+            smtp_host: host.to_string(),
+            smtp_port: port,
+            mail_from: self.mail_from,
+            webhook_secret: self
+                .webhook_secret
+                .ok_or("--webhook-secret (or TICKLEASE_WEBHOOK_SECRET) is required")?,
+            metrics_addr: self.metrics_addr,
+            batch_size: self.batch_size,
+            decline_backoff: self.decline_backoff,
+        })
+    }
+}
+
+#[derive(clap::Args)]
+pub struct RoleNames {
+    /// The application's database role.
+    #[arg(long, default_value = "ticklease_app", value_parser = db_role)]
+    app_role: String,
+    /// The operators' database role.
+    #[arg(long, default_value = "ticklease_operator", value_parser = db_role)]
+    operator_role: String,
+}
+
+fn db_role(name: &str) -> Result<String, String> {
+    ticklease::migrate::check_role_name(name)
+        .map(|()| name.to_string())
+        .map_err(|e| e.to_string())
+}
+
+impl RoleNames {
+    pub fn options(self) -> MigrateOptions {
+        MigrateOptions {
+            app_role: self.app_role,
+            operator_role: self.operator_role,
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! One function per subcommand that needs the database URL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ticklease::{LeaseStore, PgConnect, PgStore, Role};
+
+use crate::args::{Command, RoleNames, WorkerAction, WorkerCmd, WorkerRun};
+use crate::{say, status, Usage};
+
+/// Runs `command` against the database at `url`.
+pub async fn run(url: &str, command: Command) -> anyhow::Result<()> {
+    let config: PgConnect = url.parse().context("invalid --database-url")?;
+    let db = Db {
+        target: describe(config.config()),
+        config,
+    };
+    match command {
+        Command::Migrate { roles } => cmd_migrate(db, roles).await,
+        Command::Grant { roles } => cmd_grant(db, roles).await,
+        Command::Status { json, watch } => cmd_status(db, json, watch).await,
+        Command::Pause { role, by, reason } => cmd_pause(db, role, &by, &reason).await,
+        Command::Unpause { role } => cmd_unpause(db, role).await,
+        Command::RunNow { role } => cmd_run_now(db, role).await,
+        Command::Roles { declared } => cmd_roles(db, &declared).await,
+        Command::Worker(WorkerCmd { action, run }) => match action {
+            Some(WorkerAction::Migrate) => cmd_worker_migrate(db).await,
+            Some(WorkerAction::Seed {
+                subscriptions,
+                emails,
+                events,
+                endpoints,
+            }) => {
+                let seed = ticklease_worker::seed::Seed {
+                    subscriptions,
+                    emails,
+                    events,
+                    endpoints,
+                };
+                cmd_worker_seed(db, seed).await
+            }
+            None => cmd_worker(db, run).await,
+        },
+        Command::Demo { .. } => unreachable!("handled before the database URL is required"),
+        Command::Metrics { metrics_addr, prefix } => cmd_metrics(db, metrics_addr, prefix).await,
+    }
+}
+
+/// Where the commands connect, and how to name it in errors.
+struct Db {
+    config: PgConnect,
+    target: String,
+}
+
+impl Db {
+    async fn client(&self) -> anyhow::Result<tokio_postgres::Client> {
+        let (client, connection) = self
+            .config
+            .connect()
+            .await
+            .with_context(|| format!("could not connect to the database at {}", self.target))?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+
+    async fn store(self) -> anyhow::Result<PgStore> {
+        let options = ticklease::PgStoreOptions::from_config(&ticklease::Config::default());
+        let target = self.target;
+        PgStore::connect(self.config, options).await.map_err(|e| match e {
+            ticklease::StoreError::Connect { .. } | ticklease::StoreError::Timeout { .. } => {
+                anyhow::Error::new(e).context(format!("could not connect to the database at {target}"))
+            }
+            other => other.into(),
+        })
+    }
+}
+
+fn describe(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}/{}", config.get_dbname().unwrap_or_default())
+}
+
+async fn cmd_migrate(db: Db, roles: RoleNames) -> anyhow::Result<()> {
+    let mut client = db.client().await?;
+    let report = ticklease::migrate_with(&mut client, &roles.options()).await?;
+    println!(
+        "migrations applied: {:?}; already applied: {:?}",
+        report.applied, report.already_applied
+    );
+    Ok(())
+}
+
+async fn cmd_grant(db: Db, roles: RoleNames) -> anyhow::Result<()> {
+    let options = roles.options();
+    ticklease::migrate::grant(&db.client().await?, &options).await?;
+    println!(
+        "granted {} (application) and {} (operator)",
+        options.app_role, options.operator_role
+    );
+    Ok(())
+}
+
+async fn cmd_status(db: Db, json: bool, watch: bool) -> anyhow::Result<()> {
+    let store = db.store().await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&status::json(&store.status().await?))?
+        );
+    } else if watch {
+        loop {
+            let table = status::table(&store.status().await?);
+            print!("\x1b[2J\x1b[H{table}");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    } else {
+        print!("{}", status::table(&store.status().await?));
+    }
+    Ok(())
+}
+
+async fn cmd_pause(db: Db, role: Role, by: &str, reason: &str) -> anyhow::Result<()> {
+    let paused = db
+        .store()
+        .await?
+        .pause(&role, by, reason)
+        .await
+        .with_context(|| format!("could not pause {role}"))?;
+    println!(
+        "{role}: {}",
+        if paused {
+            "paused"
+        } else {
+            "was already paused (unchanged)"
+        }
+    );
+    Ok(())
+}
+
+async fn cmd_unpause(db: Db, role: Role) -> anyhow::Result<()> {
+    let unpaused = db
+        .store()
+        .await?
+        .unpause(&role)
+        .await
+        .with_context(|| format!("could not unpause {role}"))?;
+    println!("{role}: {}", if unpaused { "unpaused" } else { "was not paused" });
+    Ok(())
+}
+
+async fn cmd_run_now(db: Db, role: Role) -> anyhow::Result<()> {
+    let cleared = db
+        .store()
+        .await?
+        .run_now(&role)
+        .await
+        .with_context(|| format!("could not clear {role}'s cooldown"))?;
+    println!(
+        "{role}: {}",
+        if cleared {
+            "cooldown cleared"
+        } else {
+            "had no cooldown"
+        }
+    );
+    Ok(())
+}
+
+async fn cmd_roles(db: Db, declared: &[Role]) -> anyhow::Result<()> {
+    let rows = db.store().await?.status().await?;
+    let present: Vec<&str> = rows.iter().map(|r| r.role.as_str()).collect();
+    for name in &present {
+        let mark = if declared.is_empty() || declared.iter().any(|d| d.as_str() == *name) {
+            ""
+        } else {
+            "  (undeclared)"
+        };
+        println!("{name}{mark}");
+    }
+    for missing in declared.iter().filter(|d| !present.contains(&d.as_str())) {
+        println!("{missing}  (declared, no row yet: seeded when a replica starts)");
+    }
+    Ok(())
+}
+
+async fn cmd_worker_migrate(db: Db) -> anyhow::Result<()> {
+    let report = ticklease_worker::migrate(&mut db.client().await?).await?;
+    println!(
+        "worker migrations applied: {:?}; already applied: {:?}",
+        report.applied, report.already_applied
+    );
+    Ok(())
+}
+
+async fn cmd_worker_seed(db: Db, seed: ticklease_worker::seed::Seed) -> anyhow::Result<()> {
+    ticklease_worker::seed::seed(&mut db.client().await?, &seed).await?;
+    println!(
+        "seeded {} subscriptions, {} emails, {} events, {} endpoints",
+        seed.subscriptions,
+        seed.emails,
+        seed.events,
+        seed.endpoints.len()
+    );
+    Ok(())
+}
+
+async fn cmd_worker(db: Db, run: WorkerRun) -> anyhow::Result<()> {
+    let worker = run.config(db.config).map_err(Usage)?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    ticklease::cancel_on_signals(shutdown.clone())?;
+    let roles: Vec<&str> = worker.roles.iter().map(Role::as_str).collect();
+    say(format_args!("worker {} running {roles:?}", std::process::id()));
+    let stopped = ticklease_worker::worker::run(worker, shutdown).await?;
+    // Exit 1 when a term stays held: another replica waits out its lease.
+    anyhow::ensure!(stopped.all_released(), "worker stopped: {stopped}");
+    say(format_args!("worker stopped: {stopped}"));
+    Ok(())
+}
+
+async fn cmd_metrics(db: Db, addr: std::net::SocketAddr, prefix: String) -> anyhow::Result<()> {
+    let store = db.store().await?;
+    let roles = store
+        .status()
+        .await?
+        .into_iter()
+        .map(|s| Role::new(s.role))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut registry = prometheus_client::registry::Registry::with_prefix(prefix);
+    let metrics = ticklease::Metrics::register(&mut registry, roles);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("could not listen on {addr}"))?;
+    say(format_args!(
+        "serving /metrics and /healthz on http://{}",
+        listener.local_addr()?
+    ));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    ticklease::metrics::serve(listener, Arc::new(registry), metrics, store, shutdown).await?;
+    Ok(())
+}

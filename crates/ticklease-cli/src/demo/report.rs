@@ -1,0 +1,185 @@
+//! The demo's verdict and its report: pure functions of the script's checks
+//! and the effects audit.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use ticklease_sandbox::audit::{Audit, Kind};
+
+/// One check of the script.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Check {
+    /// Something that must happen within `bound`; `took` is `None` when it
+    /// was not observed at all.
+    Timed {
+        what: String,
+        took: Option<Duration>,
+        bound: Duration,
+    },
+    /// Something that must not happen, and did.
+    Failed(String),
+}
+
+impl Check {
+    /// Late, missing or failed.
+    fn failed(&self) -> bool {
+        match self {
+            Check::Timed { took, bound, .. } => took.is_none_or(|t| t > *bound),
+            Check::Failed(_) => true,
+        }
+    }
+
+    fn what(&self) -> &str {
+        match self {
+            Check::Timed { what, .. } | Check::Failed(what) => what,
+        }
+    }
+}
+
+/// Every check passed and every invariant held.
+pub fn report(checks: &[Check], audit: &Audit) -> bool {
+    audit.violations.is_empty() && !checks.iter().any(Check::failed)
+}
+
+/// The report printed at the end of a run that lasted `took`.
+pub fn render(checks: &[Check], audit: &Audit, took: Duration) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = write_report(&mut out, checks, audit, took);
+    out
+}
+
+fn write_report(out: &mut String, checks: &[Check], audit: &Audit, took: Duration) -> std::fmt::Result {
+    writeln!(
+        out,
+        "\n=== ticklease demo report ({:.0} s) ===",
+        took.as_secs_f64()
+    )?;
+    writeln!(out, "events:")?;
+    for c in checks {
+        match c {
+            Check::Timed {
+                what,
+                took: Some(t),
+                bound,
+            } => writeln!(
+                out,
+                "  {what:<50} {:>6} ms  (bound {} ms)",
+                t.as_millis(),
+                bound.as_millis()
+            )?,
+            _ => writeln!(out, "  {:<50} FAILED", c.what())?,
+        }
+    }
+    write_effects(out, audit)?;
+    for v in &audit.violations {
+        writeln!(out, "  VIOLATION: {v}")?;
+    }
+    for c in checks.iter().filter(|c| c.failed()) {
+        writeln!(out, "  LATE OR MISSING: {}", c.what())?;
+    }
+    let verdict = if report(checks, audit) {
+        "all invariants held"
+    } else {
+        "INVARIANTS BROKEN"
+    };
+    writeln!(out, "{verdict}")
+}
+
+fn write_effects(out: &mut String, a: &Audit) -> std::fmt::Result {
+    writeln!(out, "effects (sent → received):")?;
+    writeln!(out, "  invoices created:        {}", a.invoices)?;
+    writeln!(
+        out,
+        "  charges:                 {} invoices charged, {} idempotency keys, {} requests",
+        a.charged_invoices, a.charge_keys, a.charge_requests
+    )?;
+    writeln!(
+        out,
+        "  webhooks:                {} events × {} endpoints → {} unique deliveries, {} requests ({} re-sent under the same webhook-id)",
+        a.events,
+        a.endpoints.len(),
+        a.hooks_unique,
+        a.hooks_received,
+        a.hooks_received - a.hooks_unique
+    )?;
+    writeln!(
+        out,
+        "  emails:                  {} in the outbox → {} unique Message-IDs, {} received ({} re-sent with the same Message-ID)",
+        a.emails,
+        a.emails_unique,
+        a.emails_received,
+        a.emails_received - a.emails_unique
+    )?;
+    writeln!(
+        out,
+        "  duplicates past idempotency keys: {}",
+        a.count(Kind::Duplicate)
+    )?;
+    writeln!(out, "  losses:                  {}", a.count(Kind::Loss))?;
+    writeln!(out, "  stale claims:            {}", a.count(Kind::StaleClaim))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ticklease_sandbox::audit::{Audit, Duplicate, Loss, Violation};
+
+    use super::{render, report, Check};
+
+    fn timed(took: Option<u64>, bound: u64) -> Check {
+        Check::Timed {
+            what: "billing taken over after SIGKILL".into(),
+            took: took.map(Duration::from_millis),
+            bound: Duration::from_millis(bound),
+        }
+    }
+
+    #[test]
+    fn checks_within_their_bounds_and_a_clean_audit_pass() {
+        let checks = [timed(Some(900), 4500)];
+        assert!(report(&checks, &Audit::default()));
+        let text = render(&checks, &Audit::default(), Duration::from_secs(20));
+        assert!(text.contains("   900 ms  (bound 4500 ms)"), "{text}");
+        assert!(text.ends_with("all invariants held\n"), "{text}");
+    }
+
+    #[test]
+    fn a_late_missing_or_failed_check_fails_the_run() {
+        for check in [
+            timed(Some(4501), 4500),
+            timed(None, 4500),
+            Check::Failed("no term while paused".into()),
+        ] {
+            let checks = [check];
+            assert!(!report(&checks, &Audit::default()), "{checks:?}");
+            let text = render(&checks, &Audit::default(), Duration::ZERO);
+            assert!(text.contains("LATE OR MISSING"), "{text}");
+            assert!(text.ends_with("INVARIANTS BROKEN\n"), "{text}");
+        }
+        let text = render(&[timed(None, 4500)], &Audit::default(), Duration::ZERO);
+        assert!(text.contains(" FAILED\n"), "{text}");
+    }
+
+    #[test]
+    fn the_report_counts_each_kind_of_violation_apart() {
+        let audit = Audit {
+            violations: vec![
+                Violation::Duplicate(Duplicate::KeyReused {
+                    key: "dunning-1-1".into(),
+                    charges: 2,
+                }),
+                Violation::Loss(Loss::Email { id: 3 }),
+                Violation::Loss(Loss::Charge { invoice: 4 }),
+            ],
+            ..Audit::default()
+        };
+        assert!(!report(&[], &audit));
+        let text = render(&[], &audit, Duration::ZERO);
+        assert!(text.contains("duplicates past idempotency keys: 1\n"), "{text}");
+        assert!(text.contains("losses:                  2\n"), "{text}");
+        assert!(text.contains("stale claims:            0\n"), "{text}");
+        assert!(text.contains("VIOLATION: loss: email 3 never arrived"), "{text}");
+    }
+}

@@ -1,0 +1,214 @@
+//! `ticklease status`: the lease rows as a table or JSON. Pure functions of
+//! the rows; text from the database is escaped before it reaches a terminal.
+
+use std::time::SystemTime;
+
+use ticklease::LeaseStatus;
+
+/// `later - earlier` in seconds, signed.
+fn seconds(later: SystemTime, earlier: SystemTime) -> f64 {
+    match later.duration_since(earlier) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+fn short(seconds: f64) -> String {
+    let s = seconds.max(0.0);
+    match s {
+        s if s < 60.0 => format!("{s:.1}s"),
+        s if s < 3600.0 => format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64),
+        s if s < 86400.0 => format!("{}h{:02}m", (s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64),
+        s => format!("{}d{:02}h", (s / 86400.0) as u64, ((s % 86400.0) / 3600.0) as u64),
+    }
+}
+
+/// Text from the database, made safe for a terminal: control characters and
+/// bidirectional overrides are shown escaped (`\u{1b}`), never interpreted.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let bidi = matches!(
+            c,
+            '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        );
+        if c.is_control() || bidi {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The rows as an aligned table with a header line.
+pub fn table(rows: &[LeaseStatus]) -> String {
+    let header = [
+        "ROLE",
+        "HOLDER",
+        "TOKEN",
+        "HELD FOR",
+        "EXPIRES IN",
+        "PAUSED BY / WHY",
+        "LAST TICK AGE",
+        "NOT BEFORE",
+    ];
+    let mut lines: Vec<[String; 8]> = vec![header.map(String::from)];
+    lines.extend(rows.iter().map(|r| cells(r).map(|cell| escape(&cell))));
+    let widths: Vec<usize> = (0..8)
+        .map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// One row's cells, unescaped.
+fn cells(r: &LeaseStatus) -> [String; 8] {
+    let held = r.held;
+    [
+        r.role.clone(),
+        if held {
+            r.holder_id.clone().unwrap_or_default()
+        } else {
+            "-".into()
+        },
+        r.token.to_string(),
+        r.acquired_at
+            .filter(|_| held)
+            .map(|t| short(seconds(r.db_now, t)))
+            .unwrap_or_else(|| "-".into()),
+        r.remaining
+            .map(|d| short(d.as_secs_f64()))
+            .unwrap_or_else(|| "-".into()),
+        match (&r.paused_by, &r.pause_reason) {
+            (Some(by), why) => format!("{by}: {}", why.clone().unwrap_or_default()),
+            _ => "-".into(),
+        },
+        r.last_tick_ended_at
+            .map(|t| short(seconds(r.db_now, t)))
+            .unwrap_or_else(|| "never".into()),
+        r.not_before
+            .map(|t| {
+                let wait = seconds(t, r.db_now);
+                if wait > 0.0 {
+                    format!("in {}", short(wait))
+                } else {
+                    "passed".into()
+                }
+            })
+            .unwrap_or_else(|| "-".into()),
+    ]
+}
+
+/// The rows as one JSON array, times in RFC 3339.
+pub fn json(rows: &[LeaseStatus]) -> serde_json::Value {
+    let time = |t: Option<SystemTime>| t.map(|t| humantime::format_rfc3339_millis(t).to_string());
+    serde_json::Value::Array(
+        rows.iter()
+            .map(|r| {
+                serde_json::json!({
+                    "role": r.role,
+                    "held": r.held,
+                    "holder_id": r.holder_id,
+                    "token": r.token.get(),
+                    "acquired_at": time(r.acquired_at),
+                    "expires_at": time(r.expires_at),
+                    "db_now": time(Some(r.db_now)),
+                    "remaining_seconds": r.remaining.map(|d| d.as_secs_f64()),
+                    "paused_at": time(r.paused_at),
+                    "paused_by": r.paused_by,
+                    "pause_reason": r.pause_reason,
+                    "last_tick_ended_at": time(r.last_tick_ended_at),
+                    "last_tick_age_seconds": r.last_tick_ended_at.map(|t| seconds(r.db_now, t).max(0.0)),
+                    "last_tick_holder": r.last_tick_holder,
+                    "not_before": time(r.not_before),
+                })
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use ticklease::{LeaseStatus, Token};
+
+    use super::{escape, json, short, table};
+
+    fn row(role: &str) -> LeaseStatus {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        LeaseStatus {
+            role: role.into(),
+            held: true,
+            holder_id: Some("web-1:42:00c0ffee".into()),
+            token: Token(7),
+            acquired_at: Some(now - Duration::from_secs(90)),
+            expires_at: Some(now + Duration::from_secs(8)),
+            db_now: now,
+            remaining: Some(Duration::from_millis(8_250)),
+            paused_at: None,
+            paused_by: None,
+            pause_reason: None,
+            last_tick_ended_at: None,
+            last_tick_holder: None,
+            not_before: Some(now + Duration::from_secs(30)),
+        }
+    }
+
+    #[test]
+    fn control_characters_and_bidi_overrides_are_shown_escaped() {
+        assert_eq!(escape("a\x1b[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(escape("x\u{202e}y\n"), "x\\u{202e}y\\u{a}");
+        assert_eq!(escape("plain: ümlaut"), "plain: ümlaut");
+    }
+
+    #[test]
+    fn short_durations_keep_two_units_and_never_go_negative() {
+        assert_eq!(short(-3.0), "0.0s");
+        assert_eq!(short(9.25), "9.2s");
+        assert_eq!(short(125.0), "2m05s");
+        assert_eq!(short(2.0 * 3600.0 + 61.0), "2h01m");
+        assert_eq!(short(86400.0 + 3.0 * 3600.0), "1d03h");
+    }
+
+    #[test]
+    fn the_table_aligns_columns_and_escapes_every_cell() {
+        let mut paused = row("email_outbox");
+        paused.held = false;
+        paused.paused_by = Some("alice".into());
+        paused.pause_reason = Some("rotate\x1b]0;pwned\x07".into());
+        paused.not_before = None;
+        let out = table(&[row("billing"), paused]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[0].starts_with("ROLE          HOLDER"), "{out}");
+        assert!(
+            lines[1].starts_with("billing       web-1:42:00c0ffee  7      1m30s     8.2s"),
+            "{out}"
+        );
+        assert!(lines[1].ends_with("never          in 30.0s"), "{out}");
+        assert!(lines[2].contains("alice: rotate\\u{1b}]0;pwned\\u{7}"), "{out}");
+        assert!(!out.contains('\x1b'), "{out}");
+    }
+
+    #[test]
+    fn json_keeps_raw_values_and_times_in_rfc3339() {
+        let v = json(&[row("billing")]);
+        let r = &v[0];
+        assert_eq!(r["role"], "billing");
+        assert_eq!(r["token"], 7);
+        assert_eq!(r["remaining_seconds"], 8.25);
+        assert_eq!(r["db_now"], "2023-11-14T22:13:20.000Z");
+        assert_eq!(r["last_tick_age_seconds"], serde_json::Value::Null);
+    }
+}
