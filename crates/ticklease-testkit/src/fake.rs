@@ -215,7 +215,12 @@ impl LeaseStore for FakeStore {
     }
 
     async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
-        ticklease::store::check_pauser(by)?;
+        if by.trim().is_empty() {
+            return Err(StoreError::Rejected {
+                statement: "PAUSE",
+                problem: "who paused the role must be named",
+            });
+        }
         let now = self.now();
         self.with(|s| {
             let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {

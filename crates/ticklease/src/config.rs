@@ -28,6 +28,7 @@ impl Config {
         max_poll: Duration::from_secs(5),
     };
 
+    /// Starts from the defaults.
     pub fn builder() -> ConfigBuilder {
         ConfigBuilder(Config::DEFAULT)
     }
@@ -111,22 +112,27 @@ const _: () = {
 pub struct ConfigBuilder(Config);
 
 impl ConfigBuilder {
+    /// How long a term lasts without a RENEW (default 10 s).
     pub fn lease_ttl(mut self, v: Duration) -> Self {
         self.0.lease_ttl = v;
         self
     }
+    /// RENEW period while a tick runs (default 3 s).
     pub fn heartbeat_every(mut self, v: Duration) -> Self {
         self.0.heartbeat_every = v;
         self
     }
+    /// Bound on every lease statement (default 2 s).
     pub fn statement_timeout(mut self, v: Duration) -> Self {
         self.0.statement_timeout = v;
         self
     }
+    /// Stop the work when no RENEW was acknowledged for this long (default 6 s).
     pub fn abandon_after(mut self, v: Duration) -> Self {
         self.0.abandon_after = v;
         self
     }
+    /// Longest wait between polls of a follower (default 5 s).
     pub fn max_poll(mut self, v: Duration) -> Self {
         self.0.max_poll = v;
         self
@@ -141,6 +147,7 @@ impl ConfigBuilder {
             .abandon_after(f(d.abandon_after))
             .max_poll(f(d.max_poll))
     }
+    /// Checks every bound and relation (`abandon_after + statement_timeout < lease_ttl`, …).
     pub fn build(self) -> Result<Config, ConfigError> {
         self.0.validate()
     }

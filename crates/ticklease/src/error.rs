@@ -8,14 +8,21 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RoleError {
+    /// The name breaks the rule.
     #[error("invalid role name {name:?}: {problem}")]
-    Invalid { name: String, problem: &'static str },
+    Invalid {
+        /// The name given.
+        name: String,
+        /// Which part of the rule it breaks.
+        problem: &'static str,
+    },
 }
 
 /// A `holder_id` that is not `host:pid:nonce`.
 #[derive(Debug, thiserror::Error)]
 #[error("holder id {text:?} is not host:pid:nonce")]
 pub struct HolderIdError {
+    /// The text given.
     pub text: String,
 }
 
@@ -23,28 +30,49 @@ pub struct HolderIdError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// A duration is zero.
     #[error("{name} must be greater than zero")]
-    Zero { name: &'static str },
+    Zero {
+        /// The setting.
+        name: &'static str,
+    },
+    /// A duration exceeds the limit.
     #[error("{name} = {value:?} exceeds the limit of {max:?}")]
     TooLong {
+        /// The setting.
         name: &'static str,
+        /// Its value.
         value: Duration,
+        /// The limit.
         max: Duration,
     },
+    /// A duration has a fraction of a millisecond (the statements take ms).
     #[error("{name} = {value:?} is not a whole number of milliseconds")]
-    SubMillisecond { name: &'static str, value: Duration },
+    SubMillisecond {
+        /// The setting.
+        name: &'static str,
+        /// Its value.
+        value: Duration,
+    },
+    /// `abandon_after + statement_timeout >= lease_ttl`.
     #[error(
         "abandon_after ({abandon_after:?}) + statement_timeout ({statement_timeout:?}) must be less than \
          lease_ttl ({lease_ttl:?}): a leader must stop before its lease can expire"
     )]
     AbandonTooLate {
+        /// The abandon bound.
         abandon_after: Duration,
+        /// The statement timeout.
         statement_timeout: Duration,
+        /// The lease TTL.
         lease_ttl: Duration,
     },
+    /// `heartbeat_every >= abandon_after`.
     #[error("heartbeat_every ({heartbeat_every:?}) must be less than abandon_after ({abandon_after:?})")]
     HeartbeatTooSlow {
+        /// The heartbeat period.
         heartbeat_every: Duration,
+        /// The abandon bound.
         abandon_after: Duration,
     },
 }
@@ -53,45 +81,69 @@ pub enum ConfigError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// The statement (or the wait for a connection) ran out of time.
     #[error("{statement} did not answer within {after:?}")]
     Timeout {
+        /// The statement.
         statement: &'static str,
+        /// Its timeout.
         after: Duration,
     },
+    /// No connection could be had.
     #[error("could not get a database connection for {statement}")]
     Connect {
+        /// The statement that wanted it.
         statement: &'static str,
+        /// The pool's error, boxed: the pool's types are not part of this API.
         #[source]
-        source: deadpool_postgres::PoolError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The schema is missing or differs.
     #[error("the database is not migrated: {detail} (run `{command}`)")]
     NotMigrated {
+        /// What is missing.
         detail: String,
         /// The command that applies the missing migrations.
         command: &'static str,
     },
+    /// The role has no row.
     #[error("unknown role {role:?}: no such row in leader_leases")]
-    UnknownRole { role: String },
+    UnknownRole {
+        /// The role.
+        role: String,
+    },
+    /// The database role lacks a grant.
     #[error("{statement} was refused: permission denied")]
     PermissionDenied {
+        /// The statement.
         statement: &'static str,
+        /// The database's error.
         #[source]
         source: tokio_postgres::Error,
     },
+    /// Any other database error.
     #[error("{statement} failed")]
     Db {
+        /// The statement.
         statement: &'static str,
+        /// The database's error.
         #[source]
         source: tokio_postgres::Error,
     },
+    /// Refused before anything was sent.
     #[error("{statement} refused: {problem}")]
     Rejected {
+        /// The statement.
         statement: &'static str,
+        /// Why.
         problem: &'static str,
     },
+    /// The database refused an argument (a CHECK or a bound in a lease function).
     #[error("invalid argument to {statement}")]
     Invalid {
+        /// The statement.
         statement: &'static str,
+        /// The database's error.
         #[source]
         source: tokio_postgres::Error,
     },
@@ -101,17 +153,34 @@ pub enum StoreError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MigrateError {
+    /// An applied migration's file changed.
     #[error("migration {version} ({name}) was modified after it was applied: its checksum differs")]
-    Modified { version: i32, name: String },
+    Modified {
+        /// Its version.
+        version: i32,
+        /// Its name.
+        name: String,
+    },
+    /// The database is ahead of this build.
     #[error(
         "the database has migration {version} applied, which this build does not know (a newer ticklease?)"
     )]
-    UnknownApplied { version: i32 },
+    UnknownApplied {
+        /// The unknown version.
+        version: i32,
+    },
+    /// A database role name ticklease does not accept.
     #[error("invalid database role name {name:?}: use [a-z_][a-z0-9_]*, at most 63 bytes")]
-    InvalidRoleName { name: String },
+    InvalidRoleName {
+        /// The name given.
+        name: String,
+    },
+    /// A step failed in the database.
     #[error("migration step {step} failed")]
     Db {
+        /// The step.
         step: String,
+        /// The database's error.
         #[source]
         source: tokio_postgres::Error,
     },
@@ -121,18 +190,35 @@ pub enum MigrateError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The role is not declared to this manager.
     #[error("unknown role {role:?}: not declared to this manager")]
-    UnknownRole { role: String },
+    UnknownRole {
+        /// The role.
+        role: String,
+    },
+    /// A second job for one role.
     #[error("role {role:?} already has a job in this scheduler")]
-    DuplicateJob { role: String },
+    DuplicateJob {
+        /// The role.
+        role: String,
+    },
+    /// A zero tick interval.
     #[error("tick interval for role {role:?} must be greater than zero")]
-    ZeroInterval { role: String },
+    ZeroInterval {
+        /// The role.
+        role: String,
+    },
+    /// A tick interval over the limit.
     #[error("tick interval {interval:?} for role {role:?} exceeds the limit of {max:?}")]
     IntervalTooLong {
+        /// The role.
         role: String,
+        /// The interval given.
         interval: Duration,
+        /// The limit.
         max: Duration,
     },
+    /// A store statement failed.
     #[error("lease store failed")]
     Store(#[from] StoreError),
 }

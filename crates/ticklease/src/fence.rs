@@ -22,10 +22,12 @@ impl Fence {
         Fence { role, token }
     }
 
+    /// The term's role.
     pub fn role(&self) -> &Role {
         &self.role
     }
 
+    /// The term's token.
     pub fn token(&self) -> Token {
         self.token
     }

@@ -45,12 +45,15 @@ pub struct Tick {
 }
 
 impl Tick {
+    /// The fence of this tick's term, for its claim statements.
     pub fn fence(&self) -> &Fence {
         &self.fence
     }
+    /// The tick's role.
     pub fn role(&self) -> &Role {
         self.fence.role()
     }
+    /// The term's token.
     pub fn token(&self) -> Token {
         self.fence.token()
     }
@@ -64,6 +67,7 @@ impl Tick {
             None
         }
     }
+    /// Whether the tick was cancelled (term lost or shutdown).
     pub fn is_cancelled(&self) -> bool {
         self.cancel.is_cancelled()
     }
@@ -87,13 +91,31 @@ pub enum Lead<T> {
     /// The manager is shutting down; nothing was attempted.
     ShuttingDown,
     /// Work returned `Ok`; released as completed.
-    Completed { token: Token, value: T },
+    Completed {
+        /// The term's token.
+        token: Token,
+        /// What the work returned.
+        value: T,
+    },
     /// Work returned `Err`; released as failed (cooldown of one interval).
-    Failed { token: Token, error: BoxError },
+    Failed {
+        /// The term's token.
+        token: Token,
+        /// What the work returned.
+        error: BoxError,
+    },
     /// Shutdown cancelled the tick; released as interrupted (due again at once).
-    Interrupted { token: Token },
+    Interrupted {
+        /// The term's token.
+        token: Token,
+    },
     /// The term ended under the work; the work was cancelled and dropped.
-    Lost { token: Token, reason: LossReason },
+    Lost {
+        /// The term's token.
+        token: Token,
+        /// Why the term ended.
+        reason: LossReason,
+    },
 }
 
 /// Declared roles compared with the rows present.
@@ -190,9 +212,11 @@ impl<S: LeaseStore> Manager<S> {
         Ok(manager)
     }
 
+    /// The lease store.
     pub fn store(&self) -> &S {
         &self.inner.store
     }
+    /// The lease timings.
     pub fn config(&self) -> &Config {
         &self.inner.config
     }
@@ -200,9 +224,11 @@ impl<S: LeaseStore> Manager<S> {
     pub fn holder_id(&self) -> &str {
         &self.inner.holder_id
     }
+    /// This manager's holder id.
     pub fn holder(&self) -> &HolderId {
         &self.inner.holder
     }
+    /// The declared roles.
     pub fn roles(&self) -> impl Iterator<Item = &Role> {
         self.inner.roles.iter()
     }
@@ -235,6 +261,7 @@ impl<S: LeaseStore> Manager<S> {
     pub fn shutdown(&self) {
         self.inner.shutdown.cancel();
     }
+    /// Whether [`Manager::shutdown`] was called.
     pub fn is_shutting_down(&self) -> bool {
         self.inner.shutdown.is_cancelled()
     }
@@ -256,6 +283,7 @@ impl<S: LeaseStore> Manager<S> {
         self.inner.unreleased.load(Ordering::Relaxed)
     }
 
+    /// The metrics this manager records into, if any.
     pub fn metrics(&self) -> Option<&Metrics> {
         self.inner.metrics.as_ref()
     }

@@ -239,34 +239,37 @@
 //! offers TLS but checks no certificate; the cancel of a timed-out statement
 //! goes with the same TLS. See [`tls`] for what each mode checks.
 
-pub mod config;
+#![warn(missing_docs, unreachable_pub)]
+
+mod config;
 mod drift;
 pub mod error;
-pub mod fence;
+mod fence;
 mod heartbeat;
-pub mod holder;
-pub mod lead;
+mod holder;
+mod lead;
 pub mod metrics;
 pub mod migrate;
-pub mod role;
-pub mod scheduler;
-pub mod step;
-pub mod store;
+mod role;
+mod scheduler;
+mod step;
+mod store;
 pub mod tls;
-pub mod token;
+mod token;
 
-pub use config::{Config, ConfigBuilder};
+pub use config::{Config, ConfigBuilder, DURATION_MAX};
 pub use error::{ConfigError, Error, HolderIdError, MigrateError, RoleError, StoreError};
 pub use fence::Fence;
 pub use holder::HolderId;
 pub use lead::{BoxError, Cancel, Lead, Manager, RoleReport, Tick};
 pub use metrics::Metrics;
 pub use migrate::{migrate, migrate_with, MigrateOptions, MigrateReport};
-pub use role::Role;
+pub use role::{Role, ROLE_NAME_MAX};
 pub use scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use step::Steps;
 pub use store::{
     Acquire, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Refusal, Release, Renew, Term,
+    POOL_SIZE_MAX,
 };
 pub use tls::{PgConnect, PgConnectError};
 pub use token::Token;

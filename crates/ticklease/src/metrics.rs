@@ -55,7 +55,8 @@ struct OutcomeLabels {
 /// Why a tick ended without completing, as counted by `leader_lease_lost_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum LostReason {
+pub(crate) enum LostReason {
+    /// The term was lost.
     Lease(LossReason),
     /// The work panicked (a code or data defect).
     Panicked,
@@ -64,7 +65,8 @@ pub enum LostReason {
 }
 
 impl LostReason {
-    pub fn as_str(self) -> &'static str {
+    /// The metric label.
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             LostReason::Lease(r) => r.as_str(),
             LostReason::Panicked => "panicked",
@@ -76,16 +78,22 @@ impl LostReason {
 /// How a tick ended, as counted by `leader_ticks_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum TickOutcome {
+pub(crate) enum TickOutcome {
+    /// Work returned `Ok`.
     Completed,
+    /// Work returned `Err`.
     Failed,
+    /// Work panicked.
     Panicked,
+    /// Shutdown cancelled the tick.
     Interrupted,
+    /// The term was lost under the work.
     Lost,
 }
 
 impl TickOutcome {
-    pub fn as_str(self) -> &'static str {
+    /// The metric label.
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TickOutcome::Completed => "completed",
             TickOutcome::Failed => "failed",

@@ -13,8 +13,11 @@ use crate::error::{MigrateError, StoreError};
 /// One embedded migration file.
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
+    /// Applied in ascending order.
     pub version: i32,
+    /// A short name, recorded with the version.
     pub name: &'static str,
+    /// The SQL, run with the simple query protocol.
     pub sql: &'static str,
 }
 
@@ -89,9 +92,11 @@ pub const MIGRATIONS_TABLE: &str = "ticklease_schema_migrations";
 /// application (the reference worker) can version its schema the same way.
 #[derive(Debug, Clone, Copy)]
 pub struct MigrationSet {
+    /// The bookkeeping table (version, name, checksum).
     pub table: &'static str,
     /// The advisory transaction lock that serializes concurrent runners.
     pub lock_key: i64,
+    /// The migrations, in order.
     pub migrations: &'static [Migration],
     /// The command that applies this set, named when it is missing.
     pub command: &'static str,
@@ -108,7 +113,9 @@ pub const LIBRARY: MigrationSet = MigrationSet {
 /// What a migration run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MigrateReport {
+    /// Versions applied by this run.
     pub applied: Vec<i32>,
+    /// Versions found applied before.
     pub already_applied: Vec<i32>,
 }
 

@@ -16,6 +16,7 @@ pub const ROLE_NAME_MAX: usize = 63;
 pub struct Role(pub(crate) String);
 
 impl Role {
+    /// Checks the naming rule: `[a-z][a-z0-9_]*`, optionally `:key` (`[a-z0-9][a-z0-9_.-]*`), at most 63 bytes.
     pub fn new(name: impl Into<String>) -> Result<Self, RoleError> {
         let name = name.into();
         match problem(&name) {
@@ -24,6 +25,7 @@ impl Role {
         }
     }
 
+    /// The name.
     pub fn as_str(&self) -> &str {
         &self.0
     }

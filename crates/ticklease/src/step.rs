@@ -38,7 +38,7 @@ fn install_backtrace_hook() {
 }
 
 /// The message of a panic payload.
-pub fn panic_message(payload: &(dyn Any + Send)) -> &str {
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> &str {
     if let Some(s) = payload.downcast_ref::<&str>() {
         s
     } else if let Some(s) = payload.downcast_ref::<String>() {
@@ -73,6 +73,7 @@ impl std::fmt::Debug for Steps {
 }
 
 impl Steps {
+    /// A guard for `tick`'s steps.
     pub fn new(tick: &Tick) -> Steps {
         install_backtrace_hook();
         Steps {

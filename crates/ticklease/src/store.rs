@@ -15,11 +15,12 @@ mod cancel;
 mod postgres;
 
 pub(crate) use postgres::classify;
-pub use postgres::{check_pauser, PgStore, PgStoreOptions, POOL_SIZE_MAX};
+pub use postgres::{PgStore, PgStoreOptions, POOL_SIZE_MAX};
 
 /// A term that ACQUIRE started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Term {
+    /// The term's fencing token.
     pub token: Token,
     /// The database clock when the term started (observability only).
     pub db_now: SystemTime,
@@ -39,11 +40,24 @@ pub enum Acquire {
 #[non_exhaustive]
 pub enum Refusal {
     /// Another live term holds the role.
-    Held { holder: String, expires_at: SystemTime },
+    Held {
+        /// Who holds it.
+        holder: String,
+        /// When that term runs out unless renewed.
+        expires_at: SystemTime,
+    },
     /// An operator paused the role.
-    Paused { by: String, reason: String },
+    Paused {
+        /// Who paused it.
+        by: String,
+        /// Why.
+        reason: String,
+    },
     /// The last completed tick is younger than the interval, or a cooldown runs.
-    NotDue { due_at: SystemTime },
+    NotDue {
+        /// When it is due.
+        due_at: SystemTime,
+    },
     /// Another replica acquired the role during this statement.
     Contended,
 }
@@ -52,7 +66,9 @@ pub enum Refusal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Renew {
+    /// The term lasts another `lease_ttl`.
     Renewed {
+        /// The database clock at the RENEW.
         db_now: SystemTime,
     },
     /// 0 rows: the term is over, definitively.
@@ -139,26 +155,40 @@ pub(crate) const LOST_COOLDOWN_MAX: Duration = Duration::from_secs(60);
 /// One row of `leader_status`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseStatus {
+    /// The role.
     pub role: String,
     /// A live term exists (holder set and not expired on the database clock).
     pub held: bool,
+    /// Who holds (or last held) the term.
     pub holder_id: Option<String>,
+    /// The term's fencing token.
     pub token: Token,
+    /// When the live term started.
     pub acquired_at: Option<SystemTime>,
+    /// When the term runs out unless renewed.
     pub expires_at: Option<SystemTime>,
+    /// The database clock when read.
     pub db_now: SystemTime,
+    /// Time left in the live term.
     pub remaining: Option<Duration>,
+    /// When an operator paused the role.
     pub paused_at: Option<SystemTime>,
+    /// Who paused it.
     pub paused_by: Option<String>,
+    /// Why.
     pub pause_reason: Option<String>,
+    /// When the last completed tick ended.
     pub last_tick_ended_at: Option<SystemTime>,
+    /// Who ran it.
     pub last_tick_holder: Option<String>,
+    /// A cooldown: no term before this instant.
     pub not_before: Option<SystemTime>,
 }
 
 /// The statements of the lease protocol. Every method is one statement, on the
 /// store's clock; RENEW and RELEASE are term-scoped by `(role, token)`.
 pub trait LeaseStore: Send + Sync + 'static {
+    /// ACQUIRE: starts a term of `role` for `holder` if the role is free, unpaused and due.
     fn acquire(
         &self,
         role: &Role,
@@ -167,6 +197,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         interval: Duration,
     ) -> impl Future<Output = Result<Acquire, StoreError>> + Send;
 
+    /// RENEW: extends the term `(role, token)` by `lease_ttl`; `Lost` when it is over.
     fn renew(
         &self,
         role: &Role,
@@ -201,5 +232,6 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Creates the rows of roles that have none; existing rows are untouched.
     fn seed(&self, roles: &[Role]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Every row of `leader_status`, by role.
     fn status(&self) -> impl Future<Output = Result<Vec<LeaseStatus>, StoreError>> + Send;
 }

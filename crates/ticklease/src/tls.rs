@@ -98,25 +98,44 @@ impl FromStr for SslMode {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PgConnectError {
+    /// An unknown `sslmode`.
     #[error("sslmode {value:?} is not one of disable, prefer, require, verify-ca, verify-full")]
-    SslMode { value: String },
+    SslMode {
+        /// The value given.
+        value: String,
+    },
+    /// The rest of the string is not a valid connection string.
     #[error("invalid connection string")]
     Config {
+        /// tokio-postgres's parse error.
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The CA file cannot be read.
     #[error("could not read sslrootcert {path:?}")]
     RootCertRead {
+        /// The file.
         path: PathBuf,
+        /// Why it could not be read.
         #[source]
         source: std::io::Error,
     },
+    /// The CA file holds no certificate.
     #[error("sslrootcert {path:?} holds no usable PEM certificate")]
-    RootCertEmpty { path: PathBuf },
+    RootCertEmpty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A verify mode without `sslrootcert`, on a machine without a CA store.
     #[error("no trusted root certificates found on this platform; name a CA file with sslrootcert")]
     NoPlatformRoots,
+    /// `sslrootcert=system` with a mode that does not check the host name.
     #[error("sslrootcert=system needs sslmode=verify-full, not {mode}")]
-    SystemRootsNeedVerifyFull { mode: SslMode },
+    SystemRootsNeedVerifyFull {
+        /// The mode given.
+        mode: SslMode,
+    },
+    /// `verify-ca` without `sslrootcert`.
     #[error("sslmode=verify-ca needs sslrootcert (a CA file): against the platform's roots, without the host name check, any certificate bought for any name would pass")]
     VerifyCaNeedsRootCert,
 }
@@ -198,6 +217,7 @@ impl PgConnect {
         &self.config
     }
 
+    /// The `sslmode` asked for.
     pub fn ssl_mode(&self) -> SslMode {
         self.ssl_mode
     }

@@ -9,6 +9,7 @@ use std::fmt;
 pub struct Token(pub i64);
 
 impl Token {
+    /// The token as stored.
     pub fn get(self) -> i64 {
         self.0
     }

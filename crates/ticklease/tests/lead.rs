@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use ticklease::{
-    Acquire, Cancel, Lead, LeaseStatus, LossReason, Manager, PgStore, PgStoreOptions, Refusal, Role, Tick,
+    Cancel, Lead, LeaseStatus, LossReason, Manager, PgStore, PgStoreOptions, Refusal, Role, Tick,
 };
 use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
 

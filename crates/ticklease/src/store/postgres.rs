@@ -118,7 +118,10 @@ impl PgStore {
     async fn conn(&self, statement: &'static str, deadline: Instant) -> Result<Object, StoreError> {
         match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(source)) => Err(StoreError::Connect { statement, source }),
+            Ok(Err(source)) => Err(StoreError::Connect {
+                statement,
+                source: Box::new(source),
+            }),
             Err(_) => Err(StoreError::Timeout {
                 statement,
                 after: self.statement_timeout,
@@ -386,7 +389,7 @@ fn loss_reason(
 }
 
 /// Who paused a role must be named (the SQL function checks the same for psql callers).
-pub fn check_pauser(by: &str) -> Result<(), StoreError> {
+pub(crate) fn check_pauser(by: &str) -> Result<(), StoreError> {
     if by.trim().is_empty() {
         return Err(StoreError::Rejected {
             statement: "PAUSE",
