@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ticklease_bench::chaos::{self, ChaosOptions};
+use ticklease_bench::chaos::{self, ChaosOptions, WorkerFlags};
 use ticklease_bench::failover::{self, Env, Scenario};
 use ticklease_bench::{drill, Timing};
 
@@ -61,16 +61,7 @@ enum Cmd {
     },
     /// (child process) A worker replica with the chaos run's settings.
     #[command(hide = true)]
-    Worker {
-        #[arg(long)]
-        url: String,
-        #[arg(long, value_enum)]
-        timing: Timing,
-        #[arg(long)]
-        payments_url: String,
-        #[arg(long)]
-        smtp_url: String,
-    },
+    Worker(WorkerFlags),
 }
 
 #[tokio::main]
@@ -148,35 +139,8 @@ async fn main() -> anyhow::Result<()> {
             timing,
             write_every,
         } => drill::run(&url, &role, timing.config(), write_every).await?,
-        Cmd::Worker {
-            url,
-            timing,
-            payments_url,
-            smtp_url,
-        } => {
-            let lease = timing.config();
-            let (host, port) = smtp_url
-                .trim_start_matches("smtp://")
-                .rsplit_once(':')
-                .expect("smtp://host:port");
-            let roles: Vec<ticklease::Role> = ticklease_worker::ROLES
-                .iter()
-                .map(|r| ticklease::Role::new(*r).expect("valid"))
-                .collect();
-            let config = ticklease_worker::worker::WorkerConfig {
-                database: url.parse()?,
-                tick_intervals: roles.iter().map(|r| (r.clone(), lease.max_poll())).collect(),
-                roles,
-                lease,
-                payments_url,
-                smtp_host: host.to_string(),
-                smtp_port: port.parse()?,
-                mail_from: "chaos@ticklease.invalid".into(),
-                webhook_secret: chaos::SECRET.into(),
-                metrics_addr: None,
-                batch_size: 5,
-                decline_backoff: lease.max_poll(),
-            };
+        Cmd::Worker(flags) => {
+            let config = flags.config()?;
             let shutdown = tokio_util::sync::CancellationToken::new();
             ticklease::cancel_on_signals(shutdown.clone())?;
             ticklease_worker::worker::run(config, shutdown).await?;

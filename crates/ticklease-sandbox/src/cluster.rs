@@ -246,7 +246,7 @@ impl PgCluster {
         SHARED.get_or_init(
             || match on_lasting_thread(move || PgCluster::start_with(&options)) {
                 Ok(c) => c,
-                Err(e) => panic!("test kit could not start Postgres: {e}"),
+                Err(e) => panic!("could not start the shared Postgres cluster: {e}"),
             },
         )
     }

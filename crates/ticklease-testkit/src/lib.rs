@@ -1,8 +1,9 @@
 //! Test kit for ticklease: an in-memory fake store for paused-time tests,
 //! the conformance suite both stores pass, a TCP fault proxy, PgBouncer, a
-//! TLS cluster and the tests' timings. The throwaway clusters (a fresh
-//! database per test) and network peers come from `ticklease-sandbox`,
-//! re-exported here.
+//! TLS cluster (its CA made with rcgen) and the tests' timings. The
+//! throwaway clusters (a fresh database per test), network peers, worker
+//! processes and the effects audit come from `ticklease-sandbox`, re-exported
+//! here, so the binary that runs the demo carries none of this kit.
 
 pub mod bouncer;
 pub mod conformance;
@@ -16,8 +17,10 @@ pub use bouncer::PgBouncer;
 pub use conformance::lease_row;
 pub use fake::FakeStore;
 pub use proxy::{Fault, FaultProxy};
-pub use ticklease_sandbox::{cluster, peers};
-pub use ticklease_sandbox::{connect, signal, HttpPeer, PgCluster, SandboxError as KitError, SmtpSink};
+pub use ticklease_sandbox::{audit, cluster, peers};
+pub use ticklease_sandbox::{
+    connect, signal, HttpPeer, PgCluster, SandboxError as KitError, SmtpSink, WorkerProcess,
+};
 pub use tls::{TestCa, TlsCluster};
 
 use ticklease::{Config, PgStore, PgStoreOptions};
