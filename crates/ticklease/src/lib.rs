@@ -91,10 +91,10 @@
 //!    froze inside its transaction (idle, or stuck in a statement) delays
 //!    neither takeover nor pause: the bounds of 5 and 6 hold whatever the
 //!    claimer's client does. The fence also lowers the transaction's
-//!    `idle_in_transaction_session_timeout` to the term's remaining time
-//!    (at least 100 ms), so the server ends a claimer frozen idle in its
-//!    transaction, and frees the rows it locked, by the term's expiry as the
-//!    fence saw it. A statement running past the term is not cut (its COMMIT
+//!    `idle_in_transaction_session_timeout` to the term's remaining time (at
+//!    least 1 s, so a busy client is not cut between two statements), so the
+//!    server ends a claimer frozen idle in its transaction, and frees the rows
+//!    it locked, by the term's expiry as the fence saw it (or 1 s idle). A statement running past the term is not cut (its COMMIT
 //!    fails instead). A transaction that outlives its term without a takeover
 //!    fails its COMMIT too: keep fenced transactions shorter than the lease.
 //!    The fence refuses (`feature_not_supported`) what would skip or stretch

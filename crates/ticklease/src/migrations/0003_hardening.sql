@@ -164,7 +164,7 @@ AS $fn$
 -- leader_fence_commit checks the term again when the transaction commits:
 -- a claim commits only while its term is live, and holds no lock on the
 -- lease row until then. The transaction's idle_in_transaction_session_timeout
--- is lowered to the term's remaining time, so a claimer frozen in its
+-- is lowered to the term's remaining time (at least 1 s), so a claimer frozen in its
 -- transaction gives back the rows it locked soon after its term ends.
 DECLARE
     remaining interval;
@@ -195,7 +195,7 @@ BEGIN
         RAISE EXCEPTION 'ticklease: the fence''s commit check is deferred; SET CONSTRAINTS ... IMMEDIATE would skip it'
             USING ERRCODE = 'feature_not_supported';
     END IF;
-    idle_ms := greatest(ceil(extract(epoch FROM remaining) * 1000)::bigint, 100);
+    idle_ms := greatest(ceil(extract(epoch FROM remaining) * 1000)::bigint, 1000);
     IF current_setting('idle_in_transaction_session_timeout')::interval = interval '0'
        OR current_setting('idle_in_transaction_session_timeout')::interval > idle_ms * interval '1 millisecond' THEN
         PERFORM set_config('idle_in_transaction_session_timeout', idle_ms || 'ms', true);
