@@ -170,6 +170,7 @@ impl<S: LeaseStore> Manager<S> {
     }
 
     /// As [`Manager::start`], recording into `metrics` (registered for the same roles).
+    #[cfg(feature = "prometheus")]
     pub async fn start_with_metrics(
         store: S,
         config: Config,
@@ -284,6 +285,7 @@ impl<S: LeaseStore> Manager<S> {
     }
 
     /// The metrics this manager records into, if any.
+    #[cfg(feature = "prometheus")]
     pub fn metrics(&self) -> Option<&Metrics> {
         self.inner.metrics.as_ref()
     }

@@ -248,8 +248,13 @@ mod fence;
 mod heartbeat;
 mod holder;
 mod lead;
+#[cfg(feature = "prometheus")]
 pub mod metrics;
+#[cfg(not(feature = "prometheus"))]
+#[path = "metrics_off.rs"]
+mod metrics;
 pub mod migrate;
+mod outcome;
 mod role;
 mod scheduler;
 mod step;
@@ -262,6 +267,7 @@ pub use error::{ConfigError, Error, HolderIdError, MigrateError, RoleError, Stor
 pub use fence::Fence;
 pub use holder::HolderId;
 pub use lead::{BoxError, Cancel, Lead, Manager, RoleReport, Tick};
+#[cfg(feature = "prometheus")]
 pub use metrics::Metrics;
 pub use migrate::{migrate, migrate_with, MigrateOptions, MigrateReport};
 pub use role::{Role, ROLE_NAME_MAX};

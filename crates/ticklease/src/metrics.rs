@@ -26,8 +26,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+pub(crate) use crate::outcome::{LostReason, TickOutcome};
 use crate::role::Role;
-use crate::store::{LeaseStore, LossReason};
+use crate::store::LeaseStore;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RoleLabel {
@@ -50,58 +51,6 @@ struct ReasonLabels {
 struct OutcomeLabels {
     role: String,
     outcome: &'static str,
-}
-
-/// Why a tick ended without completing, as counted by `leader_lease_lost_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub(crate) enum LostReason {
-    /// The term was lost.
-    Lease(LossReason),
-    /// The work panicked (a code or data defect).
-    Panicked,
-    /// The work returned `Err`.
-    Failed,
-}
-
-impl LostReason {
-    /// The metric label.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            LostReason::Lease(r) => r.as_str(),
-            LostReason::Panicked => "panicked",
-            LostReason::Failed => "failed",
-        }
-    }
-}
-
-/// How a tick ended, as counted by `leader_ticks_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub(crate) enum TickOutcome {
-    /// Work returned `Ok`.
-    Completed,
-    /// Work returned `Err`.
-    Failed,
-    /// Work panicked.
-    Panicked,
-    /// Shutdown cancelled the tick.
-    Interrupted,
-    /// The term was lost under the work.
-    Lost,
-}
-
-impl TickOutcome {
-    /// The metric label.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            TickOutcome::Completed => "completed",
-            TickOutcome::Failed => "failed",
-            TickOutcome::Panicked => "panicked",
-            TickOutcome::Interrupted => "interrupted",
-            TickOutcome::Lost => "lost",
-        }
-    }
 }
 
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -336,8 +285,10 @@ impl Metrics {
 }
 
 /// Scrapes read the store at most this often; in between they serve the last snapshot.
+#[cfg(feature = "http")]
 pub const SCRAPE_REFRESH_MIN: Duration = Duration::from_secs(1);
 /// Scrapes served at once; more are answered 503 at once.
+#[cfg(feature = "http")]
 pub const SCRAPES_MAX: usize = 16;
 
 /// Serves `/metrics` (the registry in OpenMetrics text) and `/healthz` until
@@ -345,6 +296,7 @@ pub const SCRAPES_MAX: usize = 16;
 /// scrape at a time and at most once per [`SCRAPE_REFRESH_MIN`], so a flood of
 /// scrapes costs the store one STATUS statement a second. Give it a store of
 /// its own (a pool of one) so that statement never queues before a RENEW.
+#[cfg(feature = "http")]
 pub async fn serve<S: LeaseStore + Clone>(
     listener: tokio::net::TcpListener,
     registry: Arc<Registry>,

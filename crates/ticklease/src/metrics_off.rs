@@ -1,0 +1,29 @@
+//! Without the `prometheus` feature: no metrics type can be made, so every
+//! `Option<Metrics>` is `None` and these calls are never reached.
+
+use std::time::Duration;
+
+pub(crate) use crate::outcome::{LostReason, TickOutcome};
+use crate::role::Role;
+
+/// Uninhabited: metrics are compiled out.
+#[derive(Debug, Clone)]
+pub(crate) enum Metrics {}
+
+impl Metrics {
+    pub(crate) fn interval(&self, _: &Role, _: Duration) {
+        match *self {}
+    }
+    pub(crate) fn leading(&self, _: &Role, _: bool) {
+        match *self {}
+    }
+    pub(crate) fn tick_ended(&self, _: &Role, _: TickOutcome, _: Duration, _: Option<LostReason>) {
+        match *self {}
+    }
+    pub(crate) fn renewed(&self, _: Duration) {
+        match *self {}
+    }
+    pub(crate) fn drift(&self, _: f64) {
+        match *self {}
+    }
+}
