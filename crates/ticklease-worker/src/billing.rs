@@ -8,11 +8,15 @@
 
 use std::time::{Duration, SystemTime};
 
-use ticklease::Fence;
+use std::sync::Arc;
+
+use ticklease::error::chain;
+use ticklease::{Fence, Steps, Tick};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::funnel::BILLING;
+use crate::worker::Ctx;
 use crate::WorkerError;
 
 /// A subscription as the funnel read it.
@@ -133,4 +137,30 @@ pub async fn close_period(client: &mut Client, sub: &Subscription) -> Result<Per
     .map_err(db("enqueue email"))?;
     tx.commit().await.map_err(db("commit"))?;
     Ok(PeriodClose::Invoiced { invoice_id })
+}
+
+/// One billing tick: closes the period of each due subscription.
+pub(crate) async fn tick(ctx: &Arc<Ctx>, tick: &Tick, steps: &mut Steps) -> Result<(), WorkerError> {
+    let subs = due(&**ctx.pool.get().await?, tick.fence(), ctx.cfg.batch_size).await?;
+    steps
+        .each("bill", subs, |sub| {
+            let ctx = ctx.clone();
+            async move {
+                let result = async {
+                    let mut conn = ctx.pool.get().await?;
+                    close_period(&mut conn, &sub).await
+                };
+                match result.await {
+                    Ok(PeriodClose::Invoiced { invoice_id }) => {
+                        tracing::info!(sub = sub.id, invoice_id, "invoiced")
+                    }
+                    Ok(PeriodClose::WatermarkMoved) => {
+                        tracing::info!(sub = sub.id, "watermark moved; nothing written")
+                    }
+                    Err(e) => tracing::warn!(sub = sub.id, error = %chain(&e), "billing failed"),
+                }
+            }
+        })
+        .await;
+    Ok(())
 }

@@ -7,11 +7,15 @@ use std::time::{Duration, SystemTime};
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use ticklease::Fence;
+use std::sync::Arc;
+
+use ticklease::error::chain;
+use ticklease::{Fence, Steps, Tick};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::funnel::WEBHOOK_DELIVERY;
+use crate::worker::{Ctx, DELIVERY_ATTEMPTS_MAX, RETRY_BASE, RETRY_CAP};
 use crate::{Mark, WorkerError};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -135,4 +139,45 @@ pub async fn mark_retry(
         ],
     )
     .await
+}
+
+/// One webhook-delivery tick: POSTs each pending delivery.
+pub(crate) async fn tick(ctx: &Arc<Ctx>, tick: &Tick, steps: &mut Steps) -> Result<(), WorkerError> {
+    let pending = pending(&**ctx.pool.get().await?, tick.fence(), ctx.cfg.batch_size).await?;
+    steps
+        .each("deliver", pending, |d| {
+            let ctx = ctx.clone();
+            async move {
+                if let Err(e) = deliver(&ctx, &d).await {
+                    tracing::warn!(delivery = d.id, error = %chain(&e), "delivery bookkeeping failed");
+                }
+            }
+        })
+        .await;
+    Ok(())
+}
+
+async fn deliver(ctx: &Ctx, d: &Delivery) -> Result<(), WorkerError> {
+    let delivered = match post(&ctx.http, &ctx.cfg.webhook_secret, d).await {
+        Ok(ok) => ok,
+        Err(e) => {
+            tracing::warn!(delivery = d.id, error = %chain(&e), "webhook POST failed");
+            false
+        }
+    };
+    let conn = ctx.pool.get().await?;
+    let mark = if delivered {
+        mark_delivered(&conn, d.id, d.attempt).await?
+    } else {
+        let delay = backoff(d.attempt + 1, RETRY_BASE, RETRY_CAP);
+        mark_retry(&conn, d.id, d.attempt, delay, DELIVERY_ATTEMPTS_MAX).await?
+    };
+    if mark == Mark::Stale {
+        tracing::info!(
+            delivery = d.id,
+            attempt = d.attempt,
+            "StaleDeliveryMark: the delivery moved on; nothing written"
+        );
+    }
+    Ok(())
 }

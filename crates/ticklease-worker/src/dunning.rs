@@ -12,11 +12,15 @@
 
 use std::time::Duration;
 
-use ticklease::Fence;
+use std::sync::Arc;
+
+use ticklease::error::chain;
+use ticklease::{Fence, Steps, Tick};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::funnel::DUNNING;
+use crate::worker::Ctx;
 use crate::WorkerError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,5 +161,50 @@ where
                 None => Attempt::Stale,
             })
         }
+    }
+}
+
+/// One dunning tick: an attempt for each due run.
+pub(crate) async fn tick(ctx: &Arc<Ctx>, tick: &Tick, steps: &mut Steps) -> Result<(), WorkerError> {
+    let runs = due(&**ctx.pool.get().await?, tick.fence(), ctx.cfg.batch_size).await?;
+    steps
+        .each("charge", runs, |run| {
+            let ctx = ctx.clone();
+            async move {
+                let result = async {
+                    let conn = ctx.pool.get().await?;
+                    attempt(&conn, &run, ctx.cfg.decline_backoff, |key| {
+                        charge(&ctx, run.invoice_id, run.amount_cents, key)
+                    })
+                    .await
+                };
+                match result.await {
+                    Ok(outcome) => tracing::info!(run = run.id, ?outcome, "dunning attempt"),
+                    Err(e) => tracing::warn!(run = run.id, error = %chain(&e), "dunning attempt failed"),
+                }
+            }
+        })
+        .await;
+    Ok(())
+}
+
+async fn charge(ctx: &Ctx, invoice_id: i64, amount_cents: i64, key: String) -> Result<Charge, WorkerError> {
+    let body = serde_json::json!({ "invoice_id": invoice_id, "amount_cents": amount_cents }).to_string();
+    let response = ctx
+        .http
+        .post(format!("{}/charges", ctx.cfg.payments_url.trim_end_matches('/')))
+        .header("content-type", "application/json")
+        .header("idempotency-key", &key)
+        .body(body)
+        .send()
+        .await
+        .map_err(|source| WorkerError::Http {
+            what: "charge",
+            source,
+        })?;
+    match response.status().as_u16() {
+        200 | 201 => Ok(Charge::Succeeded),
+        402 => Ok(Charge::Declined),
+        status => Err(WorkerError::Provider { status, key }),
     }
 }

@@ -6,11 +6,16 @@ use std::time::Duration;
 
 use lettre::message::header::ContentType;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
-use ticklease::Fence;
+use std::sync::Arc;
+
+use ticklease::error::chain;
+use ticklease::{Fence, Steps, Tick};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
+use crate::delivery::backoff;
 use crate::funnel::EMAIL_OUTBOX;
+use crate::worker::{Ctx, RETRY_BASE, RETRY_CAP};
 use crate::{Mark, WorkerError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,4 +118,47 @@ pub async fn mark_retry(
         &[(&id, Type::INT8), (&attempt, Type::INT4), (&secs, Type::FLOAT8)],
     )
     .await
+}
+
+/// One email-outbox tick: sends each claimed email.
+pub(crate) async fn tick(ctx: &Arc<Ctx>, tick: &Tick, steps: &mut Steps) -> Result<(), WorkerError> {
+    let claim_for = ctx.cfg.lease.lease_ttl() * 3;
+    let emails = claim_batch(
+        &**ctx.pool.get().await?,
+        tick.fence(),
+        ctx.cfg.batch_size,
+        claim_for,
+    )
+    .await?;
+    steps
+        .each("send", emails, |m| {
+            let ctx = ctx.clone();
+            async move {
+                if let Err(e) = send_email(&ctx, &m).await {
+                    tracing::warn!(email = m.id, error = %chain(&e), "email bookkeeping failed");
+                }
+            }
+        })
+        .await;
+    Ok(())
+}
+
+async fn send_email(ctx: &Ctx, m: &Email) -> Result<(), WorkerError> {
+    let sent = send(&ctx.smtp, &ctx.cfg.mail_from, m).await;
+    let conn = ctx.pool.get().await?;
+    let mark = match sent {
+        Ok(()) => mark_sent(&conn, m.id, m.attempt).await?,
+        Err(e) => {
+            tracing::warn!(email = m.id, error = %chain(&e), "SMTP send failed");
+            mark_retry(&conn, m.id, m.attempt, backoff(m.attempt, RETRY_BASE, RETRY_CAP)).await?
+        }
+    };
+    if mark == Mark::Stale {
+        tracing::info!(
+            email = m.id,
+            attempt = m.attempt,
+            "stale email mark: the row moved on; nothing written"
+        );
+    }
+    Ok(())
 }

@@ -84,28 +84,19 @@ impl Funnel {
         )
     }
 
-    /// Runs the claim with `fence` and the parameters after `$2`.
+    /// Runs the claim with `fence` and the parameters after `$2`. The fence's
+    /// predicate is the only one a claim can run with.
     pub async fn claim<C: GenericClient>(
         &self,
         client: &C,
         fence: &Fence,
         rest: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        self.claim_with(client, fence, rest, &fence.predicate(1)).await
-    }
-
-    /// As [`Funnel::claim`], with `predicate` in the fence's place (the
-    /// conformance test passes `true` to show the fence is what refuses).
-    pub async fn claim_with<C: GenericClient>(
-        &self,
-        client: &C,
-        fence: &Fence,
-        rest: &[(&(dyn ToSql + Sync), Type)],
-        predicate: &str,
-    ) -> Result<Vec<Row>, tokio_postgres::Error> {
         let [role, token] = fence.params();
         let mut params = vec![role, token];
         params.extend_from_slice(rest);
-        client.query_typed(&self.render(predicate), &params).await
+        client
+            .query_typed(&self.render(&fence.predicate(1)), &params)
+            .await
     }
 }

@@ -29,18 +29,20 @@ pub mod email;
 pub mod funnel;
 pub mod journal;
 pub mod outbox;
+pub mod role;
 pub mod seed;
 pub mod worker;
 
+pub use role::WorkerRole;
 use ticklease::migrate::{Migration, MigrationSet};
 
-/// The five roles, in the spec's order.
+/// The five roles' names, in the spec's order.
 pub const ROLES: [&str; 5] = [
-    "billing",
-    "dunning",
-    "webhook_outbox",
-    "email_outbox",
-    "webhook_delivery",
+    WorkerRole::ALL[0].as_str(),
+    WorkerRole::ALL[1].as_str(),
+    WorkerRole::ALL[2].as_str(),
+    WorkerRole::ALL[3].as_str(),
+    WorkerRole::ALL[4].as_str(),
 ];
 
 /// The worker's schema, versioned apart from the library's.

@@ -2,11 +2,12 @@
 //! dispatched, in the claim's own transaction (the fence's share lock on the
 //! lease row is held until that commit).
 
-use ticklease::Fence;
+use ticklease::{Fence, Tick};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::funnel::WEBHOOK_OUTBOX;
+use crate::worker::Ctx;
 use crate::WorkerError;
 
 const FAN_OUT: &str = "INSERT INTO webhook_deliveries (event_id, endpoint_id)
@@ -35,4 +36,12 @@ pub async fn dispatch(client: &mut Client, fence: &Fence, limit: i64) -> Result<
     }
     tx.commit().await.map_err(db("commit"))?;
     Ok(ids.len())
+}
+
+/// One webhook-outbox tick: fans a batch of events out to every endpoint.
+pub(crate) async fn tick(ctx: &Ctx, tick: &Tick) -> Result<(), WorkerError> {
+    let mut conn = ctx.pool.get().await?;
+    let n = dispatch(&mut conn, tick.fence(), ctx.cfg.batch_size).await?;
+    tracing::debug!(events = n, "dispatched");
+    Ok(())
 }

@@ -42,9 +42,12 @@ async fn claim(client: &mut Client, funnel: &Funnel, fence: &Fence, predicate: &
     if funnel.sql.contains("$4") {
         rest.push((&claim_secs, Type::FLOAT8));
     }
+    let [role, token] = fence.params();
+    let mut params = vec![role, token];
+    params.extend_from_slice(&rest);
     let tx = client.transaction().await.unwrap();
-    let n = funnel
-        .claim_with(&tx, fence, &rest, predicate)
+    let n = tx
+        .query_typed(&funnel.render(predicate), &params)
         .await
         .unwrap()
         .len();
