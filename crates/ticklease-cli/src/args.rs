@@ -280,24 +280,16 @@ impl WorkerRun {
 #[derive(clap::Args)]
 pub struct RoleNames {
     /// The application's database role.
-    #[arg(long, default_value = "ticklease_app", value_parser = db_role)]
+    #[arg(long, default_value = "ticklease_app")]
     app_role: String,
     /// The operators' database role.
-    #[arg(long, default_value = "ticklease_operator", value_parser = db_role)]
+    #[arg(long, default_value = "ticklease_operator")]
     operator_role: String,
 }
 
-fn db_role(name: &str) -> Result<String, String> {
-    ticklease::migrate::check_role_name(name)
-        .map(|()| name.to_string())
-        .map_err(|e| e.to_string())
-}
-
 impl RoleNames {
-    pub fn options(self) -> MigrateOptions {
-        MigrateOptions {
-            app_role: self.app_role,
-            operator_role: self.operator_role,
-        }
+    /// The names, checked before anything connects.
+    pub fn options(self) -> Result<MigrateOptions, ticklease::MigrateError> {
+        MigrateOptions::new(&self.app_role, &self.operator_role)
     }
 }

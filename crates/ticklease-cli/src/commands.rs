@@ -87,8 +87,9 @@ fn describe(config: &tokio_postgres::Config) -> String {
 }
 
 async fn cmd_migrate(db: Db, roles: RoleNames) -> anyhow::Result<()> {
+    let options = roles.options().map_err(|e| Usage(e.to_string()))?;
     let mut client = db.client().await?;
-    let report = ticklease::migrate_with(&mut client, &roles.options()).await?;
+    let report = ticklease::migrate_with(&mut client, &options).await?;
     println!(
         "migrations applied: {:?}; already applied: {:?}",
         report.applied, report.already_applied
@@ -97,7 +98,7 @@ async fn cmd_migrate(db: Db, roles: RoleNames) -> anyhow::Result<()> {
 }
 
 async fn cmd_grant(db: Db, roles: RoleNames) -> anyhow::Result<()> {
-    let options = roles.options();
+    let options = roles.options().map_err(|e| Usage(e.to_string()))?;
     ticklease::migrate::grant(&db.client().await?, &options).await?;
     println!(
         "granted {} (application) and {} (operator)",

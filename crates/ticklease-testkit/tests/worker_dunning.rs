@@ -213,7 +213,7 @@ async fn migration_two_upgrades_a_live_version_one_database_in_place() {
         migrations: &schema.migrations[..1],
         ..schema
     };
-    ticklease::migrate::apply(&mut owner, &v1, "").await.unwrap();
+    v1.apply(&mut owner, "").await.unwrap();
     owner.batch_execute(ONE_RUN).await.unwrap();
     owner
         .batch_execute("UPDATE dunning_runs SET attempt_count = 1, last_outcome = 'declined'")

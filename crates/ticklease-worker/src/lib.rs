@@ -120,6 +120,8 @@ pub enum WorkerError {
     Lease(#[from] ticklease::Error),
     #[error("lease store failed")]
     Store(#[from] ticklease::StoreError),
+    #[error("the worker's schema check failed")]
+    Schema(#[from] ticklease::MigrateError),
     #[error("could not get a database connection")]
     Pool(#[from] deadpool_postgres::PoolError),
     #[error("I/O failed: {what}")]
@@ -140,7 +142,7 @@ impl WorkerError {
 pub async fn migrate(
     client: &mut tokio_postgres::Client,
 ) -> Result<ticklease::MigrateReport, ticklease::MigrateError> {
-    ticklease::migrate::apply(client, &SCHEMA, "").await
+    SCHEMA.apply(client, "").await
 }
 
 /// Default pause between two ticks of a role.

@@ -69,7 +69,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
     .max_size(8)
     .build()
     .expect("no runtime-dependent options");
-    ticklease::migrate::check_set(&**pool.get().await?, &SCHEMA).await?;
+    SCHEMA.verify(&**pool.get().await?).await?;
 
     let mut registry = prometheus_client::registry::Registry::with_prefix("ticklease");
     let metrics = Metrics::register(&mut registry, cfg.roles.clone());

@@ -175,6 +175,14 @@ pub enum MigrateError {
         /// The name given.
         name: String,
     },
+    /// A migration of the set is missing or differs.
+    #[error("the database is not migrated: {detail} (run `{command}`)")]
+    NotMigrated {
+        /// What is missing.
+        detail: String,
+        /// The command that applies the missing migrations.
+        command: &'static str,
+    },
     /// A step failed in the database.
     #[error("migration step {step} failed")]
     Db {

@@ -59,6 +59,18 @@ pub struct MigrateOptions {
     pub operator_role: String,
 }
 
+impl MigrateOptions {
+    /// Role names checked as ticklease accepts them (`[a-z_][a-z0-9_]*`, at most 63 bytes).
+    pub fn new(app_role: &str, operator_role: &str) -> Result<Self, MigrateError> {
+        check_role_name(app_role)?;
+        check_role_name(operator_role)?;
+        Ok(MigrateOptions {
+            app_role: app_role.to_string(),
+            operator_role: operator_role.to_string(),
+        })
+    }
+}
+
 impl Default for MigrateOptions {
     fn default() -> Self {
         MigrateOptions {
@@ -69,7 +81,7 @@ impl Default for MigrateOptions {
 }
 
 /// A database role name as ticklease accepts it: `[a-z_][a-z0-9_]*`, at most 63 bytes.
-pub fn check_role_name(name: &str) -> Result<(), MigrateError> {
+pub(crate) fn check_role_name(name: &str) -> Result<(), MigrateError> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
@@ -145,9 +157,56 @@ pub async fn migrate_with(
     Ok(report)
 }
 
-/// Applies every pending migration of `set` in one transaction, after
-/// running `prelude` (transaction-local settings; may be empty) in it.
-pub async fn apply(
+impl MigrationSet {
+    /// Applies every pending migration in one transaction, after running
+    /// `prelude` (transaction-local settings; may be empty) in it.
+    pub async fn apply(&self, client: &mut Client, prelude: &str) -> Result<MigrateReport, MigrateError> {
+        apply(client, self, prelude).await
+    }
+
+    /// Checks that every migration is applied, unchanged; `NotMigrated`
+    /// names what is missing and the command that applies it.
+    pub async fn verify(&self, client: &Client) -> Result<(), MigrateError> {
+        let table = self.table;
+        let not_migrated = |detail: String| MigrateError::NotMigrated {
+            detail,
+            command: self.command,
+        };
+        let sql = format!("SELECT version, checksum FROM {table}");
+        let rows = match client.query_typed(&sql, &[]).await {
+            Ok(rows) => rows,
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                return Err(not_migrated(format!("table {table} does not exist")))
+            }
+            Err(source) => {
+                return Err(MigrateError::Db {
+                    step: "verify".into(),
+                    source,
+                })
+            }
+        };
+        for m in self.migrations {
+            match rows.iter().find(|r| r.get::<_, i32>(0) == m.version) {
+                None => {
+                    return Err(not_migrated(format!(
+                        "migration {} ({}) is not applied",
+                        m.version, m.name
+                    )))
+                }
+                Some(r) if r.get::<_, String>(1) != m.checksum() => {
+                    return Err(not_migrated(format!(
+                        "migration {} ({}) was applied with a different checksum",
+                        m.version, m.name
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn apply(
     client: &mut Client,
     set: &MigrationSet,
     prelude: &str,
@@ -244,45 +303,15 @@ pub async fn grant(client: &Client, options: &MigrateOptions) -> Result<(), Migr
         })
 }
 
-/// Checks that every library migration is applied, unchanged.
-pub async fn check_schema(client: &Client) -> Result<(), StoreError> {
-    check_set(client, &LIBRARY).await
-}
-
-/// Checks that every migration of `set` is applied, unchanged.
-pub async fn check_set(client: &Client, set: &MigrationSet) -> Result<(), StoreError> {
-    let table = set.table;
-    let sql = format!("SELECT version, checksum FROM {table}");
-    let rows = match client.query_typed(&sql, &[]).await {
-        Ok(rows) => rows,
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
-            return Err(StoreError::NotMigrated {
-                detail: format!("table {table} does not exist"),
-                command: set.command,
-            })
-        }
-        Err(source) => return Err(crate::store::classify("schema check", source)),
-    };
-    for m in set.migrations {
-        let found = rows.iter().find(|r| r.get::<_, i32>(0) == m.version);
-        match found {
-            None => {
-                return Err(StoreError::NotMigrated {
-                    detail: format!("migration {} ({}) is not applied", m.version, m.name),
-                    command: set.command,
-                })
-            }
-            Some(r) if r.get::<_, String>(1) != m.checksum() => {
-                return Err(StoreError::NotMigrated {
-                    detail: format!(
-                        "migration {} ({}) was applied with a different checksum",
-                        m.version, m.name
-                    ),
-                    command: set.command,
-                })
-            }
-            Some(_) => {}
-        }
-    }
-    Ok(())
+/// Checks that every library migration is applied, unchanged: the store's
+/// startup check, as a store error (`NotMigrated`, `PermissionDenied`, …).
+pub(crate) async fn check_schema(client: &Client) -> Result<(), StoreError> {
+    LIBRARY.verify(client).await.map_err(|e| match e {
+        MigrateError::NotMigrated { detail, command } => StoreError::NotMigrated { detail, command },
+        MigrateError::Db { source, .. } => crate::store::classify("schema check", source),
+        other => StoreError::NotMigrated {
+            detail: other.to_string(),
+            command: LIBRARY.command,
+        },
+    })
 }

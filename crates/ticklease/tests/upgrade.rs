@@ -8,7 +8,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
-use ticklease::migrate::{apply, MigrationSet, LIBRARY, MIGRATIONS};
+use ticklease::migrate::{MigrationSet, LIBRARY, MIGRATIONS};
 use ticklease::{LeaseStore, PgStore, PgStoreOptions, Renew, Role, Token};
 use ticklease_testkit::{connect, scalar, test_config, PgCluster};
 
@@ -26,7 +26,7 @@ async fn migration_0003_keeps_a_live_term_whose_holder_renews_through_it() {
         migrations: &MIGRATIONS[..2],
         ..LIBRARY
     };
-    apply(&mut client, &at_0002, "").await.unwrap();
+    at_0002.apply(&mut client, "").await.unwrap();
     client
         .batch_execute("CREATE ROLE upgrade_app LOGIN IN ROLE ticklease_app")
         .await
