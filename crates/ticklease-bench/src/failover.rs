@@ -207,6 +207,32 @@ pub async fn trial(env: &Env, scenario: Scenario, n: usize) -> anyhow::Result<Tr
     let _ = leader.wait().await;
     let _ = follower.wait().await;
 
+    let h = handover(env, &role, old).await?;
+    Ok(Trial {
+        scenario,
+        n,
+        takeover: h.first_claim.duration_since(h.last_renew).unwrap_or_default(),
+        gap_ms: between(h.first_claim, h.last_statement),
+        stale_writes: h.stale,
+        fault_to_takeover,
+        old_ended,
+    })
+}
+
+/// What the database recorded of a handover.
+struct Handover {
+    /// The old term's last acknowledged ACQUIRE/RENEW.
+    last_renew: SystemTime,
+    /// The new term's first claim.
+    first_claim: SystemTime,
+    /// The old term's last statement (renew or write).
+    last_statement: SystemTime,
+    /// Writes of the old term after the new term's first claim.
+    stale: i64,
+}
+
+async fn handover(env: &Env, role: &str, old: i64) -> anyhow::Result<Handover> {
+    let role = role.to_string();
     let db = connect(&env.cluster.config(&env.db)).await?;
     let one = |sql: &'static str| {
         let (db, role) = (&db, role.clone());
@@ -234,14 +260,11 @@ pub async fn trial(env: &Env, scenario: Scenario, n: usize) -> anyhow::Result<Tr
         )
         .await?[0]
         .get(0);
-    Ok(Trial {
-        scenario,
-        n,
-        takeover: first_claim.duration_since(last_renew).unwrap_or_default(),
-        gap_ms: between(first_claim, last_statement),
-        stale_writes: stale,
-        fault_to_takeover,
-        old_ended,
+    Ok(Handover {
+        last_renew,
+        first_claim,
+        last_statement,
+        stale,
     })
 }
 

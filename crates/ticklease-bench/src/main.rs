@@ -76,38 +76,7 @@ async fn main() -> anyhow::Result<()> {
             timing,
             scenarios,
             out,
-        } => {
-            let env = Env::start(timing, std::env::current_exe()?).await?;
-            let scenarios = if scenarios.is_empty() {
-                Scenario::ALL.to_vec()
-            } else {
-                scenarios
-            };
-            let mut all = Vec::new();
-            for s in scenarios {
-                for n in 0..trials {
-                    let t = failover::trial(&env, s, n).await?;
-                    eprintln!(
-                        "{} #{n}: takeover {:?}, gap {:.0} ms, stale writes {}",
-                        s.as_str(),
-                        t.takeover,
-                        t.gap_ms,
-                        t.stale_writes
-                    );
-                    all.push(t);
-                }
-            }
-            let csv = failover::write_csv(&out, timing, &all)?;
-            let version: String = ticklease_testkit::scalar(
-                &ticklease_testkit::connect(&env.cluster.config(&env.db)).await?,
-                "SELECT current_setting('server_version')",
-            )
-            .await;
-            let md = failover::write_markdown(&out, timing, &all, &version)?;
-            println!("report: {}", md.display());
-            println!("{}", failover::table(&all));
-            println!("raw trials: {}", csv.display());
-        }
+        } => cmd_failover(trials, timing, scenarios, &out).await?,
         Cmd::Chaos {
             replicas,
             faults,
@@ -146,5 +115,45 @@ async fn main() -> anyhow::Result<()> {
             ticklease_worker::worker::run(config, shutdown).await?;
         }
     }
+    Ok(())
+}
+
+/// Runs the failover trials and writes the CSV and markdown reports to `out`.
+async fn cmd_failover(
+    trials: usize,
+    timing: Timing,
+    scenarios: Vec<Scenario>,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    let env = Env::start(timing, std::env::current_exe()?).await?;
+    let scenarios = if scenarios.is_empty() {
+        Scenario::ALL.to_vec()
+    } else {
+        scenarios
+    };
+    let mut all = Vec::new();
+    for s in scenarios {
+        for n in 0..trials {
+            let t = failover::trial(&env, s, n).await?;
+            eprintln!(
+                "{} #{n}: takeover {:?}, gap {:.0} ms, stale writes {}",
+                s.as_str(),
+                t.takeover,
+                t.gap_ms,
+                t.stale_writes
+            );
+            all.push(t);
+        }
+    }
+    let csv = failover::write_csv(out, timing, &all)?;
+    let version: String = ticklease_testkit::scalar(
+        &ticklease_testkit::connect(&env.cluster.config(&env.db)).await?,
+        "SELECT current_setting('server_version')",
+    )
+    .await;
+    let md = failover::write_markdown(out, timing, &all, &version)?;
+    println!("report: {}", md.display());
+    println!("{}", failover::table(&all));
+    println!("raw trials: {}", csv.display());
     Ok(())
 }

@@ -309,6 +309,46 @@ impl<S: LeaseStore> Manager<S> {
         Ok(())
     }
 
+    /// ACQUIRE: the new term's token and when the statement was sent (the
+    /// heartbeat's first anchor), or why no term started.
+    async fn acquire(
+        &self,
+        role: &Role,
+        interval: Duration,
+    ) -> Result<Result<(Token, Instant), Refusal>, Error> {
+        let inner = &self.inner;
+        let sent = Instant::now();
+        let sent_wall = SystemTime::now();
+        let term = match inner
+            .store
+            .acquire(role, &inner.holder_id, inner.config.lease_ttl(), interval)
+            .await?
+        {
+            Acquire::Acquired(term) => term,
+            Acquire::Refused(refusal) => return Ok(Err(refusal)),
+        };
+        inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
+        tracing::debug!(%role, token = %term.token, holder = %inner.holder_id, "acquired");
+        if let Some(m) = &inner.metrics {
+            m.interval(role, interval);
+            m.leading(role, true);
+        }
+        Ok(Ok((term.token, sent)))
+    }
+
+    fn heartbeat(&self, role: &Role, token: Token, acquire_sent: Instant) -> Heartbeat<S> {
+        let inner = &self.inner;
+        Heartbeat {
+            store: inner.store.clone(),
+            role: role.clone(),
+            token,
+            config: inner.config,
+            acquire_sent,
+            drift: inner.drift.clone(),
+            metrics: inner.metrics.clone(),
+        }
+    }
+
     /// One tick of `role`: ACQUIRE; if a term starts, run `work` under a
     /// heartbeat, then RELEASE with the outcome. A panic in `work` releases the
     /// tick as failed and then continues unwinding from here.
@@ -325,23 +365,10 @@ impl<S: LeaseStore> Manager<S> {
         if inner.shutdown.is_cancelled() {
             return Ok(Lead::ShuttingDown);
         }
-        let sent = Instant::now();
-        let sent_wall = SystemTime::now();
-        let term = match inner
-            .store
-            .acquire(role, &inner.holder_id, inner.config.lease_ttl(), interval)
-            .await?
-        {
-            Acquire::Acquired(term) => term,
-            Acquire::Refused(refusal) => return Ok(Lead::Refused(refusal)),
+        let (token, sent) = match self.acquire(role, interval).await? {
+            Ok(started) => started,
+            Err(refusal) => return Ok(Lead::Refused(refusal)),
         };
-        inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
-        let token = term.token;
-        tracing::debug!(%role, %token, holder = %inner.holder_id, "acquired");
-        if let Some(m) = &inner.metrics {
-            m.interval(role, interval);
-            m.leading(role, true);
-        }
 
         let mut guard = TermGuard {
             inner: inner.clone(),
@@ -357,18 +384,7 @@ impl<S: LeaseStore> Manager<S> {
         };
         let stop_heartbeat = CancellationToken::new();
         let _stop_on_drop = stop_heartbeat.clone().drop_guard();
-        let mut heartbeat = tokio::spawn(
-            Heartbeat {
-                store: inner.store.clone(),
-                role: role.clone(),
-                token,
-                config: inner.config,
-                acquire_sent: sent,
-                drift: inner.drift.clone(),
-                metrics: inner.metrics.clone(),
-            }
-            .run(stop_heartbeat.clone()),
-        );
+        let mut heartbeat = tokio::spawn(self.heartbeat(role, token, sent).run(stop_heartbeat.clone()));
 
         let mut work = Box::pin(AssertUnwindSafe(work(tick.clone())).catch_unwind());
         let ended = tokio::select! {
