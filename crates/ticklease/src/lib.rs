@@ -72,7 +72,23 @@
 //!
 //! 1. **One live term per role.** ACQUIRE takes a row only when no term is
 //!    live on the database clock; racing ACQUIREs serialize on the row lock and
-//!    the loser re-evaluates against the winner's row. Tokens only grow.
+//!    the loser re-evaluates against the winner's row. Tokens only grow:
+//!    ACQUIRE issues `greatest(token + 1, database clock in ms)`. **Across a
+//!    failover that loses commits** (asynchronous replication, then a
+//!    promotion), the promoted server may not have seen the last ACQUIREs;
+//!    its next token is still above every token of the lost timeline when the
+//!    failover (from the last lost ACQUIRE to the first ACQUIRE on the new
+//!    primary) lasted longer than the tokens' lead over the clock plus the
+//!    clock difference between the two hosts. Tokens lead the clock only
+//!    when a role is acquired more than once per millisecond on average, so
+//!    the lead is normally negative; the metric `leader_token_lead_seconds`
+//!    shows it. With synchronous replication (`synchronous_commit` `on` or
+//!    `remote_apply` and a synchronous standby) no acknowledged ACQUIRE is
+//!    lost, and no holder ever uses a token the promoted server lacks. A
+//!    connection that finds itself on a read-only server leaves the pool at
+//!    once; with a multi-host URL (`host=a,b`, `target_session_attrs=read-write`)
+//!    the next statement finds the new primary, so a failover costs missed
+//!    beats, not a restart.
 //! 2. **A superseded leader claims nothing.** A claim statement carrying
 //!    [`Fence::predicate`] returns 0 rows unless its term is live and unpaused
 //!    when the fence executes: `(SELECT leader_fence(role, token))` is an

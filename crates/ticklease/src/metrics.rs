@@ -28,7 +28,7 @@ use prometheus_client::registry::Registry;
 
 pub(crate) use crate::outcome::{LostReason, TickOutcome};
 use crate::role::Role;
-use crate::store::LeaseStore;
+use crate::store::{LeaseStatus, LeaseStore};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RoleLabel {
@@ -67,6 +67,7 @@ struct Inner {
     tick_duration: Family<RoleLabel, Histogram>,
     renew_duration: Histogram,
     drift: FloatGauge,
+    token_lead: FloatGauge,
 }
 
 /// The metric handles. Cheap to clone.
@@ -95,6 +96,76 @@ fn label(role: &Role) -> RoleLabel {
 
 const STATES: [&str; 3] = ["ok", "never_ran", "error"];
 
+/// The largest token minus the database clock in ms, in seconds: tokens are
+/// seeded from the clock, so a positive lead is how far they ran ahead of it.
+fn token_lead_seconds(rows: &[LeaseStatus]) -> Option<f64> {
+    let db_now = rows.first()?.db_now;
+    let now_ms = db_now.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64;
+    let max = rows.iter().map(|r| r.token.get()).max()?;
+    Some((max - now_ms) as f64 / 1000.0)
+}
+
+impl Inner {
+    fn register_into(&self, r: &mut Registry) {
+        r.register(
+            "leader_last_tick_age_seconds",
+            "Seconds since the role's last completed tick (cluster fact; absent unless state=ok)",
+            self.last_tick_age.clone(),
+        );
+        r.register(
+            "leader_last_tick_state",
+            "1 for the current state of the last-tick fact: ok, never_ran or error",
+            self.last_tick_state.clone(),
+        );
+        r.register(
+            "leader_paused",
+            "1 while an operator has paused the role",
+            self.paused.clone(),
+        );
+        r.register(
+            "leader_tick_interval_seconds",
+            "The role's tick interval",
+            self.interval.clone(),
+        );
+        r.register(
+            "leader_is_leader",
+            "1 while this replica runs a tick of the role",
+            self.is_leader.clone(),
+        );
+        r.register(
+            "leader_ticks",
+            "Ticks this replica ran, by outcome",
+            self.ticks.clone(),
+        );
+        r.register(
+            "leader_lease_lost",
+            "Ticks that ended without completing, by reason",
+            self.lease_lost.clone(),
+        );
+        r.register(
+            "leader_tick_duration_seconds",
+            "Tick durations",
+            self.tick_duration.clone(),
+        );
+        r.register(
+            "leader_renew_duration_seconds",
+            "RENEW round trips",
+            self.renew_duration.clone(),
+        );
+        r.register(
+            "leader_db_clock_drift_seconds",
+            "Database clock minus this replica's clock, as last observed",
+            self.drift.clone(),
+        );
+        r.register(
+            "leader_token_lead_seconds",
+            "Largest token minus the database clock in ms, as seconds (cluster fact): a failover that \
+             loses commits keeps tokens unique while it lasts longer than this",
+            self.token_lead.clone(),
+        );
+    }
+}
+
 impl Metrics {
     /// Registers every metric for `roles` into `registry`.
     pub fn register(registry: &mut Registry, roles: impl IntoIterator<Item = Role>) -> Metrics {
@@ -110,58 +181,9 @@ impl Metrics {
             tick_duration: Family::new_with_constructor(tick_buckets),
             renew_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             drift: FloatGauge::default(),
+            token_lead: FloatGauge::default(),
         };
-        let r = registry;
-        r.register(
-            "leader_last_tick_age_seconds",
-            "Seconds since the role's last completed tick (cluster fact; absent unless state=ok)",
-            inner.last_tick_age.clone(),
-        );
-        r.register(
-            "leader_last_tick_state",
-            "1 for the current state of the last-tick fact: ok, never_ran or error",
-            inner.last_tick_state.clone(),
-        );
-        r.register(
-            "leader_paused",
-            "1 while an operator has paused the role",
-            inner.paused.clone(),
-        );
-        r.register(
-            "leader_tick_interval_seconds",
-            "The role's tick interval",
-            inner.interval.clone(),
-        );
-        r.register(
-            "leader_is_leader",
-            "1 while this replica runs a tick of the role",
-            inner.is_leader.clone(),
-        );
-        r.register(
-            "leader_ticks",
-            "Ticks this replica ran, by outcome",
-            inner.ticks.clone(),
-        );
-        r.register(
-            "leader_lease_lost",
-            "Ticks that ended without completing, by reason",
-            inner.lease_lost.clone(),
-        );
-        r.register(
-            "leader_tick_duration_seconds",
-            "Tick durations",
-            inner.tick_duration.clone(),
-        );
-        r.register(
-            "leader_renew_duration_seconds",
-            "RENEW round trips",
-            inner.renew_duration.clone(),
-        );
-        r.register(
-            "leader_db_clock_drift_seconds",
-            "Database clock minus this replica's clock, as last observed",
-            inner.drift.clone(),
-        );
+        inner.register_into(registry);
         for role in &inner.roles {
             // Exists at 0 from the start: the first panic is then an increase.
             drop(inner.lease_lost.get_or_create(&ReasonLabels {
@@ -181,6 +203,9 @@ impl Metrics {
         let inner = &self.inner;
         match store.status().await {
             Ok(rows) => {
+                if let Some(lead) = token_lead_seconds(&rows) {
+                    inner.token_lead.set(lead);
+                }
                 for role in &inner.roles {
                     let row = rows.iter().find(|s| s.role == role.as_str());
                     let age = row.and_then(|s| {

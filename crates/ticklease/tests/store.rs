@@ -113,3 +113,44 @@ async fn leader_status_answers_in_every_row_state() {
         .unwrap();
     answers("extreme but finite").await;
 }
+
+/// A connection that finds itself on a read-only server (a standby, a demoted
+/// primary) leaves the pool at once: the next statement connects afresh.
+#[tokio::test]
+async fn a_connection_on_a_read_only_server_leaves_the_pool_at_once() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    let name = db.get_dbname().unwrap().to_string();
+    owner
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET default_transaction_read_only = on"
+        ))
+        .await
+        .unwrap();
+    let store = PgStore::connect(
+        db.clone(),
+        PgStoreOptions {
+            pool_size: 1,
+            statement_timeout: Duration::from_secs(5),
+        },
+    )
+    .await
+    .unwrap();
+    let ttl = Duration::from_secs(30);
+    let err = store
+        .acquire(&billing(), "a", ttl, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(ticklease::error::chain(&err).contains("read-only"), "{err:?}");
+    owner
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} RESET default_transaction_read_only"
+        ))
+        .await
+        .unwrap();
+    let acquired = store
+        .acquire(&billing(), "a", ttl, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(matches!(acquired, Acquire::Acquired(_)), "{acquired:?}");
+}

@@ -15,6 +15,10 @@
 --    a frozen claimer can neither delay a takeover nor a pause.
 -- 4. A RENEW that finds its term over names the reason from the row as it is
 --    after the statement (a pause racing a RENEW is a pause, not a takeover).
+-- 5. ACQUIRE issues greatest(token + 1, the database clock in ms): a token
+--    issued after a failover that lost commits is above every token of the
+--    lost timeline when the failover took longer than the tokens' lead over
+--    the clock (issue 14; crate docs, guarantee 1).
 
 -- A replica of 0002 may hold a lease row lock in a frozen claim: fail the
 -- upgrade rather than queue every RENEW behind ALTER TABLE's lock.
@@ -79,7 +83,7 @@ AS $fn$
                 now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms))
         ON CONFLICT (role) DO UPDATE
            SET role = EXCLUDED.role,
-               holder_token = l.holder_token + 1,
+               holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
                holder_id = EXCLUDED.holder_id,
                acquired_at = EXCLUDED.acquired_at,
                expires_at = EXCLUDED.expires_at

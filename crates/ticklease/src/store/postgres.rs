@@ -143,6 +143,15 @@ impl PgStore {
         };
         let client = in_flight.conn.as_ref().expect("set above");
         match timeout_at(deadline, client.query_typed(sql, params)).await {
+            Ok(Err(source)) if source.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION) => {
+                // A standby (a demoted primary, or a host a multi-host URL
+                // reached before a failover): this connection will never
+                // write again, so it leaves the pool; the next statement
+                // connects afresh and `target_session_attrs=read-write`
+                // finds the new primary.
+                in_flight.discard();
+                Err(classify(statement, source))
+            }
             Ok(result) => {
                 in_flight.done();
                 result.map_err(|source| classify(statement, source))
@@ -165,6 +174,14 @@ struct InFlight<'a> {
 impl InFlight<'_> {
     fn done(mut self) {
         self.conn.take();
+    }
+
+    /// Closes the connection instead of returning it to the pool; its
+    /// statement has answered, so there is nothing to cancel.
+    fn discard(mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(Object::take(conn));
+        }
     }
 }
 
