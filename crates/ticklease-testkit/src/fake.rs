@@ -138,7 +138,7 @@ impl LeaseStore for FakeStore {
             if let Some(due_at) = due_at.filter(|d| *d > now) {
                 return Ok(Acquire::Refused(Refusal::NotDue { due_at }));
             }
-            row.token += 1;
+            row.token = (row.token + 1).max(seed_token(now));
             row.holder_id = Some(holder.to_string());
             row.acquired_at = Some(now);
             row.expires_at = Some(now + lease_ttl);
