@@ -329,6 +329,9 @@ async fn metric_output_has_the_documented_names_labels_and_pre_created_series() 
     let age = m[r#"ticklease_leader_last_tick_age_seconds{role="billing"}"#];
     assert!((0.0..5.0).contains(&age), "{age}");
     assert!(m[r#"ticklease_leader_db_clock_drift_seconds"#].abs() < 1.0);
+    // Tokens trail the clock: the last ACQUIRE issued the clock in ms.
+    let lead = m["ticklease_leader_token_lead_seconds"];
+    assert!((-5.0..=0.0).contains(&lead), "token lead {lead}");
     assert!(m.values().all(|v| v.is_finite()));
 }
 
