@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{Gid, Pid, Uid, User};
 
+/// Numbers the databases of every cluster in this process: a promoted standby
+/// holds its primary's databases, so per-cluster numbering would collide.
+static DATABASES: AtomicU32 = AtomicU32::new(0);
+
 /// A server certificate and its private key, PEM.
 #[derive(Debug, Clone)]
 pub struct ServerCert {
@@ -34,6 +38,9 @@ pub struct ClusterOptions {
     /// `ssl=on` with this certificate, and TCP connections over TLS only
     /// (`hostssl`); the Unix socket stays plain.
     pub tls: Option<ServerCert>,
+    /// Accepts streaming replication from 127.0.0.1 as `postgres`: a primary
+    /// for [`crate::Standby`] (see [`PgCluster::start_primary`]).
+    pub replication: bool,
 }
 
 /// Why a cluster could not be had.
@@ -65,7 +72,7 @@ pub enum SandboxError {
     },
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SandboxError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SandboxError {
     let what = what.into();
     move |source| SandboxError::Io { what, source }
 }
@@ -124,7 +131,6 @@ pub struct PgCluster {
     port: u16,
     user: Option<(Uid, Gid)>,
     postmaster: Mutex<Option<Child>>,
-    databases: AtomicU32,
     /// The postmaster gets SIGQUIT when the thread that spawned it exits.
     die_with_parent: bool,
 }
@@ -146,6 +152,29 @@ impl PgCluster {
 
     /// Starts a cluster of its own with `options`.
     pub fn start_with(options: &ClusterOptions) -> Result<PgCluster, SandboxError> {
+        let cluster = PgCluster::prepare(options)?;
+        cluster.initdb()?;
+        if let Some(cert) = &options.tls {
+            cluster.enable_tls(cert)?;
+        }
+        if options.replication {
+            cluster.enable_replication()?;
+        }
+        cluster.spawn_postmaster()?;
+        Ok(cluster)
+    }
+
+    /// Starts a cluster that a [`crate::Standby`] can stream from.
+    pub fn start_primary() -> Result<PgCluster, SandboxError> {
+        PgCluster::start_with(&ClusterOptions {
+            replication: true,
+            ..ClusterOptions::default()
+        })
+    }
+
+    /// A cluster handle with its temp dir and socket dir made (owned by
+    /// `postgres` when we are root), no data dir yet and no postmaster.
+    pub(crate) fn prepare(options: &ClusterOptions) -> Result<PgCluster, SandboxError> {
         sweep_stale();
         let bindir = bindir()?;
         let user = server_user()?;
@@ -163,7 +192,6 @@ impl PgCluster {
             root,
             user,
             postmaster: Mutex::new(None),
-            databases: AtomicU32::new(0),
             die_with_parent: options.die_with_parent,
         };
         std::fs::create_dir_all(cluster.socket_dir()).map_err(io("create the socket dir"))?;
@@ -171,10 +199,14 @@ impl PgCluster {
             nix::unistd::chown(&cluster.socket_dir(), Some(uid), Some(gid))
                 .map_err(|e| io("chown the socket dir")(e.into()))?;
         }
-        let out = cluster
+        Ok(cluster)
+    }
+
+    fn initdb(&self) -> Result<(), SandboxError> {
+        let out = self
             .command("initdb")
             .args(["-D"])
-            .arg(cluster.data_dir())
+            .arg(self.data_dir())
             .args([
                 "-U",
                 "postgres",
@@ -186,23 +218,27 @@ impl PgCluster {
             ])
             .output()
             .map_err(io("run initdb"))?;
-        if !out.status.success() {
-            return Err(SandboxError::Command {
-                what: "initdb".into(),
-                output: String::from_utf8_lossy(&out.stderr).into_owned(),
-            });
-        }
-        if let Some(cert) = &options.tls {
-            cluster.enable_tls(cert)?;
-        }
-        cluster.spawn_postmaster()?;
-        Ok(cluster)
+        check_output("initdb", &out)
+    }
+
+    /// Spells out what streaming replication needs rather than trusting the
+    /// server's defaults (which allow it in 15), and keeps WAL around so a
+    /// standby that fell behind can still catch up.
+    fn enable_replication(&self) -> Result<(), SandboxError> {
+        let data = self.data_dir();
+        append(
+            &data.join("postgresql.conf"),
+            "wal_level = replica\nmax_wal_senders = 10\nwal_keep_size = '256MB'\nhot_standby = on\n",
+        )?;
+        append(
+            &data.join("pg_hba.conf"),
+            "host replication postgres 127.0.0.1/32 trust\n",
+        )
     }
 
     /// Writes the certificate and key where the server looks by default, turns
     /// `ssl` on and replaces pg_hba.conf with `hostssl` lines for TCP.
     fn enable_tls(&self, cert: &ServerCert) -> Result<(), SandboxError> {
-        use std::io::Write;
         let data = self.data_dir();
         let files = [
             ("server.crt", cert.cert_pem.as_str(), 0o644),
@@ -224,11 +260,7 @@ impl PgCluster {
                     .map_err(|e| io(format!("chown {name} to postgres"))(e.into()))?;
             }
         }
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(data.join("postgresql.conf"))
-            .and_then(|mut f| f.write_all(b"ssl = on\n"))
-            .map_err(io("turn ssl on in postgresql.conf"))
+        append(&data.join("postgresql.conf"), "ssl = on\n")
     }
 
     /// One cluster shared by the tests of this process, started on first use.
@@ -241,7 +273,7 @@ impl PgCluster {
         static SHARED: OnceLock<PgCluster> = OnceLock::new();
         let options = ClusterOptions {
             die_with_parent: true,
-            tls: None,
+            ..ClusterOptions::default()
         };
         SHARED.get_or_init(
             || match on_lasting_thread(move || PgCluster::start_with(&options)) {
@@ -251,7 +283,7 @@ impl PgCluster {
         )
     }
 
-    fn command(&self, program: &str) -> Command {
+    pub(crate) fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new(self.bindir.join(program));
         if let Some((uid, gid)) = self.user {
             cmd.uid(uid.as_raw()).gid(gid.as_raw());
@@ -277,7 +309,7 @@ impl PgCluster {
         self.root.path().join("postmaster.log")
     }
 
-    fn spawn_postmaster(&self) -> Result<(), SandboxError> {
+    pub(crate) fn spawn_postmaster(&self) -> Result<(), SandboxError> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -384,12 +416,23 @@ impl PgCluster {
 
     /// Stops the postmaster immediately (SIGQUIT; SIGKILL after 10 s) and waits for it.
     pub fn stop(&self) {
+        self.stop_with(Signal::SIGQUIT, Duration::from_secs(10));
+    }
+
+    /// Stops the postmaster cleanly (SIGINT, a fast shutdown: a checkpoint,
+    /// and connected standbys get every WAL record first; SIGKILL after 30 s)
+    /// and waits for it.
+    pub fn stop_fast(&self) {
+        self.stop_with(Signal::SIGINT, Duration::from_secs(30));
+    }
+
+    fn stop_with(&self, signal: Signal, grace: Duration) {
         let child = self.postmaster.lock().expect("postmaster lock").take();
         if let Some(mut child) = child {
             let pid = Pid::from_raw(child.id() as i32);
             let _ = kill(pid, Signal::SIGCONT);
-            let _ = kill(pid, Signal::SIGQUIT);
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let _ = kill(pid, signal);
+            let deadline = Instant::now() + grace;
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
                     return;
@@ -442,7 +485,7 @@ impl PgCluster {
 
     /// Creates an empty database with a fresh name.
     pub async fn create_database(&self) -> Result<String, SandboxError> {
-        let n = self.databases.fetch_add(1, Ordering::Relaxed);
+        let n = DATABASES.fetch_add(1, Ordering::Relaxed);
         let name = format!("t{}_{n}", std::process::id());
         let client = connect(&self.config("postgres")).await?;
         client
@@ -460,6 +503,27 @@ impl Drop for PgCluster {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Appends `text` to a config file of the data dir.
+pub(crate) fn append(path: &Path, text: &str) -> Result<(), SandboxError> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(io(format!("append to {}", path.display())))
+}
+
+/// `Ok` when a server tool exited 0, else its stderr as the error.
+pub(crate) fn check_output(what: &str, out: &std::process::Output) -> Result<(), SandboxError> {
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(SandboxError::Command {
+        what: what.into(),
+        output: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
 }
 
 /// Runs `start` on a thread that lives as long as the process and returns its
