@@ -17,9 +17,10 @@ pub use bouncer::PgBouncer;
 pub use conformance::lease_row;
 pub use fake::FakeStore;
 pub use proxy::{Fault, FaultProxy};
-pub use ticklease_sandbox::{audit, cluster, peers};
+pub use ticklease_sandbox::{audit, cluster, peers, standby};
 pub use ticklease_sandbox::{
-    connect, signal, HttpPeer, PgCluster, SandboxError as KitError, SmtpSink, WorkerProcess,
+    config_for_hosts, connect, signal, url_for_hosts, HttpPeer, PgCluster, SandboxError as KitError,
+    SmtpSink, Standby, WorkerProcess,
 };
 pub use tls::{TestCa, TlsCluster};
 
