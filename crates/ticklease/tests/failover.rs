@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
-use ticklease::{Acquire, LeaseStore, LossReason, PgStore, PgStoreOptions, Release, Renew, Role, Token};
-use ticklease_testkit::{config_for_hosts, connect, scalar, PgCluster, Standby};
+use ticklease::{
+    Acquire, LeaseStore, LossReason, PgConnect, PgStore, PgStoreOptions, Release, Renew, Role, Token,
+};
+use ticklease_testkit::{connect, scalar, url_for_hosts, PgCluster, Standby};
 
 fn billing() -> Role {
     Role::new("billing").unwrap()
@@ -42,9 +44,11 @@ async fn a_lossy_promotion_issues_tokens_above_the_lost_ones() {
         pool_size: 2,
         statement_timeout: Duration::from_secs(2),
     };
-    let a = PgStore::connect(config_for_hosts(&[&primary, standby.cluster()], &db), options)
-        .await
+    // A parses the URL as the CLI and the worker do.
+    let url: PgConnect = url_for_hosts(&[&primary, standby.cluster()], &db)
+        .parse()
         .unwrap();
+    let a = PgStore::connect(url, options).await.unwrap();
     let t0 = acquired(&a, "a").await;
     assert!(a
         .release(&billing(), t0, Release::Interrupted, Duration::from_millis(1))
