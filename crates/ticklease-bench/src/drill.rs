@@ -24,8 +24,7 @@ pub async fn run(
     let store = PgStore::connect(pg.clone(), PgStoreOptions::from_config(&config)).await?;
     let manager = Manager::start(store, config, [role.clone()]).await?;
     let holder = manager.holder_id().to_string();
-    let (client, connection) = pg.connect().await?;
-    tokio::spawn(connection);
+    let writer = Writer::connect(pg).await?;
     let shutdown = CancellationToken::new();
     ticklease::cancel_on_signals(shutdown.clone())?;
     let stop = manager.clone();
@@ -34,7 +33,7 @@ pub async fn run(
         token.cancelled().await;
         stop.shutdown();
     });
-    let client = &client;
+    let writer = &writer;
     loop {
         let lead = manager
             .lead(&role, Duration::from_millis(1), |tick| {
@@ -49,7 +48,7 @@ pub async fn run(
                     while !tick.is_cancelled() {
                         let [r, t] = tick.fence().params();
                         // A failed or fenced-off write is no reason to stop: the heartbeat decides.
-                        let _ = client.execute_typed(&sql, &[r, t, (&holder, Type::TEXT)]).await;
+                        let _ = writer.insert(&sql, &[r, t, (&holder, Type::TEXT)]).await;
                         tokio::select! {
                             _ = tick.cancelled() => {}
                             _ = tokio::time::sleep(write_every) => {}
@@ -75,5 +74,40 @@ pub async fn run(
             _ = shutdown.cancelled() => return Ok(()),
             _ = tokio::time::sleep(config.max_poll()) => {}
         }
+    }
+}
+
+/// The journal writer's own connection, replaced when it closes: after a
+/// Postgres failover the multi-host URL reaches the new primary.
+struct Writer {
+    pg: ticklease::PgConnect,
+    client: tokio::sync::Mutex<tokio_postgres::Client>,
+}
+
+impl Writer {
+    async fn connect(pg: ticklease::PgConnect) -> anyhow::Result<Writer> {
+        let client = Self::open(&pg).await?;
+        Ok(Writer {
+            pg,
+            client: tokio::sync::Mutex::new(client),
+        })
+    }
+
+    async fn open(pg: &ticklease::PgConnect) -> anyhow::Result<tokio_postgres::Client> {
+        let (client, connection) = pg.connect().await?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+
+    async fn insert(
+        &self,
+        sql: &str,
+        params: &[(&(dyn tokio_postgres::types::ToSql + Sync), Type)],
+    ) -> anyhow::Result<u64> {
+        let mut client = self.client.lock().await;
+        if client.is_closed() {
+            *client = Self::open(&self.pg).await?;
+        }
+        Ok(client.execute_typed(sql, params).await?)
     }
 }

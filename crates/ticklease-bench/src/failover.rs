@@ -125,7 +125,7 @@ impl Env {
     }
 }
 
-async fn next_line(
+pub(crate) async fn next_line(
     lines: &mut tokio::io::Lines<BufReader<ChildStdout>>,
     within: Duration,
 ) -> anyhow::Result<String> {
@@ -135,7 +135,7 @@ async fn next_line(
     line.context("the process exited")
 }
 
-async fn next_leading(
+pub(crate) async fn next_leading(
     lines: &mut tokio::io::Lines<BufReader<ChildStdout>>,
     within: Duration,
 ) -> anyhow::Result<i64> {

@@ -6,6 +6,7 @@
 pub mod chaos;
 pub mod drill;
 pub mod failover;
+pub mod promotion;
 pub mod stats;
 
 /// Bench-only instrumentation, applied after the migrations.

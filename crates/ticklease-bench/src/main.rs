@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use ticklease_bench::chaos::{self, ChaosOptions, WorkerFlags};
 use ticklease_bench::failover::{self, Env, Scenario};
-use ticklease_bench::{drill, Timing};
+use ticklease_bench::{drill, promotion, Timing};
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +29,16 @@ enum Cmd {
         /// Only these scenarios (default: all four).
         #[arg(long, value_enum, value_delimiter = ',')]
         scenarios: Vec<Scenario>,
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+    },
+    /// Postgres switchovers (standby caught up, primary stopped, standby promoted)
+    /// under a drill leader and a follower on the multi-host URL.
+    Promotion {
+        #[arg(long, default_value_t = 10)]
+        trials: usize,
+        #[arg(long, value_enum, default_value = "scaled")]
+        timing: Timing,
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
@@ -77,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
             scenarios,
             out,
         } => cmd_failover(trials, timing, scenarios, &out).await?,
+        Cmd::Promotion { trials, timing, out } => cmd_promotion(trials, timing, &out).await?,
         Cmd::Chaos {
             replicas,
             faults,
@@ -155,5 +166,23 @@ async fn cmd_failover(
     println!("report: {}", md.display());
     println!("{}", failover::table(&all));
     println!("raw trials: {}", csv.display());
+    Ok(())
+}
+
+/// Runs the switchover trials and writes the CSV and markdown reports to `out`.
+async fn cmd_promotion(trials: usize, timing: Timing, out: &std::path::Path) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let mut all = Vec::new();
+    for n in 0..trials {
+        let t = promotion::trial(&exe, timing, n).await?;
+        eprintln!(
+            "promotion #{n}: claim {:?}, lease {:?} after; new term {}, stale writes {}",
+            t.led_again, t.lease_again, t.new_term, t.stale_writes
+        );
+        all.push(t);
+    }
+    let md = promotion::write_reports(out, timing, &all)?;
+    println!("report: {}", md.display());
+    println!("{}", promotion::table(timing, &all));
     Ok(())
 }

@@ -1,0 +1,240 @@
+//! The Postgres failover benchmark: a primary and a streaming standby, a
+//! drill leader and a follower both on the multi-host URL; a clean
+//! switchover (the standby caught up, the primary stopped, the standby
+//! promoted). Measured on the new primary's clock: the promotion → the
+//! role's first fenced claim there, and stale writes.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+use ticklease_testkit::{connect, signal, url_for_hosts, PgCluster, Standby};
+
+use crate::failover::{machine, next_leading};
+use crate::stats::summarize;
+use crate::{Timing, HISTORY_SQL};
+
+const ROLE: &str = "drill_promotion";
+
+/// One switchover's measurements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trial {
+    pub n: usize,
+    /// The promotion returned → the first fenced claim on the new primary.
+    pub led_again: Duration,
+    /// The promotion returned → the first ACQUIRE/RENEW committed on the new primary.
+    pub lease_again: Duration,
+    /// Whether that claim was under a new term (else the old leader's term
+    /// carried over: its RENEW reached the new primary within the TTL).
+    pub new_term: bool,
+    /// Fenced writes under a token after a newer token's first write.
+    pub stale_writes: i64,
+}
+
+/// A primary, its standby and a migrated, instrumented database on both.
+struct Pair {
+    primary: PgCluster,
+    standby: Standby,
+    db: String,
+}
+
+impl Pair {
+    async fn start() -> anyhow::Result<Pair> {
+        let primary = PgCluster::start_primary()?;
+        let db = primary.create_database().await?;
+        let mut client = connect(&primary.config(&db)).await?;
+        ticklease::migrate(&mut client).await?;
+        ticklease_worker::migrate(&mut client).await?;
+        client.batch_execute(HISTORY_SQL).await?;
+        let standby = Standby::start(&primary)?;
+        Ok(Pair { primary, standby, db })
+    }
+
+    fn url(&self) -> String {
+        url_for_hosts(&[&self.primary, self.standby.cluster()], &self.db)
+    }
+}
+
+fn spawn_leader(
+    exe: &Path,
+    url: &str,
+    timing: Timing,
+) -> anyhow::Result<(Child, tokio::io::Lines<BufReader<ChildStdout>>)> {
+    let write_every = timing.config().heartbeat_every() / 6;
+    let mut child = Command::new(exe)
+        .args([
+            "leader",
+            "--url",
+            url,
+            "--role",
+            ROLE,
+            "--timing",
+            timing.as_str(),
+        ])
+        .args(["--write-every", &format!("{}ms", write_every.as_millis())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawn the drill leader")?;
+    let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    Ok((child, lines))
+}
+
+/// Runs one switchover trial on a fresh primary and standby.
+pub async fn trial(exe: &Path, timing: Timing, n: usize) -> anyhow::Result<Trial> {
+    let config = timing.config();
+    let pair = Pair::start().await?;
+    let url = pair.url();
+    let (mut leader, mut leader_out) = spawn_leader(exe, &url, timing)?;
+    let old = next_leading(&mut leader_out, config.lease_ttl() * 3).await?;
+    let (mut follower, _follower_out) = spawn_leader(exe, &url, timing)?;
+    // Mid-term, at a random point of the follower's poll cycle.
+    let phase = config.max_poll().mul_f64(rand::random::<f64>());
+    tokio::time::sleep(config.heartbeat_every() * 2 + config.max_poll() + phase).await;
+
+    // Connected while still a hot standby, so the clock is read at once.
+    let observer = connect(&pair.standby.cluster().config(&pair.db)).await?;
+    pair.standby.wait_caught_up(&pair.primary).await?;
+    pair.primary.stop_fast();
+    pair.standby.promote().await?;
+    let promoted: SystemTime = observer.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
+    let within = config.lease_ttl() * 3 + config.max_poll() + Duration::from_secs(10);
+    let (first_at, token) = first_claim_after(&observer, promoted, within).await?;
+    // Time for a stale write to show, were the fence to let one through.
+    tokio::time::sleep(config.heartbeat_every() * 2).await;
+    signal(&leader, Signal::SIGKILL);
+    signal(&follower, Signal::SIGKILL);
+    let _ = leader.wait().await;
+    let _ = follower.wait().await;
+    let lease_at: SystemTime = observer
+        .query_typed(
+            "SELECT min(at) FROM lease_history WHERE role = $1 AND at >= $2 AND new_holder IS NOT NULL",
+            &[(&ROLE, Type::TEXT), (&promoted, Type::TIMESTAMPTZ)],
+        )
+        .await?[0]
+        .get::<_, Option<SystemTime>>(0)
+        .context("no ACQUIRE/RENEW on the new primary")?;
+    Ok(Trial {
+        n,
+        lease_again: lease_at.duration_since(promoted).unwrap_or_default(),
+        led_again: first_at.duration_since(promoted).unwrap_or_default(),
+        new_term: token > old,
+        stale_writes: stale_writes(&observer).await?,
+    })
+}
+
+/// Polls the new primary for the first fenced claim at or after `since`.
+async fn first_claim_after(
+    db: &Client,
+    since: SystemTime,
+    within: Duration,
+) -> anyhow::Result<(SystemTime, i64)> {
+    let started = std::time::Instant::now();
+    while started.elapsed() < within {
+        let row = db
+            .query_typed(
+                "SELECT at, token FROM drill_journal WHERE role = $1 AND at >= $2 ORDER BY at LIMIT 1",
+                &[(&ROLE, Type::TEXT), (&since, Type::TIMESTAMPTZ)],
+            )
+            .await?;
+        if let Some(r) = row.first() {
+            return Ok((r.get(0), r.get(1)));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    bail!("no fenced claim on the new primary within {within:?} of the promotion")
+}
+
+async fn stale_writes(db: &Client) -> anyhow::Result<i64> {
+    Ok(db
+        .query_typed(
+            "SELECT count(*) FROM drill_journal j WHERE role = $1 AND EXISTS \
+               (SELECT 1 FROM drill_journal n WHERE n.role = j.role AND n.token > j.token AND n.at < j.at)",
+            &[(&ROLE, Type::TEXT)],
+        )
+        .await?[0]
+        .get(0))
+}
+
+/// The results row in Markdown.
+pub fn table(timing: Timing, trials: &[Trial]) -> String {
+    let mut out = String::from(
+        "| timing | trials | claim p50 | claim p99 | claim max | lease p50 | lease p99 | lease max | new term | stale writes |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let ms: Vec<f64> = trials
+        .iter()
+        .map(|t| t.led_again.as_secs_f64() * 1000.0)
+        .collect();
+    let lease: Vec<f64> = trials
+        .iter()
+        .map(|t| t.lease_again.as_secs_f64() * 1000.0)
+        .collect();
+    if let (Some(s), Some(l)) = (summarize(&ms), summarize(&lease)) {
+        let new_terms = trials.iter().filter(|t| t.new_term).count();
+        let stale: i64 = trials.iter().map(|t| t.stale_writes).sum();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {new_terms}/{} | {stale} |",
+            timing.as_str(),
+            s.n,
+            s.p50,
+            s.p99,
+            s.max,
+            l.p50,
+            l.p99,
+            l.max,
+            s.n
+        );
+    }
+    out
+}
+
+/// Writes `promotion-<timing>.csv` and `.md` into `dir`; returns the markdown's path.
+pub fn write_reports(dir: &Path, timing: Timing, trials: &[Trial]) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let mut csv = String::from("trial,claim_ms,lease_ms,new_term,stale_writes\n");
+    for t in trials {
+        let _ = writeln!(
+            csv,
+            "{},{:.1},{:.1},{},{}",
+            t.n,
+            t.led_again.as_secs_f64() * 1000.0,
+            t.lease_again.as_secs_f64() * 1000.0,
+            t.new_term,
+            t.stale_writes
+        );
+    }
+    std::fs::write(dir.join(format!("promotion-{}.csv", timing.as_str())), csv)?;
+    let c = timing.config();
+    let md = format!(
+        "# Postgres switchover, {} timings (generated)\n\n\
+         TTL {:?}, heartbeat {:?}, statement timeout {:?}, abandon {:?}, max poll {:?}.\n\
+         Machine: {}; measured {}.\n\n{}\n\
+         Raw trials: `promotion-{}.csv`. Rerun: `cargo run --release -p ticklease-bench -- promotion --trials {} --timing {}`.\n",
+        timing.as_str(),
+        c.lease_ttl(),
+        c.heartbeat_every(),
+        c.statement_timeout(),
+        c.abandon_after(),
+        c.max_poll(),
+        machine(),
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        table(timing, trials),
+        timing.as_str(),
+        trials.len(),
+        timing.as_str(),
+    );
+    let path = dir.join(format!("promotion-{}.md", timing.as_str()));
+    std::fs::write(&path, md)?;
+    Ok(path)
+}
