@@ -39,6 +39,9 @@ enum Cmd {
         trials: usize,
         #[arg(long, value_enum, default_value = "scaled")]
         timing: Timing,
+        /// Keep the cluster without a writable server this long before promoting.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "0ms")]
+        down_for: Duration,
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
@@ -87,7 +90,12 @@ async fn main() -> anyhow::Result<()> {
             scenarios,
             out,
         } => cmd_failover(trials, timing, scenarios, &out).await?,
-        Cmd::Promotion { trials, timing, out } => cmd_promotion(trials, timing, &out).await?,
+        Cmd::Promotion {
+            trials,
+            timing,
+            down_for,
+            out,
+        } => cmd_promotion(trials, promotion::Plan { timing, down_for }, &out).await?,
         Cmd::Chaos {
             replicas,
             faults,
@@ -170,19 +178,19 @@ async fn cmd_failover(
 }
 
 /// Runs the switchover trials and writes the CSV and markdown reports to `out`.
-async fn cmd_promotion(trials: usize, timing: Timing, out: &std::path::Path) -> anyhow::Result<()> {
+async fn cmd_promotion(trials: usize, plan: promotion::Plan, out: &std::path::Path) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let mut all = Vec::new();
     for n in 0..trials {
-        let t = promotion::trial(&exe, timing, n).await?;
+        let t = promotion::trial(&exe, plan, n).await?;
         eprintln!(
-            "promotion #{n}: claim {:?}, lease {:?} after; new term {}, stale writes {}",
-            t.led_again, t.lease_again, t.new_term, t.stale_writes
+            "promotion #{n}: switchover {:?}; claim {:?}, lease {:?} after; new term {}, stale writes {}",
+            t.switchover, t.led_again, t.lease_again, t.new_term, t.stale_writes
         );
         all.push(t);
     }
-    let md = promotion::write_reports(out, timing, &all)?;
+    let md = promotion::write_reports(out, plan, &all)?;
     println!("report: {}", md.display());
-    println!("{}", promotion::table(timing, &all));
+    println!("{}", promotion::table(plan, &all));
     Ok(())
 }

@@ -28,8 +28,12 @@ const ROLE: &str = "drill_promotion";
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trial {
     pub n: usize,
-    /// The promotion returned → the first fenced claim on the new primary.
+    /// The promotion returned (the new primary's clock read just after) → the
+    /// first fenced claim on the new primary; 0 if it came before that read.
     pub led_again: Duration,
+    /// Local clock: the primary's fast shutdown began → the promotion returned
+    /// (no server took writes in between).
+    pub switchover: Duration,
     /// The promotion returned → the first ACQUIRE/RENEW committed on the new primary.
     pub lease_again: Duration,
     /// Whether that claim was under a new term (else the old leader's term
@@ -89,8 +93,29 @@ fn spawn_leader(
     Ok((child, lines))
 }
 
+/// A run's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub timing: Timing,
+    /// How long no server takes writes, on top of the switchover itself
+    /// (between the primary's shutdown and the promotion): past abandon-after,
+    /// the old term ends and the role is taken over under a new one.
+    pub down_for: Duration,
+}
+
+impl Plan {
+    /// `scaled`, or `scaled-down1500ms` with an outage added.
+    pub fn label(&self) -> String {
+        match self.down_for.as_millis() {
+            0 => self.timing.as_str().to_string(),
+            ms => format!("{}-down{ms}ms", self.timing.as_str()),
+        }
+    }
+}
+
 /// Runs one switchover trial on a fresh primary and standby.
-pub async fn trial(exe: &Path, timing: Timing, n: usize) -> anyhow::Result<Trial> {
+pub async fn trial(exe: &Path, plan: Plan, n: usize) -> anyhow::Result<Trial> {
+    let timing = plan.timing;
     let config = timing.config();
     let pair = Pair::start().await?;
     let url = pair.url();
@@ -104,11 +129,21 @@ pub async fn trial(exe: &Path, timing: Timing, n: usize) -> anyhow::Result<Trial
     // Connected while still a hot standby, so the clock is read at once.
     let observer = connect(&pair.standby.cluster().config(&pair.db)).await?;
     pair.standby.wait_caught_up(&pair.primary).await?;
+    // Anything recorded after this instant was written on the new primary:
+    // nothing commits while neither server takes writes.
+    let down_at: SystemTime = connect(&pair.primary.config(&pair.db))
+        .await?
+        .query_one("SELECT clock_timestamp()", &[])
+        .await?
+        .get(0);
+    let stopping = std::time::Instant::now();
     pair.primary.stop_fast();
+    tokio::time::sleep(plan.down_for).await;
     pair.standby.promote().await?;
+    let switchover = stopping.elapsed();
     let promoted: SystemTime = observer.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
     let within = config.lease_ttl() * 3 + config.max_poll() + Duration::from_secs(10);
-    let (first_at, token) = first_claim_after(&observer, promoted, within).await?;
+    let (first_at, token) = first_claim_after(&observer, down_at, within).await?;
     // Time for a stale write to show, were the fence to let one through.
     tokio::time::sleep(config.heartbeat_every() * 2).await;
     signal(&leader, Signal::SIGKILL);
@@ -118,13 +153,14 @@ pub async fn trial(exe: &Path, timing: Timing, n: usize) -> anyhow::Result<Trial
     let lease_at: SystemTime = observer
         .query_typed(
             "SELECT min(at) FROM lease_history WHERE role = $1 AND at >= $2 AND new_holder IS NOT NULL",
-            &[(&ROLE, Type::TEXT), (&promoted, Type::TIMESTAMPTZ)],
+            &[(&ROLE, Type::TEXT), (&down_at, Type::TIMESTAMPTZ)],
         )
         .await?[0]
         .get::<_, Option<SystemTime>>(0)
         .context("no ACQUIRE/RENEW on the new primary")?;
     Ok(Trial {
         n,
+        switchover,
         lease_again: lease_at.duration_since(promoted).unwrap_or_default(),
         led_again: first_at.duration_since(promoted).unwrap_or_default(),
         new_term: token > old,
@@ -166,10 +202,10 @@ async fn stale_writes(db: &Client) -> anyhow::Result<i64> {
 }
 
 /// The results row in Markdown.
-pub fn table(timing: Timing, trials: &[Trial]) -> String {
+pub fn table(plan: Plan, trials: &[Trial]) -> String {
     let mut out = String::from(
-        "| timing | trials | claim p50 | claim p99 | claim max | lease p50 | lease p99 | lease max | new term | stale writes |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| timing | trials | switchover p50 | switchover p99 | switchover max | claim p50 | claim p99 | claim max | lease p50 | lease p99 | lease max | new term | stale writes |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let ms: Vec<f64> = trials
         .iter()
@@ -179,14 +215,21 @@ pub fn table(timing: Timing, trials: &[Trial]) -> String {
         .iter()
         .map(|t| t.lease_again.as_secs_f64() * 1000.0)
         .collect();
-    if let (Some(s), Some(l)) = (summarize(&ms), summarize(&lease)) {
+    let down: Vec<f64> = trials
+        .iter()
+        .map(|t| t.switchover.as_secs_f64() * 1000.0)
+        .collect();
+    if let (Some(s), Some(l), Some(d)) = (summarize(&ms), summarize(&lease), summarize(&down)) {
         let new_terms = trials.iter().filter(|t| t.new_term).count();
         let stale: i64 = trials.iter().map(|t| t.stale_writes).sum();
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {new_terms}/{} | {stale} |",
-            timing.as_str(),
+            "| {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {new_terms}/{} | {stale} |",
+            plan.label(),
             s.n,
+            d.p50,
+            d.p99,
+            d.max,
             s.p50,
             s.p99,
             s.max,
@@ -200,41 +243,45 @@ pub fn table(timing: Timing, trials: &[Trial]) -> String {
 }
 
 /// Writes `promotion-<timing>.csv` and `.md` into `dir`; returns the markdown's path.
-pub fn write_reports(dir: &Path, timing: Timing, trials: &[Trial]) -> anyhow::Result<PathBuf> {
+pub fn write_reports(dir: &Path, plan: Plan, trials: &[Trial]) -> anyhow::Result<PathBuf> {
+    let (timing, label) = (plan.timing, plan.label());
     std::fs::create_dir_all(dir)?;
-    let mut csv = String::from("trial,claim_ms,lease_ms,new_term,stale_writes\n");
+    let mut csv = String::from("trial,switchover_ms,claim_ms,lease_ms,new_term,stale_writes\n");
     for t in trials {
         let _ = writeln!(
             csv,
-            "{},{:.1},{:.1},{},{}",
+            "{},{:.1},{:.1},{:.1},{},{}",
             t.n,
+            t.switchover.as_secs_f64() * 1000.0,
             t.led_again.as_secs_f64() * 1000.0,
             t.lease_again.as_secs_f64() * 1000.0,
             t.new_term,
             t.stale_writes
         );
     }
-    std::fs::write(dir.join(format!("promotion-{}.csv", timing.as_str())), csv)?;
+    std::fs::write(dir.join(format!("promotion-{label}.csv")), csv)?;
     let c = timing.config();
     let md = format!(
         "# Postgres switchover, {} timings (generated)\n\n\
-         TTL {:?}, heartbeat {:?}, statement timeout {:?}, abandon {:?}, max poll {:?}.\n\
+         TTL {:?}, heartbeat {:?}, statement timeout {:?}, abandon {:?}, max poll {:?}; \
+         no server takes writes for {:?} on top of the switchover.\n\
          Machine: {}; measured {}.\n\n{}\n\
-         Raw trials: `promotion-{}.csv`. Rerun: `cargo run --release -p ticklease-bench -- promotion --trials {} --timing {}`.\n",
+         Raw trials: `promotion-{label}.csv`. Rerun: `cargo run --release -p ticklease-bench -- promotion --trials {} --timing {} --down-for {}ms`.\n",
         timing.as_str(),
         c.lease_ttl(),
         c.heartbeat_every(),
         c.statement_timeout(),
         c.abandon_after(),
         c.max_poll(),
+        plan.down_for,
         machine(),
         humantime::format_rfc3339_seconds(SystemTime::now()),
-        table(timing, trials),
-        timing.as_str(),
+        table(plan, trials),
         trials.len(),
         timing.as_str(),
+        plan.down_for.as_millis(),
     );
-    let path = dir.join(format!("promotion-{}.md", timing.as_str()));
+    let path = dir.join(format!("promotion-{label}.md"));
     std::fs::write(&path, md)?;
     Ok(path)
 }
