@@ -150,18 +150,20 @@ pub async fn migrate_with(
         "SELECT set_config('ticklease.app_role', '{}', true), set_config('ticklease.operator_role', '{}', true)",
         options.app_role, options.operator_role
     );
-    let report = apply(client, &LIBRARY, &settings).await?;
-    if report.applied.is_empty() {
-        grant(client, options).await?;
-    }
-    Ok(report)
+    // The grant runs in the migration's transaction, under its advisory lock:
+    // concurrent runners would otherwise race on the same GRANTs.
+    let grant = format!(
+        "SELECT leader_grant('{}', '{}')",
+        options.app_role, options.operator_role
+    );
+    apply(client, &LIBRARY, &settings, &grant).await
 }
 
 impl MigrationSet {
     /// Applies every pending migration in one transaction, after running
     /// `prelude` (transaction-local settings; may be empty) in it.
     pub async fn apply(&self, client: &mut Client, prelude: &str) -> Result<MigrateReport, MigrateError> {
-        apply(client, self, prelude).await
+        apply(client, self, prelude, "").await
     }
 
     /// Checks that every migration is applied, unchanged; `NotMigrated`
@@ -206,10 +208,13 @@ impl MigrationSet {
     }
 }
 
+/// Applies `set` in one transaction under its advisory lock: `prelude`, the
+/// pending migrations, then `epilogue` (each may be empty).
 async fn apply(
     client: &mut Client,
     set: &MigrationSet,
     prelude: &str,
+    epilogue: &str,
 ) -> Result<MigrateReport, MigrateError> {
     let db = |step: &str| {
         let step = step.to_string();
@@ -262,6 +267,9 @@ async fn apply(
         .await
         .map_err(db(&step))?;
         report.applied.push(m.version);
+    }
+    if !epilogue.is_empty() {
+        tx.batch_execute(epilogue).await.map_err(db("grant"))?;
     }
     tx.commit().await.map_err(db("commit"))?;
     Ok(report)
