@@ -111,3 +111,37 @@ impl Writer {
         Ok(client.execute_typed(sql, params).await?)
     }
 }
+
+/// The output lines of a drill leader process.
+pub(crate) type LeaderLines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+
+/// Starts a drill leader process (`exe leader`) on `url` for `role`, its
+/// stdout piped (one line per term it leads and ends).
+pub(crate) fn spawn_leader(
+    exe: &std::path::Path,
+    url: &str,
+    role: &str,
+    timing: crate::Timing,
+    write_every: Duration,
+) -> anyhow::Result<(tokio::process::Child, LeaderLines)> {
+    use anyhow::Context as _;
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = tokio::process::Command::new(exe)
+        .args([
+            "leader",
+            "--url",
+            url,
+            "--role",
+            role,
+            "--timing",
+            timing.as_str(),
+        ])
+        .args(["--write-every", &format!("{}ms", write_every.as_millis())])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawn the drill leader")?;
+    let lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    Ok((child, lines))
+}

@@ -4,17 +4,17 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 use nix::sys::signal::Signal;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::io::BufReader;
+use tokio::process::{Child, ChildStdout};
 use tokio_postgres::types::Type;
 
 use ticklease_testkit::{connect, signal, Fault, FaultProxy, PgCluster};
 
+use crate::drill::{self, LeaderLines};
 use crate::stats::{summarize, Summary};
 use crate::{Timing, HISTORY_SQL};
 
@@ -99,29 +99,14 @@ impl Env {
         format!("postgres://postgres@127.0.0.1:{}/{}", proxy.port(), self.db)
     }
 
-    async fn spawn_leader(
-        &self,
-        proxy: &FaultProxy,
-        role: &str,
-    ) -> anyhow::Result<(Child, tokio::io::Lines<BufReader<ChildStdout>>)> {
-        let mut child = Command::new(&self.exe)
-            .args([
-                "leader",
-                "--url",
-                &self.url_via(proxy),
-                "--role",
-                role,
-                "--timing",
-                self.timing.as_str(),
-            ])
-            .args(["--write-every", &format!("{}ms", self.write_every.as_millis())])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("spawn the drill leader")?;
-        let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        Ok((child, lines))
+    async fn spawn_leader(&self, proxy: &FaultProxy, role: &str) -> anyhow::Result<(Child, LeaderLines)> {
+        drill::spawn_leader(
+            &self.exe,
+            &self.url_via(proxy),
+            role,
+            self.timing,
+            self.write_every,
+        )
     }
 }
 

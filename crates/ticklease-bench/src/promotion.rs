@@ -6,18 +6,17 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use nix::sys::signal::Signal;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::Child;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use ticklease_testkit::{connect, signal, url_for_hosts, PgCluster, Standby};
 
+use crate::drill::{self, LeaderLines};
 use crate::failover::{machine, next_leading};
 use crate::stats::summarize;
 use crate::{Timing, HISTORY_SQL};
@@ -67,30 +66,8 @@ impl Pair {
     }
 }
 
-fn spawn_leader(
-    exe: &Path,
-    url: &str,
-    timing: Timing,
-) -> anyhow::Result<(Child, tokio::io::Lines<BufReader<ChildStdout>>)> {
-    let write_every = timing.config().heartbeat_every() / 6;
-    let mut child = Command::new(exe)
-        .args([
-            "leader",
-            "--url",
-            url,
-            "--role",
-            ROLE,
-            "--timing",
-            timing.as_str(),
-        ])
-        .args(["--write-every", &format!("{}ms", write_every.as_millis())])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("spawn the drill leader")?;
-    let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-    Ok((child, lines))
+fn spawn_leader(exe: &Path, url: &str, timing: Timing) -> anyhow::Result<(Child, LeaderLines)> {
+    drill::spawn_leader(exe, url, ROLE, timing, timing.config().heartbeat_every() / 6)
 }
 
 /// A run's settings.

@@ -16,19 +16,13 @@ use ticklease_sandbox::WorkerProcess;
 use ticklease_testkit::{
     connect, scalar, test_config, url_for_hosts, HttpPeer, PgCluster, SmtpSink, Standby,
 };
+use ticklease_worker::ROLES;
 
 const SECRET: &str = "whsec_dGlja2xlYXNlLXN3aXRjaG92ZXI=";
 /// Per seeding; the test seeds twice (before and after the switchover).
 const SUBSCRIPTIONS: i64 = 8;
 const EMAILS: i64 = 8;
 const EVENTS: i64 = 8;
-const ROLES: [&str; 5] = [
-    "billing",
-    "dunning",
-    "webhook_outbox",
-    "email_outbox",
-    "webhook_delivery",
-];
 /// On top of TTL + MaxPoll: reconnecting through the multi-host URL, and a
 /// loaded 2-core machine running three workers and two servers.
 const SLACK: Duration = Duration::from_secs(6);

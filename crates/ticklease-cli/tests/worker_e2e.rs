@@ -15,18 +15,12 @@ use sha2::Sha256;
 use ticklease::HolderId;
 use ticklease_sandbox::WorkerProcess;
 use ticklease_testkit::{connect, scalar, test_config, HttpPeer, PgCluster, SmtpSink};
+use ticklease_worker::ROLES;
 
 const SECRET: &str = "whsec_dGlja2xlYXNlLWUyZS1zZWNyZXQ=";
 const SUBSCRIPTIONS: i64 = 12;
 const EMAILS: i64 = 12;
 const EVENTS: i64 = 12;
-const ROLES: [&str; 5] = [
-    "billing",
-    "dunning",
-    "webhook_outbox",
-    "email_outbox",
-    "webhook_delivery",
-];
 
 fn ticklease(args: &[&str], url: &str) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ticklease"))
