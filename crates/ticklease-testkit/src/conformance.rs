@@ -46,7 +46,19 @@ pub async fn acquire_starts_a_term_and_refuses_a_second_holder<S: LeaseStore>(st
     let r = role("billing");
     let t = acquired(store, &r, "a", HOUR).await;
     match store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE") {
-        Acquire::Refused(Refusal::Held { holder, .. }) => assert_eq!(holder, "a"),
+        Acquire::Refused(Refusal::Held {
+            holder,
+            remaining,
+            holder_key,
+            ..
+        }) => {
+            assert_eq!(holder, "a");
+            assert!(remaining <= TTL && remaining > TTL / 2, "{remaining:?}");
+            assert_eq!(
+                holder_key, None,
+                "a holder without a coordination session records no key"
+            );
+        }
         other => panic!("second holder got {other:?}"),
     }
     let s = row(store, &r).await;
@@ -118,7 +130,13 @@ pub async fn completed_release_stamps_the_tick_and_waits_an_interval<S: LeaseSto
     assert!(near(s.last_tick_ended_at.expect("stamped"), s.db_now));
     assert_eq!(s.not_before, None);
     match store.acquire(&r, "b", TTL, HOUR).await.expect("ACQUIRE") {
-        Acquire::Refused(Refusal::NotDue { due_at }) => assert!(near(due_at, s.db_now + HOUR)),
+        Acquire::Refused(Refusal::NotDue { due_at, remaining }) => {
+            assert!(near(due_at, s.db_now + HOUR));
+            assert!(
+                remaining <= HOUR && remaining > HOUR - Duration::from_secs(5),
+                "{remaining:?}"
+            );
+        }
         other => panic!("expected NotDue, got {other:?}"),
     }
     tokio::time::sleep(Duration::from_millis(5)).await;

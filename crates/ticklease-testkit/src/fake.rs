@@ -126,9 +126,13 @@ impl LeaseStore for FakeStore {
                 }));
             }
             if row.live(now) {
+                let expires_at = row.expires_at.unwrap_or(now);
                 return Ok(Acquire::Refused(Refusal::Held {
                     holder: row.holder_id.clone().unwrap_or_default(),
-                    expires_at: row.expires_at.unwrap_or(now),
+                    expires_at,
+                    remaining: expires_at.duration_since(now).unwrap_or_default(),
+                    // The fake has no coordination session.
+                    holder_key: None,
                 }));
             }
             let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before]
@@ -136,7 +140,10 @@ impl LeaseStore for FakeStore {
                 .flatten()
                 .max();
             if let Some(due_at) = due_at.filter(|d| *d > now) {
-                return Ok(Acquire::Refused(Refusal::NotDue { due_at }));
+                return Ok(Acquire::Refused(Refusal::NotDue {
+                    due_at,
+                    remaining: due_at.duration_since(now).unwrap_or_default(),
+                }));
             }
             row.token = (row.token + 1).max(seed_token(now));
             row.holder_id = Some(holder.to_string());

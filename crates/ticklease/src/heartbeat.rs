@@ -9,7 +9,8 @@
 //! fails or does not answer is a missed beat, retried after half a beat (so
 //! with the defaults one missed beat is not yet an abandon); 0 rows is a
 //! definitive loss. Every wait is capped at the abandon instant, and a RENEW
-//! in flight is cut there.
+//! in flight is cut there. Told of a pause by the coordination session, it
+//! renews at once: the RENEW reports the loss and the work is cancelled.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -18,6 +19,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::coordination::RoleSignals;
 use crate::drift::Drift;
 use crate::metrics::Metrics;
 use crate::role::Role;
@@ -33,6 +35,8 @@ pub(crate) struct Heartbeat<S> {
     pub(crate) acquire_sent: Instant,
     pub(crate) drift: Arc<Drift>,
     pub(crate) metrics: Option<Metrics>,
+    /// The role's wake-ups, with a coordination session.
+    pub(crate) signals: Option<Arc<RoleSignals>>,
 }
 
 impl<S: LeaseStore> Heartbeat<S> {
@@ -53,6 +57,9 @@ impl<S: LeaseStore> Heartbeat<S> {
                 biased;
                 _ = stop.cancelled() => return None,
                 _ = sleep_until((last_sent + wait).min(last_ack + cfg.abandon_after())) => {}
+                _ = paused(&self.signals) => {
+                    tracing::debug!(role = %self.role, token = %self.token, "told of a pause; renewing now");
+                }
             }
             let abandon_at = last_ack + cfg.abandon_after();
             let sent = Instant::now();
@@ -93,5 +100,13 @@ impl<S: LeaseStore> Heartbeat<S> {
                 }
             }
         }
+    }
+}
+
+/// Resolves when the role's holder is told of a pause; never without signals.
+async fn paused(signals: &Option<Arc<RoleSignals>>) {
+    match signals {
+        Some(signals) => signals.holder.notified().await,
+        None => std::future::pending().await,
     }
 }

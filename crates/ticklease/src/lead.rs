@@ -346,6 +346,7 @@ impl<S: LeaseStore> Manager<S> {
             acquire_sent,
             drift: inner.drift.clone(),
             metrics: inner.metrics.clone(),
+            signals: inner.store.signals().map(|s| s.role(role.as_str())),
         }
     }
 

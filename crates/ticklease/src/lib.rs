@@ -258,6 +258,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod config;
+mod coordination;
 mod drift;
 pub mod error;
 mod fence;
@@ -279,6 +280,7 @@ pub mod tls;
 mod token;
 
 pub use config::{Config, ConfigBuilder, DURATION_MAX};
+pub use coordination::{Signals, KEY_WAITERS_MAX};
 pub use error::{ConfigError, Error, HolderIdError, MigrateError, RoleError, StoreError};
 pub use fence::Fence;
 pub use holder::HolderId;

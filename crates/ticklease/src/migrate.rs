@@ -48,6 +48,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "hardening",
         sql: include_str!("migrations/0003_hardening.sql"),
     },
+    Migration {
+        version: 4,
+        name: "coordination",
+        sql: include_str!("migrations/0004_coordination.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).

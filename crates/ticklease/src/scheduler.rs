@@ -1,5 +1,8 @@
-//! The scheduler: one loop per declared role, each polling at most every
-//! `max_poll` and leading a tick when one is due.
+//! The scheduler: one loop per declared role, each leading a tick when one
+//! is due. A loop wakes when the database said the role may be acquirable
+//! (the holder's expiry, the due time; at most `max_poll` without a
+//! coordination session), or earlier when the coordination session tells of
+//! a release, an unpause or a run-now, or the holder's session ends.
 //!
 //! Shutdown cancels the in-flight ticks (they release as interrupted, so the
 //! role is due at once on another replica). A tick that has not returned
@@ -17,12 +20,14 @@ use futures::FutureExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Config;
+use crate::coordination::RoleSignals;
 use crate::error::chain;
 use crate::error::Error;
 use crate::lead::{BoxError, Lead, Manager, Tick};
 use crate::role::Role;
 use crate::step::panic_message;
-use crate::store::LeaseStore;
+use crate::store::{LeaseStore, Refusal};
 
 type Work = Arc<dyn Fn(Tick) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
 
@@ -154,26 +159,121 @@ impl<S: LeaseStore> Scheduler<S> {
 
 async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: CancellationToken) {
     let Job { role, interval, work } = job;
+    let signals = manager.store().signals().cloned();
+    let woken = signals.as_ref().map(|s| s.role(role.as_str()));
+    // The wait on the current holder's key, kept while the holder stays the same.
+    let mut waiting: Option<(i64, BoxFuture<'static, ()>)> = None;
     loop {
         let tick = AssertUnwindSafe(manager.lead(&role, interval, |tick| work(tick)))
             .catch_unwind()
             .await;
-        match tick {
+        let polled = match &tick {
             Ok(Ok(Lead::ShuttingDown)) => return,
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::warn!(%role, error = %chain(&error), "poll failed"),
-            Err(panic) => tracing::error!(%role, panic = panic_message(&*panic), "tick panicked"),
+            Ok(Ok(Lead::Refused(refusal))) => Polled::Refused(refusal),
+            Ok(Ok(_)) => Polled::TermEnded,
+            Ok(Err(error)) => {
+                tracing::warn!(%role, error = %chain(error), "poll failed");
+                Polled::Failed
+            }
+            Err(panic) => {
+                tracing::error!(%role, panic = panic_message(&**panic), "tick panicked");
+                Polled::Failed
+            }
+        };
+        let wake = next_wake(&polled, manager.config(), signals.is_some());
+        match (wake.holder_key, &signals) {
+            (Some(key), Some(signals)) if waiting.as_ref().map(|(k, _)| *k) != Some(key) => {
+                waiting = signals.holder_gone(key).map(|gone| (key, gone.boxed()));
+            }
+            (Some(_), _) => {}
+            (None, _) => waiting = None,
         }
-        tokio::select! {
+        let holder_gone = async {
+            match &mut waiting {
+                Some((_, gone)) => gone.await,
+                None => std::future::pending().await,
+            }
+        };
+        let gone = tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(next_poll(&manager)) => {}
+            _ = tokio::time::sleep(wake.after) => false,
+            _ = told(&woken) => false,
+            _ = holder_gone => true,
+        };
+        if gone {
+            tracing::debug!(%role, "the holder's coordination session ended; acquiring now");
+            waiting = None;
         }
     }
 }
 
-/// The one place that decides when a follower next polls.
-fn next_poll<S: LeaseStore>(manager: &Manager<S>) -> Duration {
-    manager.config().max_poll()
+/// What the last poll of a role loop found.
+#[derive(Debug)]
+enum Polled<'a> {
+    /// ACQUIRE started no term.
+    Refused(&'a Refusal),
+    /// A term ran and ended: the database knows when the role is due next.
+    TermEnded,
+    /// The poll failed (an error or a panic).
+    Failed,
+}
+
+/// When a role loop asks the database next, and whose session's end wakes it earlier.
+#[derive(Debug, PartialEq, Eq)]
+struct Wake {
+    after: Duration,
+    holder_key: Option<i64>,
+}
+
+/// Retry after losing a race to another replica's ACQUIRE: the next answer
+/// names the winner (and its key to wait on).
+const CONTENDED_RETRY: Duration = Duration::from_millis(50);
+
+/// Longest sleep with a coordination session, which tells of releases,
+/// unpauses and run-nows: a guard against a notification lost with the
+/// session between its end and the reconnect's wake-up.
+const SIGNALLED_SLEEP_MAX: Duration = Duration::from_secs(60);
+
+/// The one place that decides when a role loop next ACQUIREs. Times come
+/// from the database's answer (the holder's expiry, the due time), measured
+/// from the answer's arrival, so a follower never wakes before them. Without
+/// a coordination session (`signalled` false) the wait is capped at
+/// `max_poll`, the bound on noticing a release or an unpause.
+fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -> Wake {
+    let cap = |d: Duration| {
+        if signalled {
+            d.min(SIGNALLED_SLEEP_MAX)
+        } else {
+            d.min(config.max_poll())
+        }
+    };
+    let after = |after| Wake {
+        after,
+        holder_key: None,
+    };
+    match polled {
+        Polled::TermEnded => after(Duration::ZERO),
+        Polled::Failed => after(config.max_poll()),
+        Polled::Refused(Refusal::Held {
+            remaining,
+            holder_key,
+            ..
+        }) => Wake {
+            after: cap(*remaining),
+            holder_key: holder_key.filter(|_| signalled),
+        },
+        Polled::Refused(Refusal::NotDue { remaining, .. }) => after(cap(*remaining)),
+        Polled::Refused(Refusal::Contended) => after(CONTENDED_RETRY),
+        Polled::Refused(_) => after(cap(SIGNALLED_SLEEP_MAX)),
+    }
+}
+
+/// Resolves when the role's followers are told to ACQUIRE; never without signals.
+async fn told(woken: &Option<Arc<RoleSignals>>) {
+    match woken {
+        Some(woken) => woken.follower.notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Cancels `token` on SIGTERM or SIGINT (Ctrl-C), for [`Scheduler::run`].

@@ -7,6 +7,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
+use crate::coordination::Signals;
 use crate::error::StoreError;
 use crate::role::Role;
 use crate::token::Token;
@@ -45,6 +46,12 @@ pub enum Refusal {
         holder: String,
         /// When that term runs out unless renewed.
         expires_at: SystemTime,
+        /// `expires_at` less the database clock at the statement: a
+        /// follower wakes this long after the answer arrived.
+        remaining: Duration,
+        /// The holder's coordination key, when it has a coordination
+        /// session: the term ends as soon as no session holds the key.
+        holder_key: Option<i64>,
     },
     /// An operator paused the role.
     Paused {
@@ -57,6 +64,8 @@ pub enum Refusal {
     NotDue {
         /// When it is due.
         due_at: SystemTime,
+        /// `due_at` less the database clock at the statement.
+        remaining: Duration,
     },
     /// Another replica acquired the role during this statement.
     Contended,
@@ -234,4 +243,11 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Every row of `leader_status`, by role.
     fn status(&self) -> impl Future<Output = Result<Vec<LeaseStatus>, StoreError>> + Send;
+
+    /// The coordination session's signals, when the store has one
+    /// ([`PgStore::with_direct`]); without, followers wake by the lease's
+    /// times alone.
+    fn signals(&self) -> Option<&Signals> {
+        None
+    }
 }

@@ -16,6 +16,7 @@ use tokio_postgres::Row;
 use super::cancel::CancelTarget;
 use super::{Acquire, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Renew, Term};
 use crate::config::Config;
+use crate::coordination::Signals;
 use crate::error::StoreError;
 use crate::migrate::{check_schema, LIBRARY};
 use crate::role::Role;
@@ -60,12 +61,14 @@ pub struct PgStore {
     pool: Pool,
     statement_timeout: Duration,
     cancel: CancelTarget,
+    signals: Option<Signals>,
 }
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
             .field("statement_timeout", &self.statement_timeout)
+            .field("signals", &self.signals)
             .finish()
     }
 }
@@ -107,12 +110,44 @@ impl PgStore {
             pool,
             statement_timeout: options.statement_timeout,
             cancel,
+            signals: None,
         };
         let conn = store
             .conn("schema check", Instant::now() + store.statement_timeout)
             .await?;
         check_schema(&conn).await?;
         Ok(store)
+    }
+
+    /// Adds a coordination session on `direct`, a connection straight to
+    /// the same database (not through a pooler): a dead holder's role is
+    /// taken over as soon as its session ends, and releases, pauses and
+    /// unpauses are heard at once. Checks through the pooled path that the
+    /// session's key is visible there, so both URLs reach one database.
+    pub async fn with_direct(mut self, direct: impl Into<PgConnect>) -> Result<Self, StoreError> {
+        let signals = Signals::start(direct.into(), self.statement_timeout).await?;
+        let key = signals.key().expect("the session opened");
+        let rows = self
+            .query(
+                "coordination check",
+                "SELECT NOT pg_try_advisory_xact_lock_shared($1)",
+                &[(&key, Type::INT8)],
+            )
+            .await?;
+        if !one("coordination check", rows)?.get::<_, bool>(0) {
+            return Err(StoreError::Rejected {
+                statement: "coordination check",
+                problem: "the direct URL reaches another database than the pooled URL",
+            });
+        }
+        self.signals = Some(signals);
+        Ok(self)
+    }
+
+    /// This replica's holder key while its coordination session is up (a
+    /// new one after each reconnect); `None` without one.
+    pub fn holder_key(&self) -> Option<i64> {
+        self.signals.as_ref().and_then(Signals::key)
     }
 
     async fn conn(&self, statement: &'static str, deadline: Instant) -> Result<Object, StoreError> {
@@ -234,7 +269,7 @@ impl LeaseStore for PgStore {
         lease_ttl: Duration,
         interval: Duration,
     ) -> Result<Acquire, StoreError> {
-        let (ttl, interval) = (millis(lease_ttl), millis(interval));
+        let (ttl, interval, key) = (millis(lease_ttl), millis(interval), self.holder_key());
         let rows = self
             .query(
                 "ACQUIRE",
@@ -244,6 +279,7 @@ impl LeaseStore for PgStore {
                     (&holder, Type::TEXT),
                     (&ttl, Type::INT8),
                     (&interval, Type::INT8),
+                    (&key, Type::INT8),
                 ],
             )
             .await?;
@@ -264,19 +300,25 @@ impl LeaseStore for PgStore {
                 reason: row.get::<_, Option<String>>("pause_reason").unwrap_or_default(),
             })
         } else if held == Some(true) {
+            let expires_at: SystemTime = row.get("expires_at");
             Acquire::Refused(Refusal::Held {
                 holder: row.get("holder_id"),
-                expires_at: row.get("expires_at"),
+                expires_at,
+                remaining: expires_at.duration_since(db_now).unwrap_or_default(),
+                holder_key: row.get("holder_key"),
             })
         } else if let Some(due_at) = due_at.filter(|d| *d > db_now) {
-            Acquire::Refused(Refusal::NotDue { due_at })
+            Acquire::Refused(Refusal::NotDue {
+                due_at,
+                remaining: due_at.duration_since(db_now).unwrap_or_default(),
+            })
         } else {
             Acquire::Refused(Refusal::Contended)
         })
     }
 
     async fn renew(&self, role: &Role, token: Token, lease_ttl: Duration) -> Result<Renew, StoreError> {
-        let ttl = millis(lease_ttl);
+        let (ttl, key) = (millis(lease_ttl), self.holder_key());
         let rows = self
             .query(
                 "RENEW",
@@ -285,6 +327,7 @@ impl LeaseStore for PgStore {
                     (&role.as_str(), Type::TEXT),
                     (&token.0, Type::INT8),
                     (&ttl, Type::INT8),
+                    (&key, Type::INT8),
                 ],
             )
             .await?;
@@ -386,6 +429,10 @@ impl LeaseStore for PgStore {
                 not_before: r.get("not_before"),
             })
             .collect())
+    }
+
+    fn signals(&self) -> Option<&Signals> {
+        self.signals.as_ref()
     }
 }
 

@@ -1,5 +1,6 @@
--- RENEW: $1 role, $2 token, $3 lease TTL (ms). Term-scoped: renewed = false is
--- a definitive loss; the other columns are the row after the statement, to
--- name the reason. A SECURITY DEFINER function (migration 0003): the
+-- RENEW: $1 role, $2 token, $3 lease TTL (ms), $4 the holder's current
+-- coordination key (NULL: none now). Term-scoped: renewed = false is a
+-- definitive loss; the other columns are the row after the statement, to
+-- name the reason. A SECURITY DEFINER function (migrations 0003, 0004): the
 -- application role has no direct write on leader_leases.
-SELECT renewed, db_now, holder_token, holder_id, paused FROM leader_renew($1, $2, $3)
+SELECT renewed, db_now, holder_token, holder_id, paused FROM leader_renew($1, $2, $3, $4)

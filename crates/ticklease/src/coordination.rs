@@ -1,0 +1,347 @@
+//! The coordination session: one direct connection per replica that makes
+//! takeover and handoff fast without deciding anything. See the crate docs,
+//! "Coordination".
+//!
+//! The session holds a session advisory lock on a random 64-bit key (this
+//! replica's **holder key**, recorded by ACQUIRE and RENEW) and LISTENs on
+//! channel `ticklease`. A follower refused because a role is held waits on the
+//! holder's key on a connection of its own (`pg_advisory_lock_shared`): the
+//! wait returns when the holder's session ends, and the follower ACQUIREs,
+//! which takes over because the key is held by no session any more. Nothing
+//! here is on the pooled path: a pooled deployment gives a direct URL for this
+//! session alone.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio_postgres::types::Type;
+use tokio_postgres::{AsyncMessage, Client};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::error::StoreError;
+use crate::tls::PgConnect;
+
+/// The channel RELEASE, pause, unpause and run-now notify.
+const CHANNEL: &str = "ticklease";
+
+/// Most holder keys one replica waits on at once, one direct connection each
+/// (at most one per other replica that holds a role this one wants).
+pub const KEY_WAITERS_MAX: usize = 8;
+
+/// Server-side keepalives on the session: a peer whose link drops packets is
+/// found dead in about idle + interval × count (or the user timeout, with
+/// data unacknowledged), its backend ends and its key with it.
+const KEEPALIVES: &str = "SET tcp_keepalives_idle = 2; SET tcp_keepalives_interval = 1; \
+     SET tcp_keepalives_count = 2; SET tcp_user_timeout = 4000";
+
+/// A waiter's wait has no timeout; a waiter that is dropped closes its
+/// socket, and the server notices within this interval and ends its backend.
+const WAITER_SETTINGS: &str = "SET statement_timeout = 0; SET lock_timeout = 0; \
+     SET idle_session_timeout = 0; SET client_connection_check_interval = 1000";
+
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// Tries to find a free random key (a collision is a 2^-64 event).
+const KEY_TRIES: usize = 3;
+
+/// The signals a store with a coordination session gives the scheduler: this
+/// replica's holder key, per-role wake-ups from notifications, and waits on
+/// other holders' keys. Cloned with its store; the session ends when the last
+/// clone is dropped.
+#[derive(Clone)]
+pub struct Signals {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Signals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signals").field("key", &self.key()).finish()
+    }
+}
+
+struct Inner {
+    events: Arc<Events>,
+    direct: PgConnect,
+    connect_timeout: Duration,
+    waiters: Mutex<HashMap<i64, Weak<KeyWaiter>>>,
+    _stop: DropGuard,
+}
+
+/// What the session task shares with the scheduler.
+struct Events {
+    /// This replica's holder key; `None` while the session is down.
+    key: watch::Sender<Option<i64>>,
+    roles: Mutex<HashMap<String, Arc<RoleSignals>>>,
+}
+
+/// Wake-ups of one role.
+#[derive(Debug, Default)]
+pub(crate) struct RoleSignals {
+    /// Released, unpaused or run now (or the session reconnected and may
+    /// have missed one): a follower ACQUIREs now.
+    pub(crate) follower: Notify,
+    /// Paused: the holder renews now.
+    pub(crate) holder: Notify,
+}
+
+impl Events {
+    fn role(&self, role: &str) -> Arc<RoleSignals> {
+        let mut roles = self.roles.lock().expect("not poisoned");
+        roles.entry(role.to_string()).or_default().clone()
+    }
+
+    fn dispatch(&self, payload: &str) {
+        let Some((event, role)) = payload.split_once(' ') else {
+            return;
+        };
+        let roles = self.roles.lock().expect("not poisoned");
+        let Some(signals) = roles.get(role) else {
+            return;
+        };
+        match event {
+            "release" | "unpause" | "run_now" => signals.follower.notify_one(),
+            "pause" => signals.holder.notify_one(),
+            _ => {}
+        }
+    }
+
+    fn wake_followers(&self) {
+        for signals in self.roles.lock().expect("not poisoned").values() {
+            signals.follower.notify_one();
+        }
+    }
+}
+
+impl Signals {
+    /// Opens the coordination session on `direct` and keeps it open
+    /// (reconnecting with a new key after it is lost) until the last clone
+    /// is dropped.
+    pub(crate) async fn start(direct: PgConnect, connect_timeout: Duration) -> Result<Self, StoreError> {
+        let events = Arc::new(Events {
+            key: watch::Sender::new(None),
+            roles: Mutex::default(),
+        });
+        let session = Session::open(&direct, connect_timeout, &events)
+            .await
+            .map_err(|source| StoreError::Connect {
+                statement: "coordination session",
+                source,
+            })?;
+        events.key.send_replace(Some(session.key));
+        let stop = CancellationToken::new();
+        tokio::spawn(keep(
+            direct.clone(),
+            connect_timeout,
+            events.clone(),
+            stop.clone(),
+            session,
+        ));
+        Ok(Signals {
+            inner: Arc::new(Inner {
+                events,
+                direct,
+                connect_timeout,
+                waiters: Mutex::default(),
+                _stop: stop.drop_guard(),
+            }),
+        })
+    }
+
+    /// This replica's holder key while its session is up.
+    pub(crate) fn key(&self) -> Option<i64> {
+        *self.inner.events.key.borrow()
+    }
+
+    /// The wake-ups of `role` (registered on first use).
+    pub(crate) fn role(&self, role: &str) -> Arc<RoleSignals> {
+        self.inner.events.role(role)
+    }
+
+    /// Resolves when no session holds `key` any more (its holder died or
+    /// lost its session); never resolves if the wait itself fails. `None`
+    /// when [`KEY_WAITERS_MAX`] other keys are being waited on.
+    pub(crate) fn holder_gone(&self, key: i64) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let waiter = {
+            let mut waiters = self.inner.waiters.lock().expect("not poisoned");
+            match waiters.get(&key).and_then(Weak::upgrade) {
+                Some(waiter) => waiter,
+                None => {
+                    waiters.retain(|_, w| w.strong_count() > 0);
+                    if waiters.len() >= KEY_WAITERS_MAX {
+                        return None;
+                    }
+                    let waiter = Arc::new(KeyWaiter::spawn(
+                        self.inner.direct.clone(),
+                        self.inner.connect_timeout,
+                        key,
+                    ));
+                    waiters.insert(key, Arc::downgrade(&waiter));
+                    waiter
+                }
+            }
+        };
+        Some(async move {
+            let mut gone = waiter.gone.clone();
+            if gone.wait_for(|gone| *gone).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+}
+
+/// An open coordination session: its client (dropping it closes the
+/// session) and the task that reads its notifications until it ends.
+struct Session {
+    _client: Client,
+    key: i64,
+    reader: AbortOnDrop,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Session {
+    async fn open(
+        direct: &PgConnect,
+        connect_timeout: Duration,
+        events: &Arc<Events>,
+    ) -> Result<Self, BoxError> {
+        let (client, mut connection) = tokio::time::timeout(connect_timeout, direct.connect()).await??;
+        let events = events.clone();
+        let reader = AbortOnDrop(tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(n)) => events.dispatch(n.payload()),
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::debug!(
+                            error = &error as &dyn std::error::Error,
+                            "coordination session ended"
+                        );
+                        return;
+                    }
+                }
+            }
+        }));
+        tokio::time::timeout(connect_timeout, async {
+            client.batch_execute(KEEPALIVES).await?;
+            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+            for _ in 0..KEY_TRIES {
+                let key: i64 = rand::random();
+                let rows = client
+                    .query_typed("SELECT pg_try_advisory_lock($1)", &[(&key, Type::INT8)])
+                    .await?;
+                if rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+                    return Ok::<_, BoxError>(Session {
+                        _client: client,
+                        key,
+                        reader,
+                    });
+                }
+            }
+            Err("no free coordination key".into())
+        })
+        .await?
+    }
+}
+
+/// Keeps the session open until `stop`: when it ends, the key is withdrawn
+/// (ACQUIRE and RENEW then record none) and a new session is opened.
+async fn keep(
+    direct: PgConnect,
+    connect_timeout: Duration,
+    events: Arc<Events>,
+    stop: CancellationToken,
+    mut session: Session,
+) {
+    loop {
+        events.key.send_replace(Some(session.key));
+        // A notification may have been missed while the session was down.
+        events.wake_followers();
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = &mut session.reader.0 => {}
+        }
+        events.key.send_replace(None);
+        tracing::warn!("coordination session lost; reconnecting");
+        drop(session);
+        let mut backoff = RECONNECT_MIN;
+        session = loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            match Session::open(&direct, connect_timeout, &events).await {
+                Ok(session) => break session,
+                Err(error) => {
+                    tracing::warn!(
+                        error = &*error as &dyn std::error::Error,
+                        ?backoff,
+                        "coordination session could not reconnect"
+                    );
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                }
+            }
+        };
+    }
+}
+
+/// A wait on another holder's key, on a direct connection of its own,
+/// shared by every role loop waiting on that key. Dropped with its last
+/// user, which closes the connection.
+struct KeyWaiter {
+    gone: watch::Receiver<bool>,
+    _stop: DropGuard,
+}
+
+impl KeyWaiter {
+    fn spawn(direct: PgConnect, connect_timeout: Duration, key: i64) -> Self {
+        let (gone, receiver) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stopped.cancelled() => {}
+                waited = wait_for_key(&direct, connect_timeout, key) => match waited {
+                    Ok(()) => {
+                        gone.send_replace(true);
+                    }
+                    Err(error) => tracing::debug!(error = &*error as &dyn std::error::Error,
+                        "wait on a holder key failed; waking at the lease's expiry instead"),
+                }
+            }
+        });
+        KeyWaiter {
+            gone: receiver,
+            _stop: stop.drop_guard(),
+        }
+    }
+}
+
+async fn wait_for_key(direct: &PgConnect, connect_timeout: Duration, key: i64) -> Result<(), BoxError> {
+    let (client, connection) = tokio::time::timeout(connect_timeout, direct.connect()).await??;
+    let _driver = AbortOnDrop(tokio::spawn(async move {
+        let _ = connection.await;
+    }));
+    tokio::time::timeout(connect_timeout, client.batch_execute(WAITER_SETTINGS)).await??;
+    // Granted when the holder's session ends; held until this connection
+    // closes, which conflicts with nothing (ACQUIRE tests the key shared).
+    client
+        .query_typed("SELECT pg_advisory_lock_shared($1)", &[(&key, Type::INT8)])
+        .await?;
+    Ok(())
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

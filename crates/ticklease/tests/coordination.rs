@@ -1,0 +1,397 @@
+//! The coordination session (issue 12), on real Postgres: a holder whose
+//! session ends is taken over at once, yet the fence still decides; releases,
+//! pauses and unpauses are heard at once; without a direct URL followers wake
+//! when the lease runs out. Under `TICKLEASE_TEST_POOLER=pgbouncer` the
+//! statements go through PgBouncer and the session straight to Postgres: the
+//! two-URL configuration.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tokio_util::sync::CancellationToken;
+
+use ticklease::{
+    Acquire, Config, Lead, LeaseStore, LossReason, Manager, PgStore, PgStoreOptions, Role, Scheduler,
+    StoreError, Token,
+};
+use ticklease_testkit::{connect, direct, migrated_db, scalar, PgCluster};
+
+const HOUR: Duration = Duration::from_secs(3600);
+/// Far inside every lease-based bound below, far above a fast signal on a
+/// loaded 2-core machine.
+const FAST: Duration = Duration::from_millis(1500);
+
+fn billing() -> Role {
+    Role::new("billing").unwrap()
+}
+
+/// Default-like timings, with a lease and a poll long enough that only a
+/// signal can explain a takeover within `FAST`.
+fn slow_lease() -> Config {
+    Config::builder()
+        .lease_ttl(Duration::from_secs(10))
+        .heartbeat_every(Duration::from_secs(3))
+        .statement_timeout(Duration::from_secs(2))
+        .abandon_after(Duration::from_secs(6))
+        .max_poll(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+async fn coordinated(db: &tokio_postgres::Config, config: &Config) -> PgStore {
+    PgStore::connect(db.clone(), PgStoreOptions::from_config(config))
+        .await
+        .unwrap()
+        .with_direct(direct(db))
+        .await
+        .unwrap()
+}
+
+async fn manager(store: PgStore, config: Config) -> Manager<PgStore> {
+    Manager::start(store, config, [billing()]).await.unwrap()
+}
+
+/// A follower replica: a scheduler whose billing tick reports its token and
+/// then holds the term until shutdown.
+fn follower(
+    manager: Manager<PgStore>,
+    interval: Duration,
+) -> (mpsc::UnboundedReceiver<(Token, Instant)>, CancellationToken) {
+    let (ticks, rx) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::new(manager)
+        .job(&billing(), interval, move |tick| {
+            let ticks = ticks.clone();
+            async move {
+                let _ = ticks.send((tick.token(), Instant::now()));
+                tick.cancelled().await;
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .unwrap();
+    tokio::spawn(scheduler.run(stop.clone()));
+    (rx, stop)
+}
+
+/// Leads billing on `manager` until told to finish; reports the token first.
+fn leader(
+    manager: Manager<PgStore>,
+    interval: Duration,
+) -> (
+    oneshot::Receiver<Token>,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Lead<()>>,
+) {
+    let (started, token) = oneshot::channel();
+    let (finish, finished) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        manager
+            .lead(&billing(), interval, |tick| async move {
+                let _ = started.send(tick.token());
+                tokio::select! {
+                    _ = finished => {}
+                    _ = tick.cancelled() => {}
+                }
+                Ok::<_, std::io::Error>(())
+            })
+            .await
+            .unwrap()
+    });
+    (token, finish, task)
+}
+
+/// The backend that holds `key` as a session advisory lock, and whether a
+/// wait on it is queued (a follower waiting for the holder's session to end).
+async fn key_backend(client: &tokio_postgres::Client, key: i64) -> (Option<i32>, bool) {
+    let rows = client
+        .query(
+            "SELECT pid, granted FROM pg_locks
+              WHERE locktype = 'advisory' AND objsubid = 1
+                AND ((classid::int8 << 32) | objid::int8) = $1",
+            &[&key],
+        )
+        .await
+        .unwrap();
+    let holder = rows.iter().find(|r| r.get::<_, bool>(1)).map(|r| r.get(0));
+    (holder, rows.iter().any(|r| !r.get::<_, bool>(1)))
+}
+
+/// Polls the database (a signal, not a guess) until `check` holds, up to 10 s.
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The false positive: only the holder's coordination connection dies while
+/// its process runs. A follower takes over at once; the old term's fence
+/// passes nothing from then on; the old holder learns of the loss at its next
+/// RENEW and reconnects its session with a new key.
+#[tokio::test]
+async fn a_killed_coordination_session_lets_a_follower_take_over_and_the_old_holder_claims_nothing() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    owner
+        .batch_execute(
+            "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint); INSERT INTO jobs VALUES (1, NULL)",
+        )
+        .await
+        .unwrap();
+    let a = manager(coordinated(&db, &config).await, config).await;
+    let b = manager(coordinated(&db, &config).await, config).await;
+    let key_a = a.store().holder_key().expect("A's session is up");
+
+    let (token_a, _finish, lead_a) = leader(a.clone(), HOUR);
+    let token_a = token_a.await.unwrap();
+    let recorded: Option<i64> = scalar(
+        &owner,
+        "SELECT holder_key FROM leader_leases WHERE role = 'billing'",
+    )
+    .await;
+    assert_eq!(recorded, Some(key_a), "ACQUIRE records the holder's key");
+    let (mut ticks_b, stop_b) = follower(b.clone(), HOUR);
+    until("B waits on A's key", || async {
+        key_backend(&owner, key_a).await.1
+    })
+    .await;
+
+    let (pid, _) = key_backend(&owner, key_a).await;
+    let killed = Instant::now();
+    assert!(scalar::<bool>(&owner, &format!("SELECT pg_terminate_backend({})", pid.unwrap())).await);
+
+    let (token_b, led_b) = tokio::time::timeout(Duration::from_secs(10), ticks_b.recv())
+        .await
+        .expect("B leads")
+        .unwrap();
+    assert!(
+        led_b - killed < FAST,
+        "B led {:?} after A's session died; the lease alone would take ~10 s",
+        led_b - killed
+    );
+    assert!(token_b > token_a);
+    let claimed = owner
+        .execute(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+            &[&"billing", &token_a.0],
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed, 0, "the superseded term's fence passes nothing");
+
+    let lead = tokio::time::timeout(config.heartbeat_every() * 2, lead_a)
+        .await
+        .expect("A's next RENEW reports the loss")
+        .unwrap();
+    assert!(
+        matches!(
+            lead,
+            Lead::Lost {
+                reason: LossReason::TakenOver,
+                ..
+            }
+        ),
+        "{lead:?}"
+    );
+    until("A's session is back with a new key", || async {
+        a.store().holder_key().is_some_and(|k| k != key_a)
+    })
+    .await;
+    stop_b.cancel();
+}
+
+/// A pause is heard by the holder at once (not at its next heartbeat), an
+/// unpause and a release by the followers at once (not at their next poll).
+#[tokio::test]
+async fn pause_unpause_and_release_are_heard_at_once() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let a = manager(coordinated(&db, &config).await, config).await;
+    let b = manager(coordinated(&db, &config).await, config).await;
+
+    // Pause: A's work is cancelled well before its next RENEW would say so.
+    let (token_a, _finish, lead_a) = leader(a.clone(), Duration::from_millis(1));
+    token_a.await.unwrap();
+    let paused = Instant::now();
+    assert!(a.store().pause(&billing(), "ops", "test").await.unwrap());
+    let lead = tokio::time::timeout(Duration::from_secs(10), lead_a)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(
+            lead,
+            Lead::Lost {
+                reason: LossReason::Paused,
+                ..
+            }
+        ),
+        "{lead:?}"
+    );
+    assert!(
+        paused.elapsed() < FAST,
+        "the pause took {:?} to cancel the work",
+        paused.elapsed()
+    );
+
+    // Unpause: the follower, asleep on a paused role, leads at once.
+    let (mut ticks_b, stop_b) = follower(b.clone(), Duration::from_millis(1));
+    until("B was refused the paused role", || async {
+        b.store().status().await.unwrap()[0].paused_by.is_some()
+    })
+    .await;
+    // Long enough for B to have been refused and be asleep (a minute, with signals).
+    tokio::time::sleep(config.max_poll() / 5).await;
+    let unpaused = Instant::now();
+    assert!(a.store().unpause(&billing()).await.unwrap());
+    let (token_b, led) = tokio::time::timeout(Duration::from_secs(10), ticks_b.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        led - unpaused < FAST,
+        "led {:?} after the unpause",
+        led - unpaused
+    );
+    stop_b.cancel();
+    until("B released", || async {
+        !b.store().status().await.unwrap()[0].held
+    })
+    .await;
+
+    // Release: A leads, the follower waits on it; A's RELEASE wakes it.
+    let (token_a, finish_a, lead_a) = leader(a.clone(), Duration::from_millis(1));
+    let token_a = token_a.await.unwrap();
+    assert!(token_a > token_b);
+    // B's scheduler shut its manager down: the follower is a new replica.
+    let c = manager(coordinated(&db, &config).await, config).await;
+    let (mut ticks_b, stop_b) = follower(c, Duration::from_millis(1));
+    // Long enough for it to have been refused and be asleep until A's expiry.
+    tokio::time::sleep(config.max_poll() / 5).await;
+    let released = Instant::now();
+    finish_a.send(()).unwrap();
+    assert!(matches!(lead_a.await.unwrap(), Lead::Completed { .. }));
+    let (token, led) = tokio::time::timeout(Duration::from_secs(10), ticks_b.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(token > token_a);
+    assert!(
+        led - released < FAST,
+        "led {:?} after the release",
+        led - released
+    );
+    stop_b.cancel();
+}
+
+/// Without a direct URL (a pooled-only deployment) a follower wakes when the
+/// holder's lease runs out, not at its next blind poll.
+#[tokio::test]
+async fn without_a_direct_url_a_follower_wakes_when_the_lease_runs_out() {
+    let config = Config::builder()
+        .lease_ttl(Duration::from_secs(2))
+        .heartbeat_every(Duration::from_millis(300))
+        .statement_timeout(Duration::from_millis(500))
+        .abandon_after(Duration::from_millis(1200))
+        .max_poll(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let db = migrated_db(PgCluster::shared()).await;
+    let store = |db: tokio_postgres::Config| async move {
+        PgStore::connect(db, PgStoreOptions::from_config(&config))
+            .await
+            .unwrap()
+    };
+    let dead = store(db.clone()).await;
+    assert_eq!(dead.holder_key(), None);
+    let follower_manager = manager(store(db.clone()).await, config).await;
+    // A holder that dies right after its ACQUIRE: no RENEW, no RELEASE.
+    let acquired = Instant::now();
+    let Acquire::Acquired(term) = dead
+        .acquire(&billing(), "dead", config.lease_ttl(), HOUR)
+        .await
+        .unwrap()
+    else {
+        panic!("the role was free");
+    };
+    let (mut ticks, stop) = follower(follower_manager, HOUR);
+    let (token, led) = tokio::time::timeout(Duration::from_secs(20), ticks.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(token > term.token);
+    let after = led - acquired;
+    assert!(
+        after >= config.lease_ttl() - Duration::from_millis(100)
+            && after < config.lease_ttl() + Duration::from_secs(1),
+        "led {after:?} after the dead holder's ACQUIRE (TTL 2 s; a blind poll is 8 s)"
+    );
+    stop.cancel();
+}
+
+/// A direct URL that reaches another database would make every term look
+/// dead to every other replica: refused at connect.
+#[tokio::test]
+async fn a_direct_url_to_another_database_is_refused() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let other = migrated_db(PgCluster::shared()).await;
+    let err = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap()
+        .with_direct(direct(&other))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Rejected { .. }) && err.to_string().contains("another database"),
+        "{err}"
+    );
+}
+
+/// ACQUIRE and RENEW refuse a key no session holds, and write nothing.
+#[tokio::test]
+async fn a_key_no_session_holds_is_refused_and_nothing_is_written() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    let err = owner
+        .query(
+            "SELECT * FROM leader_acquire('billing', 'x', 1000, 1000, 42)",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE),
+        "{err}"
+    );
+    let rows: i64 = scalar(&owner, "SELECT count(*) FROM leader_leases").await;
+    assert_eq!(rows, 0);
+    let token: i64 = scalar(
+        &owner,
+        "SELECT holder_token FROM leader_acquire('billing', 'x', 10000, 1000)",
+    )
+    .await;
+    let err = owner
+        .query(
+            &format!("SELECT * FROM leader_renew('billing', {token}, 1000, 42)"),
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE),
+        "{err}"
+    );
+    let key: Option<i64> = scalar(&owner, "SELECT holder_key FROM leader_leases").await;
+    assert_eq!(key, None);
+}
