@@ -15,10 +15,13 @@
 //! current, until when the term lasts, whether an operator paused the role,
 //! when its last tick completed, and any cooldown (`not_before`). Every
 //! decision is one autocommit statement evaluated on the **database clock**
-//! (`now()`, and `clock_timestamp()` in the fence). No statement sets
-//! session state, takes a session lock or listens, and every lease statement
-//! is an unnamed `query_typed` statement, so the store runs through PgBouncer
-//! in transaction mode. Migrations use the simple protocol and a
+//! (`now()`, and `clock_timestamp()` in the fence). No statement on the pooled
+//! path sets session state, takes a session lock or listens, and every lease
+//! statement is an unnamed `query_typed` statement, so the store runs through
+//! PgBouncer in transaction mode. The optional **coordination session**
+//! ([`PgStore::with_direct`], below) is the one session-scoped thing, on a
+//! direct connection of its own; it only makes a term acquirable earlier and
+//! wakes followers, and never decides on its own. Migrations use the simple protocol and a
 //! transaction-scoped advisory lock, so they run through such a pooler too;
 //! run them as the schema owner, who then owns the SECURITY DEFINER functions.
 //!
@@ -36,13 +39,17 @@
 //!
 //! | statement | matches | writes |
 //! |---|---|---|
-//! | ACQUIRE | role unpaused, no live term, due (`last_tick_ended_at + interval` and `not_before` passed) | token + 1, holder, `expires_at = now() + lease_ttl`; a missing row is created with a token seeded from the epoch in ms |
-//! | RENEW | `(role, token)` still holding | `expires_at = now() + lease_ttl`; not renewed = the term is over, the reason read from the row after the statement ([`LossReason`]) |
-//! | RELEASE | `(role, token)` still holding | clears the holder; by [`Release`] outcome: Completed stamps `last_tick_*`; Interrupted leaves the role due at once; Lost sets `not_before = now() + min(interval, 60 s)`; Failed (an `Err` or a panic) sets `not_before = now() + interval` |
-//! | PAUSE / UNPAUSE | the role | `leader_pause` clears the holder and sets `paused_*` in one statement; `leader_unpause` clears `paused_*` and leaves `not_before` alone |
+//! | ACQUIRE | role unpaused, no live term, due (`last_tick_ended_at + interval` and `not_before` passed) | `greatest(token + 1, clock ms)`, holder, holder key, `expires_at = now() + lease_ttl`; a missing row is created with a token seeded from the epoch in ms |
+//! | RENEW | `(role, token)` still holding | `expires_at = now() + lease_ttl`, the holder's current key; not renewed = the term is over, the reason read from the row after the statement ([`LossReason`]) |
+//! | RELEASE | `(role, token)` still holding | clears the holder; by [`Release`] outcome: Completed stamps `last_tick_*`; Interrupted leaves the role due at once; Lost sets `not_before = now() + min(interval, 60 s)`; Failed (an `Err` or a panic) sets `not_before = now() + interval`; notifies `release` |
+//! | PAUSE / UNPAUSE | the role | `leader_pause` clears the holder and sets `paused_*` in one statement; `leader_unpause` clears `paused_*` and leaves `not_before` alone; each notifies |
 //!
-//! The expiry predicate lives in one SQL function, `leader_lease_live`; ACQUIRE,
-//! the fence and `leader_status` all ask it. Each statement is a SECURITY
+//! The expiry predicate lives in one SQL function, `leader_lease_live`; the
+//! fence and its commit check ask it (token and expiry, nothing else).
+//! A term is **live** (`leader_term_live`, asked by ACQUIRE under the row lock
+//! and by `leader_status`) while its lease has not run out **and** its
+//! holder's coordination key, if it recorded one, is held by some session of
+//! the database. Each statement is a SECURITY
 //! DEFINER function (`leader_acquire`, `leader_renew`, `leader_release`,
 //! `leader_pause`, …) that bounds its durations server-side (1 ms ..= 24 h)
 //! and refuses an unknown outcome; every timestamp in the table is finite.
@@ -50,18 +57,26 @@
 //! ## States
 //!
 //! ```text
-//!  database row                                   this process (Manager::lead)
+//!  database row                                   this process (Manager::lead, Scheduler)
 //!
 //!          ACQUIRE (due, unpaused,                 idle ──ACQUIRE──► refused (Held/Paused/NotDue/Contended)
-//!          no live term): token+1                    │
-//!   free ─────────────────────────► held(token)      │ Acquired
-//!    ▲ ▲                            │  ▲  │          ▼
+//!          no live term): new token                  │                  │ sleep until the answer's expiry or due
+//!   free ─────────────────────────► held(token)      │ Acquired           │ time, or until woken: the holder's key
+//!    ▲ ▲                            │  ▲  │          ▼                    │ freed, a release/unpause/run-now notify
 //!    │ │  RELEASE(role, token)      │  └──┘        leading ── work returns ──────────► RELEASE(outcome) ──► idle
 //!    │ └────────────────────────────┤ RENEW          │  │
 //!    │    expires (no RENEW for     │                │  └─ shutdown: tick cancelled ──► RELEASE(Interrupted)
-//!    │    lease_ttl): acquirable ◄──┤                │
-//!    │                              │ leader_pause   └─ RENEW 0 rows, or no ack within abandon_after:
-//!    └── leader_unpause ── paused ◄─┘                   work cancelled and dropped ─► RELEASE(Lost)
+//!    │    lease_ttl), or no session │                │
+//!    │    holds the holder's key:   │                │
+//!    │    acquirable ◄──────────────┤                │
+//!    │                              │ leader_pause   └─ RENEW 0 rows (at once on a pause notify), or no ack
+//!    └── leader_unpause ── paused ◄─┘                   within abandon_after: work cancelled ─► RELEASE(Lost)
+//!
+//!  coordination session (optional, per replica, direct connection)
+//!
+//!   up(key) ── connection lost ──► down: ACQUIRE/RENEW record no key (plain leases); this replica's
+//!    ▲                                   terms held under the old key are acquirable at once
+//!    └──── reconnected, new key ◄──┘     (a RENEW records the new key if no one took over)
 //! ```
 //!
 //! ## Guarantees and their bounds
@@ -128,14 +143,23 @@
 //!    `T − A − S > 0`. After an abandon the only statement of the term is the
 //!    term-scoped RELEASE.
 //! 5. **A dead leader is replaced.** Its role is acquirable at most T after its
-//!    last heartbeat, and a follower that polls every P leads it within
-//!    T + P (+ one statement). A clean shutdown releases at once.
+//!    last acknowledged RENEW. A follower wakes when the database said the
+//!    term runs out (the expiry as of its last ACQUIRE, measured from the
+//!    answer's arrival, so never early) and so leads it within T (+ one
+//!    statement) of the holder's last RENEW, whatever P is. With a
+//!    coordination session on both sides, a holder whose process died (or
+//!    whose connections were closed) is replaced as soon as Postgres ends its
+//!    backend: the follower's wait on the holder's key returns and its
+//!    ACQUIRE takes over (see Coordination for the measured bound). A clean
+//!    shutdown releases at once; followers hear it at once with a
+//!    coordination session, within P without.
 //! 6. **Pause is prompt.** `leader_pause` marks the row (a lock no claim
 //!    holds, so it never waits for one) and then waits only for claims inside
 //!    their COMMIT. When it returns, the fence and every commit check fail and
-//!    ACQUIRE is refused on every replica; the holder's next RENEW (within H,
-//!    or H/2 after a missed beat) is not renewed, reads `Paused`, and its work
-//!    is cancelled.
+//!    ACQUIRE is refused on every replica. With a coordination session the
+//!    holder hears of it at commit and renews at once; otherwise its next
+//!    RENEW (within H, or H/2 after a missed beat) does. That RENEW is not
+//!    renewed, reads `Paused`, and the work is cancelled.
 //! 7. **A statement that does not answer within S is a missed beat, not a
 //!    loss.** Its connection leaves the pool, a cancel is sent (held open until
 //!    the server or bouncer closes it, since PgBouncer drops a cancel whose
@@ -210,7 +234,9 @@
 //!
 //! ## Scheduler, steps and metrics
 //!
-//! A [`Scheduler`] runs one loop per job, polling at most every `max_poll`. A
+//! A [`Scheduler`] runs one loop per job, waking when the database says the
+//! role may be due or free (at least every `max_poll` without a coordination
+//! session), or when the coordination session tells it to. A
 //! tick's work is a list of named steps under one [`Steps`] guard: a step that
 //! panics stops, is logged with its backtrace, and the rest run; the first
 //! panic is raised again at the end, so the tick is released as failed and
@@ -244,6 +270,57 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Coordination
+//!
+//! Leases alone replace a dead leader only when its lease runs out (T), and
+//! hear a release only at the next poll. Session advisory locks (what sqlx's
+//! `PgAdvisoryLock` and similar libraries use) notice a dead process in
+//! milliseconds, but never fail over when a holder freezes with its session
+//! open, and do not work through a transaction-mode pooler. ticklease uses
+//! both, each for what it is good at:
+//!
+//! - [`PgStore::with_direct`] opens one **coordination session** per replica
+//!   on a direct connection (not through a pooler: a pooled deployment gives
+//!   the pooled URL for statements and a direct URL for this session). It
+//!   holds a session advisory lock on a random 64-bit **holder key** and
+//!   LISTENs on channel `ticklease`. ACQUIRE and RENEW record the key; a
+//!   term whose key no session of the database holds is over for ACQUIRE
+//!   (tested with a shared try-lock under the row lock). ACQUIRE and RENEW
+//!   refuse a key no session holds, and `with_direct` checks through the
+//!   pooled path that the key is visible there: a direct URL that reaches
+//!   another database would make every term look dead.
+//! - A follower refused because the role is held waits on the holder's key
+//!   (`pg_advisory_lock_shared`) on a **waiter** connection, shared by every
+//!   role held under that key; when the holder's backend ends the wait
+//!   returns and the follower ACQUIREs. Connections per replica: the pool
+//!   (statements), one coordination session, and at most
+//!   [`KEY_WAITERS_MAX`] waiters (one per other replica holding a role this
+//!   one wants); beyond that, followers wake at the lease's expiry.
+//! - RELEASE, `leader_pause`, `leader_unpause` and `leader_run_now` call
+//!   `pg_notify` in the same statement (through a pooler too): followers
+//!   ACQUIRE at once, a paused holder renews at once.
+//! - A scheduler's wake-up comes from the database's answer (the holder's
+//!   expiry, the due time), decided in one function; without a coordination
+//!   session it is capped at P (the bound on hearing a release or an
+//!   unpause), with one at 60 s (a guard against a notification lost with
+//!   the session).
+//!
+//! **Safety is still the token and the fence.** The key only makes a term
+//! acquirable earlier; the ACQUIRE that takes it over issues a new token
+//! under the row lock (waiting for a claim in its commit), so the old term's
+//! fence and commit check fail from then on, exactly as after an expiry.
+//! Two terms are never live at once. A **false positive** (the holder runs,
+//! but its coordination connection died, e.g. `pg_terminate_backend` or a
+//! cut link that the server's keepalives noticed, about 4 s) costs a
+//! takeover: the old holder claims nothing, learns the loss at its next
+//! RENEW (within H), and its session reconnects with a new key. While its
+//! session is down a replica records no key (plain leases). A holder that
+//! **freezes** keeps its session (the backend lives), so it is replaced by
+//! its lease's expiry, as without coordination; a frozen follower delays
+//! nothing. The session sets server-side TCP keepalives (2 s idle, 1 s
+//! interval, 2 probes, 4 s user timeout), so a link that drops packets ends
+//! the session in about 4 s rather than the kernel's two hours.
 //!
 //! ## TLS
 //!

@@ -292,3 +292,63 @@ pub fn cancel_on_signals(token: CancellationToken) -> std::io::Result<()> {
     });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn held(remaining: Duration, holder_key: Option<i64>) -> Refusal {
+        Refusal::Held {
+            holder: "h".into(),
+            expires_at: SystemTime::UNIX_EPOCH,
+            remaining,
+            holder_key,
+        }
+    }
+
+    fn wake(polled: Polled<'_>, signalled: bool) -> (Duration, Option<i64>) {
+        let w = next_wake(&polled, &Config::default(), signalled);
+        (w.after, w.holder_key)
+    }
+
+    #[test]
+    fn a_follower_wakes_when_the_holders_lease_runs_out_capped_at_max_poll_without_signals() {
+        let soon = held(S(2), Some(7));
+        let late = held(S(9), Some(7));
+        assert_eq!(wake(Polled::Refused(&soon), false), (S(2), None));
+        assert_eq!(wake(Polled::Refused(&late), false), (S(5), None));
+        assert_eq!(wake(Polled::Refused(&late), true), (S(9), Some(7)));
+        let keyless = held(S(9), None);
+        assert_eq!(wake(Polled::Refused(&keyless), true), (S(9), None));
+    }
+
+    #[test]
+    fn a_role_not_due_wakes_at_its_due_time_and_a_paused_one_waits_for_a_signal() {
+        let due = Refusal::NotDue {
+            due_at: SystemTime::UNIX_EPOCH,
+            remaining: S(3600),
+        };
+        assert_eq!(wake(Polled::Refused(&due), false).0, S(5));
+        assert_eq!(wake(Polled::Refused(&due), true).0, SIGNALLED_SLEEP_MAX);
+        let paused = Refusal::Paused {
+            by: "ops".into(),
+            reason: String::new(),
+        };
+        assert_eq!(wake(Polled::Refused(&paused), false).0, S(5));
+        assert_eq!(wake(Polled::Refused(&paused), true).0, SIGNALLED_SLEEP_MAX);
+    }
+
+    #[test]
+    fn after_a_term_the_loop_asks_at_once_and_after_a_failure_it_waits_max_poll() {
+        assert_eq!(wake(Polled::TermEnded, true).0, Duration::ZERO);
+        assert_eq!(wake(Polled::Failed, true).0, S(5));
+        assert_eq!(
+            wake(Polled::Refused(&Refusal::Contended), false).0,
+            CONTENDED_RETRY
+        );
+    }
+}

@@ -1,4 +1,4 @@
-//! Migration 0003 upgrades a database at 0002 in place, with a live term
+//! Migrations 0003 and 0004 upgrade a database in place, with a live term
 //! whose holder keeps renewing through the upgrade.
 
 use std::time::Duration;
@@ -120,4 +120,107 @@ async fn migration_0003_keeps_a_live_term_whose_holder_renews_through_it() {
     // The forged term was ended by the upgrade; leader_status answers.
     let forged = ticklease_testkit::lease_row(&store, "email_outbox").await;
     assert!(!forged.held && forged.expires_at.is_none(), "{forged:?}");
+}
+
+/// 0004 (coordination) on a database at 0003: a replica of 0003 keeps
+/// renewing its term through the upgrade with 0003's statements, which then
+/// record no key; a new replica with a coordination session is refused the
+/// role, then renews the term it acquires with its key.
+#[tokio::test]
+async fn migration_0004_keeps_a_live_term_and_0003_statements_keep_working() {
+    let cluster = PgCluster::shared();
+    let name = cluster.create_database().await.unwrap();
+    let owner = cluster.config(&name);
+    let mut client = connect(&owner).await.unwrap();
+    let at_0003 = MigrationSet {
+        migrations: &MIGRATIONS[..3],
+        ..LIBRARY
+    };
+    at_0003.apply(&mut client, "").await.unwrap();
+    client
+        .batch_execute("CREATE ROLE upgrade_app4 LOGIN IN ROLE ticklease_app")
+        .await
+        .unwrap();
+    let mut app = owner.clone();
+    app.user("upgrade_app4");
+    let app_client = connect(&app).await.unwrap();
+    let token: i64 = scalar(
+        &app_client,
+        "SELECT holder_token FROM leader_acquire('billing', 'old-holder', 2000, 1)",
+    )
+    .await;
+
+    let stop = CancellationToken::new();
+    let holder = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut renewed = 0;
+            while !stop.is_cancelled() {
+                let ok: bool = scalar(
+                    &app_client,
+                    &format!("SELECT renewed FROM leader_renew('billing', {token}, 2000)"),
+                )
+                .await;
+                assert!(ok, "the live term was lost during the upgrade");
+                renewed += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            renewed
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let report = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(report.applied, [4]);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "migration took {:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.cancel();
+    assert!(
+        holder.await.unwrap() >= 6,
+        "the 0003 holder renewed before and after the upgrade"
+    );
+
+    let config = test_config();
+    let store = PgStore::connect(app.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap()
+        .with_direct(app.clone())
+        .await
+        .unwrap();
+    let billing = Role::new("billing").unwrap();
+    let row = ticklease_testkit::lease_row(&store, "billing").await;
+    assert_eq!(
+        (row.token, row.holder_id.as_deref(), row.held),
+        (Token(token), Some("old-holder"), true)
+    );
+    let key: Option<i64> = scalar(
+        &client,
+        "SELECT holder_key FROM leader_leases WHERE role = 'billing'",
+    )
+    .await;
+    assert_eq!(key, None, "a 0003 RENEW records no key");
+    assert!(matches!(
+        store
+            .acquire(&billing, "new", config.lease_ttl(), Duration::from_millis(1))
+            .await
+            .unwrap(),
+        ticklease::Acquire::Refused(ticklease::Refusal::Held { holder_key: None, .. })
+    ));
+    assert!(matches!(
+        store
+            .renew(&billing, Token(token), config.lease_ttl())
+            .await
+            .unwrap(),
+        Renew::Renewed { .. }
+    ));
+    let key: Option<i64> = scalar(
+        &client,
+        "SELECT holder_key FROM leader_leases WHERE role = 'billing'",
+    )
+    .await;
+    assert_eq!(key, store.holder_key(), "a new RENEW records the replica's key");
 }
