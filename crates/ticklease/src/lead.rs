@@ -317,6 +317,9 @@ impl<S: LeaseStore> Manager<S> {
         interval: Duration,
     ) -> Result<Result<(Token, Instant), Refusal>, Error> {
         let inner = &self.inner;
+        if let (Some(m), Some(signals)) = (&inner.metrics, inner.store.signals()) {
+            m.coordination_up(signals.key().is_some());
+        }
         let sent = Instant::now();
         let sent_wall = SystemTime::now();
         let term = match inner

@@ -12,8 +12,9 @@
 //!   `leader_lease_lost_total{role,reason}` (its `panicked` series exists at 0
 //!   from the start for every declared role, so the first panic after a start
 //!   is an increase an alert sees), `leader_tick_duration_seconds{role}`,
-//!   `leader_renew_duration_seconds`, `leader_db_clock_drift_seconds`, and
-//!   `leader_tick_interval_seconds{role}` (what the stall alert compares with).
+//!   `leader_renew_duration_seconds`, `leader_db_clock_drift_seconds`,
+//!   `leader_tick_interval_seconds{role}` (what the stall alert compares with),
+//!   and `leader_coordination_up` (its coordination session, as of its last poll).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -68,6 +69,8 @@ struct Inner {
     renew_duration: Histogram,
     drift: FloatGauge,
     token_lead: FloatGauge,
+    /// Absent without a coordination session: a family with no labels.
+    coordination_up: Family<Vec<(String, String)>, Gauge>,
 }
 
 /// The metric handles. Cheap to clone.
@@ -163,6 +166,12 @@ impl Inner {
              loses commits keeps tokens unique while it lasts longer than this",
             self.token_lead.clone(),
         );
+        r.register(
+            "leader_coordination_up",
+            "1 while this replica's coordination session is up, 0 while it reconnects (absent \
+             without one): while down, a dead holder is replaced only when its lease runs out",
+            self.coordination_up.clone(),
+        );
     }
 }
 
@@ -182,6 +191,7 @@ impl Metrics {
             renew_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             drift: FloatGauge::default(),
             token_lead: FloatGauge::default(),
+            coordination_up: Family::default(),
         };
         inner.register_into(registry);
         for role in &inner.roles {
@@ -306,6 +316,13 @@ impl Metrics {
 
     pub(crate) fn drift(&self, seconds: f64) {
         self.inner.drift.set(seconds);
+    }
+
+    pub(crate) fn coordination_up(&self, up: bool) {
+        self.inner
+            .coordination_up
+            .get_or_create(&Vec::new())
+            .set(i64::from(up));
     }
 }
 

@@ -26,4 +26,7 @@ impl Metrics {
     pub(crate) fn drift(&self, _: f64) {
         match *self {}
     }
+    pub(crate) fn coordination_up(&self, _: bool) {
+        match *self {}
+    }
 }

@@ -395,3 +395,41 @@ async fn a_key_no_session_holds_is_refused_and_nothing_is_written() {
     let key: Option<i64> = scalar(&owner, "SELECT holder_key FROM leader_leases").await;
     assert_eq!(key, None);
 }
+
+/// `leader_coordination_up` is 1 on a replica with a session and absent on
+/// one without (so the alert never fires for a replica that has none).
+#[tokio::test]
+async fn coordination_up_is_exported_only_by_a_replica_with_a_session() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    for with_session in [true, false] {
+        let store = if with_session {
+            coordinated(&db, &config).await
+        } else {
+            PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+                .await
+                .unwrap()
+        };
+        let mut registry = prometheus_client::registry::Registry::with_prefix("ticklease");
+        let metrics = ticklease::Metrics::register(&mut registry, [billing()]);
+        let manager = Manager::start_with_metrics(store, config, [billing()], metrics)
+            .await
+            .unwrap();
+        manager
+            .lead(&billing(), Duration::from_millis(1), |_| async {
+                Ok::<_, std::io::Error>(())
+            })
+            .await
+            .unwrap();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("ticklease_leader_coordination_up"));
+        assert_eq!(
+            line,
+            with_session.then_some("ticklease_leader_coordination_up 1"),
+            "{text}"
+        );
+    }
+}
