@@ -1,24 +1,41 @@
 //! The chaos run: worker replicas, each on its own link through a fault
 //! proxy, under a seeded stream of faults (SIGKILL, SIGTERM, SIGSTOP/SIGCONT,
-//! blackholed and reset links, Postgres restarts) while load keeps arriving;
-//! then a checker over the claim journal, the lease history and what the
-//! peers received.
+//! blackholed and reset links, Postgres restarts, promotions of the standby
+//! with and without a lost tail) while load keeps arriving; then a checker
+//! over the claim journal, the lease history and what the peers received.
+//!
+//! Postgres runs highly available as it does in production: a primary and
+//! an asynchronous streaming standby, each node with its own PgBouncer when
+//! pooled, and the replicas reaching the primary's node through a writer
+//! endpoint ([`WriterEndpoint`]: a floating address that follows the
+//! primary). A promotion moves the address; the replicas keep their URL and
+//! are not restarted. A replica has one address per link here, so the
+//! multi-host URL (the other way to follow a primary, tested in the CLI's
+//! switchover test) is not what this run exercises.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::Child;
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
 
 use ticklease::Role;
+use ticklease_sandbox::audit::Received;
 use ticklease_sandbox::{Violation, WorkerProcess};
-use ticklease_testkit::{connect, scalar, signal, Fault, FaultProxy, HttpPeer, PgBouncer, SmtpSink};
+use ticklease_testkit::{
+    connect, scalar, signal, Fault, FaultProxy, HttpPeer, PgBouncer, PgCluster, SmtpSink, Standby,
+};
 use ticklease_worker::worker::WorkerConfig;
 
+use crate::endpoint::WriterEndpoint;
 use crate::failover::Env;
 use crate::Timing;
 
@@ -49,6 +66,21 @@ pub struct ChaosReport {
     pub gap_bound_ms: f64,
     pub terms: i64,
     pub journal_claims: i64,
+    /// ACQUIREs the old primaries committed after their standby's WAL receipt
+    /// was cut: terms lost with the promotions' lost tails.
+    pub lost_acquires: i64,
+    /// Fenced claims lost with them.
+    pub lost_claims: i64,
+    /// Webhooks, charges and emails the peers received during lost tails,
+    /// left out of the audit (see [`LostTail`]).
+    pub lost_tail_receipts: usize,
+    /// Identifiers a lost tail sent that the surviving timeline sent again
+    /// with another body: a webhook-id or idempotency key the worker derived
+    /// from a sequence value the lost tail had handed out, so a receiver that
+    /// dedupes would drop the second, different effect. Reported, not a
+    /// violation: the worker chooses its keys, and an async failover may lose
+    /// the rows they came from.
+    pub reused_ids: Vec<String>,
     pub took: Duration,
 }
 
@@ -58,8 +90,11 @@ impl ChaosReport {
     }
 }
 
-/// Replica faults, then the rare whole-service restarts.
+/// Replica faults, then the rare whole-service ones.
 const REPLICA_FAULTS: [&str; 5] = ["sigkill", "sigterm", "freeze", "blackhole", "reset"];
+
+/// The pool PgBouncer keeps per database on each node.
+const BOUNCER_POOL: u32 = 10;
 
 struct Replica {
     link: FaultProxy,
@@ -162,16 +197,94 @@ async fn top_up(env: &Env, n: i64, endpoints: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Everything a run holds: the cluster, the peers, the optional bouncer,
-/// the replicas on their links, and the windows of whole-service restarts.
+/// Everything a run holds: the primary (`env.cluster`) and its node's
+/// optional bouncer, the standby node, the writer endpoint, the peers, the
+/// replicas on their links, the windows of whole-service restarts and
+/// promotions, and the promotions' lost tails.
 struct Stage {
     env: Env,
     http: HttpPeer,
     smtp: SmtpSink,
     endpoints: Vec<String>,
+    pooled: bool,
     bouncer: Option<PgBouncer>,
+    /// `None` only while a promotion runs.
+    standby: Option<StandbyNode>,
+    writer: WriterEndpoint,
     replicas: Vec<Replica>,
     restarts: Vec<(SystemTime, SystemTime)>,
+    lost_tails: Vec<LostTail>,
+}
+
+/// A standby and, when pooled, the PgBouncer on its node (idle until the
+/// node is promoted).
+struct StandbyNode {
+    server: Standby,
+    bouncer: Option<PgBouncer>,
+}
+
+impl StandbyNode {
+    /// A base backup of `primary`, streaming from it.
+    fn start(primary: &PgCluster, pooled: bool) -> anyhow::Result<StandbyNode> {
+        let server = tokio::task::block_in_place(|| Standby::start(primary))?;
+        let bouncer = if pooled {
+            Some(PgBouncer::start(server.cluster(), BOUNCER_POOL)?)
+        } else {
+            None
+        };
+        Ok(StandbyNode { server, bouncer })
+    }
+}
+
+/// Where a node takes clients: its bouncer, or Postgres itself.
+fn node_entry(server: &PgCluster, bouncer: Option<&PgBouncer>) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], bouncer.map_or(server.port(), PgBouncer::port)))
+}
+
+/// What a promotion with a lost tail leaves for the checker.
+///
+/// The checker reads the promoted server: the surviving timeline. The lost
+/// tail's commits (claims, journal rows, terms, completion marks) never
+/// happened there, so judging them would be judging a history nobody
+/// continues; the peers, though, received the lost tail's effects. Every
+/// completion a worker committed after the cut is lost, and a completion
+/// commits after its effect, so whatever the peers received from the cut to
+/// the switch is either the lost timeline's own effect or one the surviving
+/// timeline still has pending and sends again: the audit leaves those
+/// receipts out and judges the surviving timeline against what it sent.
+/// The one thing carried over from the lost timeline is its tokens: the new
+/// primary must issue tokens above them, or a leader of the lost tail,
+/// reconnected, would pass the fence beside a new one.
+struct LostTail {
+    /// Per role, the token the old primary held when no client could reach it any more.
+    tokens: Vec<(String, i64)>,
+    /// ACQUIREs and fenced claims the old primary committed after the cut.
+    acquires: i64,
+    claims: i64,
+    /// The writer endpoint led to the new primary from this instant.
+    switched_at: SystemTime,
+    /// The peers' receipts at the cut and at the switch.
+    from: Marks,
+    to: Marks,
+}
+
+/// How many webhooks, charges and emails the peers had received.
+#[derive(Debug, Clone, Copy)]
+struct Marks {
+    hooks: usize,
+    charges: usize,
+    mails: usize,
+}
+
+impl Marks {
+    fn now(http: &HttpPeer, smtp: &SmtpSink) -> Marks {
+        let r = ticklease_sandbox::peers::received(http, smtp);
+        Marks {
+            hooks: r.hooks.len(),
+            charges: r.charges.len(),
+            mails: r.message_ids.len(),
+        }
+    }
 }
 
 /// Runs the chaos and checks the outcome.
@@ -184,6 +297,7 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     if opts.pooled {
         kinds.push("bouncer_restart");
     }
+    kinds.extend(["promote", "promote_lost_tail"]);
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut report = ChaosReport {
         seed: opts.seed,
@@ -209,6 +323,7 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         r.link.set(Fault::Pass);
         signal(&r.child, Signal::SIGCONT);
     }
+    // The current primary: after a promotion, the surviving timeline.
     let db = connect(&stage.env.cluster.config(&stage.env.db)).await?;
     report.violations.extend(stage.drain(&db).await);
     report.violations.extend(stage.stop().await);
@@ -223,9 +338,10 @@ fn span(rng: &mut StdRng, ttl: Duration, lo: f64, hi: f64) -> Duration {
 }
 
 impl Stage {
-    /// The cluster, the peers, a first load, the bouncer when pooled, and the replicas.
+    /// The primary and its standby, the peers, a first load, the bouncers
+    /// when pooled, the writer endpoint, and the replicas.
     async fn start(opts: &ChaosOptions) -> anyhow::Result<Stage> {
-        let env = Env::start(opts.timing, opts.exe.clone()).await?;
+        let env = Env::on(PgCluster::start_primary()?, opts.timing, opts.exe.clone()).await?;
         let http = HttpPeer::start(0).await?;
         let smtp = SmtpSink::start().await?;
         let endpoints = vec![
@@ -234,12 +350,13 @@ impl Stage {
         ];
         top_up(&env, 8, &endpoints).await?;
         let bouncer = if opts.pooled {
-            Some(PgBouncer::start(&env.cluster, 10)?)
+            Some(PgBouncer::start(&env.cluster, BOUNCER_POOL)?)
         } else {
             None
         };
-        let upstream_port = bouncer.as_ref().map_or(env.cluster.port(), PgBouncer::port);
-        let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], upstream_port));
+        let standby = StandbyNode::start(&env.cluster, opts.pooled)?;
+        let writer = WriterEndpoint::start(node_entry(&env.cluster, bouncer.as_ref())).await?;
+        let upstream = SocketAddr::from(([127, 0, 0, 1], writer.port()));
         let mut replicas = Vec::new();
         for _ in 0..opts.replicas {
             let link = FaultProxy::start(upstream).await?;
@@ -251,9 +368,13 @@ impl Stage {
             http,
             smtp,
             endpoints,
+            pooled: opts.pooled,
             bouncer,
+            standby: Some(standby),
+            writer,
             replicas,
             restarts: Vec::new(),
+            lost_tails: Vec::new(),
         })
     }
 
@@ -297,12 +418,104 @@ impl Stage {
                     .restart()?;
                 self.restarts.push((from, SystemTime::now()));
             }
-            _ => {
+            "pg_restart" => {
                 let from = SystemTime::now();
                 self.env.cluster.restart()?;
                 self.restarts.push((from, SystemTime::now()));
             }
+            "promote" => self.promote(false).await?,
+            "promote_lost_tail" => self.promote(true).await?,
+            other => bail!("unknown fault {other}"),
         }
+        Ok(())
+    }
+
+    /// Promotes the standby and moves the writer endpoint to its node; then
+    /// a new standby (and bouncer) from the new primary, for the next
+    /// promotion.
+    ///
+    /// Without a lost tail: the standby catches up, the primary shuts down
+    /// cleanly (its standby receives every WAL record first), the standby is
+    /// promoted and the endpoint moves at once, a switchover. With one: the
+    /// standby's WAL receipt is cut, the workers commit on the primary until
+    /// an ACQUIRE and a fenced claim are among those commits, then the
+    /// address leaves the primary and it crashes: everything since the cut is
+    /// lost.
+    async fn promote(&mut self, lost_tail: bool) -> anyhow::Result<()> {
+        let config = self.env.timing.config();
+        let node = self.standby.take().context("no standby to promote")?;
+        let from = SystemTime::now();
+        let old = connect(&self.env.cluster.config(&self.env.db)).await?;
+        let cut = if lost_tail {
+            // Work for the tail, which the standby has before its cut.
+            top_up(&self.env, 2, &self.endpoints).await?;
+            node.server.wait_caught_up(&self.env.cluster).await?;
+            node.server.cut_wal_receipt().await?;
+            let at = SystemTime::now();
+            let marks = Marks::now(&self.http, &self.smtp);
+            wait_for_lost_work(&old, at, config.lease_ttl() * 10).await?;
+            Some((at, marks))
+        } else {
+            node.server.wait_caught_up(&self.env.cluster).await?;
+            None
+        };
+        // No client reaches the old primary from here: what it holds now is
+        // all the lost tail holds, and no tick's beat is acknowledged after `down`.
+        self.writer.point(None);
+        let down = Instant::now();
+        let lost = match cut {
+            Some((at, marks)) => {
+                let tokens = old
+                    .query_typed("SELECT role, holder_token FROM leader_leases", &[])
+                    .await?
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect();
+                let commits = lost_commits(&old, at).await?;
+                tokio::task::block_in_place(|| self.env.cluster.stop());
+                Some((tokens, commits, marks))
+            }
+            None => {
+                tokio::task::block_in_place(|| self.env.cluster.stop_fast());
+                None
+            }
+        };
+        drop(old);
+        node.server.promote().await?;
+        let lost = match lost {
+            Some((tokens, commits, from)) => {
+                // The failover's detection time, as an HA manager waits out
+                // the old primary's leader key: by now every tick of the lost
+                // timeline was abandoned (abandon-after its last acknowledged
+                // beat, before `down`) and what it had sent has arrived, so
+                // the peers' receipts after the switch are the surviving
+                // timeline's.
+                let settled = down + config.abandon_after() + config.statement_timeout();
+                tokio::time::sleep_until(settled.into()).await;
+                Some((tokens, commits, from, Marks::now(&self.http, &self.smtp)))
+            }
+            None => None,
+        };
+        let retired = (
+            std::mem::replace(&mut self.env.cluster, node.server.into_cluster()),
+            std::mem::replace(&mut self.bouncer, node.bouncer),
+        );
+        self.writer
+            .point(Some(node_entry(&self.env.cluster, self.bouncer.as_ref())));
+        let switched_at = SystemTime::now();
+        tokio::task::block_in_place(|| drop(retired));
+        self.restarts.push((from, switched_at));
+        if let Some((tokens, (acquires, claims), from, to)) = lost {
+            self.lost_tails.push(LostTail {
+                tokens,
+                acquires,
+                claims,
+                switched_at,
+                from,
+                to,
+            });
+        }
+        self.standby = Some(StandbyNode::start(&self.env.cluster, self.pooled)?);
         Ok(())
     }
 
@@ -346,15 +559,105 @@ impl Stage {
     }
 }
 
+/// The ACQUIREs and the fenced claims `old` committed after `cut`.
+async fn lost_commits(old: &Client, cut: SystemTime) -> anyhow::Result<(i64, i64)> {
+    let row = &old
+        .query_typed(
+            "SELECT (SELECT count(*) FROM lease_history
+                      WHERE at > $1 AND new_token <> old_token AND new_holder IS NOT NULL),
+                    (SELECT count(*) FROM worker_journal WHERE at > $1)",
+            &[(&cut, Type::TIMESTAMPTZ)],
+        )
+        .await?[0];
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Waits until the primary `old`, whose standby stopped receiving at `cut`,
+/// has committed an ACQUIRE and a fenced claim since: a lost tail with a
+/// term and work in it. Polled: the database has no notification for it.
+async fn wait_for_lost_work(old: &Client, cut: SystemTime, within: Duration) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        if let (1.., 1..) = lost_commits(old, cut).await? {
+            return Ok(());
+        }
+        if started.elapsed() > within {
+            bail!("no ACQUIRE and claim on the primary within {within:?} of cutting its standby off");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Takes what the peers received during the lost tails out of `received`
+/// (see [`LostTail`]); returns how many receipts that was and the
+/// identifiers the surviving timeline sent again with another body.
+fn without_lost_tails(received: &mut Received, tails: &[LostTail]) -> (usize, Vec<String>) {
+    let windows = |of: fn(&Marks) -> usize| -> Vec<Range<usize>> {
+        tails.iter().map(|t| of(&t.from)..of(&t.to)).collect()
+    };
+    let (hooks, lost_hooks) = split(std::mem::take(&mut received.hooks), &windows(|m| m.hooks));
+    let (charges, lost_charges) = split(std::mem::take(&mut received.charges), &windows(|m| m.charges));
+    let (mails, lost_mails) = split(std::mem::take(&mut received.message_ids), &windows(|m| m.mails));
+    let mut reused: Vec<String> = lost_hooks
+        .iter()
+        .filter(|(path, id, body)| hooks.iter().any(|(p, i, b)| p == path && i == id && b != body))
+        .map(|(path, id, _)| format!("webhook-id {id} at {path}"))
+        .collect();
+    reused.extend(
+        lost_charges
+            .iter()
+            .filter(|c| charges.iter().any(|k| k.key == c.key && k.body != c.body))
+            .map(|c| format!("idempotency key {}", c.key)),
+    );
+    reused.sort();
+    reused.dedup();
+    (received.hooks, received.charges, received.message_ids) = (hooks, charges, mails);
+    (lost_hooks.len() + lost_charges.len() + lost_mails.len(), reused)
+}
+
+/// `items` outside `windows` (by position), and those inside.
+fn split<T>(items: Vec<T>, windows: &[Range<usize>]) -> (Vec<T>, Vec<T>) {
+    let (inside, outside): (Vec<_>, Vec<_>) = items
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| windows.iter().any(|w| w.contains(i)));
+    let strip = |v: Vec<(usize, T)>| v.into_iter().map(|(_, t)| t).collect();
+    (strip(outside), strip(inside))
+}
+
 async fn check(stage: &Stage, db: &tokio_postgres::Client, report: &mut ChaosReport) -> anyhow::Result<()> {
     let config = stage.env.timing.config();
     let restarts = &stage.restarts;
-    let received = ticklease_sandbox::peers::received(&stage.http, &stage.smtp);
+    let mut received = ticklease_sandbox::peers::received(&stage.http, &stage.smtp);
+    (report.lost_tail_receipts, report.reused_ids) = without_lost_tails(&mut received, &stage.lost_tails);
     let audit =
         ticklease_sandbox::audit::audit(db, &received, &["/hooks/a".to_string(), "/hooks/b".to_string()])
             .await?;
     let v = &mut report.violations;
     v.extend(audit.violations.iter().map(ToString::to_string));
+
+    // Tokens across each lost tail: the first term the new primary issued
+    // for a role is above the last one the lost timeline issued.
+    for tail in &stage.lost_tails {
+        report.lost_acquires += tail.acquires;
+        report.lost_claims += tail.claims;
+        for (role, lost) in &tail.tokens {
+            let first: Option<i64> = db
+                .query_typed(
+                    "SELECT min(new_token) FROM lease_history
+                      WHERE role = $1 AND at >= $2 AND new_token <> old_token AND new_holder IS NOT NULL",
+                    &[(role, Type::TEXT), (&tail.switched_at, Type::TIMESTAMPTZ)],
+                )
+                .await?[0]
+                .get(0);
+            if let Some(token) = first.filter(|t| t <= lost) {
+                v.push(format!(
+                    "token reused across a lost tail: {role} got token {token} on the new primary, \
+                     not above {lost} from the lost timeline"
+                ));
+            }
+        }
+    }
 
     // Leadership gaps: consecutive term starts per role, outside Postgres restarts.
     let interval = config.max_poll();

@@ -79,7 +79,11 @@ pub struct Env {
 impl Env {
     /// Starts a cluster of its own, migrated and instrumented.
     pub async fn start(timing: Timing, exe: PathBuf) -> anyhow::Result<Env> {
-        let cluster = PgCluster::start()?;
+        Env::on(PgCluster::start()?, timing, exe).await
+    }
+
+    /// A migrated, instrumented database on `cluster`.
+    pub async fn on(cluster: PgCluster, timing: Timing, exe: PathBuf) -> anyhow::Result<Env> {
         let db = cluster.create_database().await?;
         let mut client = connect(&cluster.config(&db)).await?;
         ticklease::migrate(&mut client).await?;

@@ -5,6 +5,7 @@
 
 pub mod chaos;
 pub mod drill;
+pub mod endpoint;
 pub mod failover;
 pub mod promotion;
 pub mod stats;

@@ -45,7 +45,8 @@ enum Cmd {
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
-    /// Worker replicas under seeded random faults, then the history checker.
+    /// Worker replicas under seeded random faults (promotions of the standby,
+    /// with and without a lost tail, among them), then the history checker.
     Chaos {
         #[arg(long, default_value_t = 5)]
         replicas: usize,
@@ -56,7 +57,7 @@ enum Cmd {
         seed: Option<u64>,
         #[arg(long, value_enum, default_value = "scaled")]
         timing: Timing,
-        /// Reach Postgres through PgBouncer (transaction mode) and restart it too.
+        /// Reach Postgres through a PgBouncer (transaction mode) on each node, and restart it too.
         #[arg(long)]
         pooled: bool,
     },

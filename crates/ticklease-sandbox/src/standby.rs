@@ -52,10 +52,13 @@ impl Standby {
             .map_err(io("run pg_basebackup"))?;
         check_output("pg_basebackup", &out)?;
         let name = format!("standby_{}", cluster.port());
-        // The walreceiver reports cluster_name as its application_name.
+        // The walreceiver reports cluster_name as its application_name. A
+        // primary that restarts ends the walreceiver; it is started again
+        // after wal_retrieve_retry_interval (5 s by default), which would
+        // stretch every wait_caught_up that follows a restart.
         append(
             &cluster.data_dir().join("postgresql.conf"),
-            &format!("cluster_name = '{name}'\n"),
+            &format!("cluster_name = '{name}'\nwal_retrieve_retry_interval = '100ms'\n"),
         )?;
         cluster.spawn_postmaster()?;
         Ok(Standby {
@@ -68,6 +71,12 @@ impl Standby {
     /// The standby's server: port, `config(db)`, `url(db)`, `stop()`, log.
     pub fn cluster(&self) -> &PgCluster {
         &self.cluster
+    }
+
+    /// The server alone, once promoted: a primary that a new standby can
+    /// stream from (the base backup copied the replication settings).
+    pub fn into_cluster(self) -> PgCluster {
+        self.cluster
     }
 
     /// Waits until the standby has replayed every transaction `primary` had
