@@ -167,6 +167,7 @@ impl WorkerFlags {
             .context("--smtp-url: expected smtp://host:port")?;
         Ok(WorkerConfig {
             database: self.database_url.parse()?,
+            direct: None,
             roles: ticklease_worker::ROLES
                 .iter()
                 .map(|r| Role::new(*r))

@@ -157,6 +157,11 @@ pub struct WorkerRun {
     /// Serve /metrics and /healthz here.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// A URL straight to Postgres (not through PgBouncer) for the coordination session: a dead
+    /// leader is replaced in milliseconds, releases and pauses are heard at once. Statements
+    /// still use --database-url.
+    #[arg(long, env = "TICKLEASE_DIRECT_URL", hide_env_values = true)]
+    direct_url: Option<String>,
     /// Base URL of the payment provider (POST {url}/charges with an Idempotency-Key).
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     payments_url: String,
@@ -258,8 +263,14 @@ impl WorkerRun {
                 ));
             }
         }
+        let direct = self
+            .direct_url
+            .map(|url| url.parse::<ticklease::PgConnect>())
+            .transpose()
+            .map_err(|e| format!("--direct-url: {e}"))?;
         Ok(ticklease_worker::worker::WorkerConfig {
             database,
+            direct,
             roles: self.roles,
             lease,
             tick_intervals: self.tick_intervals.into_iter().collect(),

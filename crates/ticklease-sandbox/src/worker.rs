@@ -10,6 +10,7 @@ use std::time::Duration;
 pub struct WorkerProcess {
     exe: PathBuf,
     database_url: String,
+    direct_url: Option<String>,
     webhook_secret: String,
     lease: Option<ticklease::Config>,
     payments_url: Option<String>,
@@ -31,6 +32,7 @@ impl WorkerProcess {
         WorkerProcess {
             exe: exe.into(),
             database_url: database_url.into(),
+            direct_url: None,
             webhook_secret: webhook_secret.into(),
             lease: None,
             payments_url: None,
@@ -41,6 +43,13 @@ impl WorkerProcess {
             decline_backoff: None,
             log: None,
         }
+    }
+
+    /// A URL straight to Postgres for the coordination session
+    /// (`--direct-url`; default: none, leases alone).
+    pub fn direct_url(mut self, url: impl Into<String>) -> Self {
+        self.direct_url = Some(url.into());
+        self
     }
 
     /// Lease timings (default: the worker's).
@@ -118,6 +127,9 @@ impl WorkerProcess {
         let mut flag = |name: &str, value: String| args.extend([format!("--{name}"), value]);
         flag("database-url", self.database_url.clone());
         flag("webhook-secret", self.webhook_secret.clone());
+        if let Some(url) = &self.direct_url {
+            flag("direct-url", url.clone());
+        }
         if let Some(c) = &self.lease {
             flag("lease-ttl", ms(c.lease_ttl()));
             flag("heartbeat-every", ms(c.heartbeat_every()));

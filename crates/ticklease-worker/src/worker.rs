@@ -26,6 +26,9 @@ const _: () = assert!(RETRY_BASE.as_millis() < RETRY_CAP.as_millis());
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub database: ticklease::PgConnect,
+    /// A connection straight to Postgres (not through a pooler) for the
+    /// coordination session; `None`: leases alone.
+    pub direct: Option<ticklease::PgConnect>,
     pub roles: Vec<Role>,
     pub lease: ticklease::Config,
     /// Per-role tick intervals; roles not named here use [`DEFAULT_TICK_INTERVAL`].
@@ -59,6 +62,10 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
         });
     }
     let store = PgStore::connect(cfg.database.clone(), PgStoreOptions::from_config(&cfg.lease)).await?;
+    let store = match &cfg.direct {
+        Some(direct) => store.with_direct(direct.clone()).await?,
+        None => store,
+    };
     let pool = Pool::builder(PoolManager::from_config(
         cfg.database.config().clone(),
         cfg.database.tls(),

@@ -36,10 +36,17 @@ pub fn demo_config() -> ticklease::Config {
         .expect("demo timings are valid")
 }
 
-/// How long a takeover may take: TTL + MaxPoll, and a second of slack.
+/// How long a takeover may take on leases alone: TTL + MaxPoll, and a second of slack.
 fn takeover_bound() -> Duration {
     let config = demo_config();
     config.lease_ttl() + config.max_poll() + Duration::from_secs(1)
+}
+
+/// How long a takeover may take when the holder's coordination session ended
+/// with its process (the library's bound is 1 s; the demo watches the table
+/// every 10 ms).
+fn session_takeover_bound() -> Duration {
+    Duration::from_secs(1)
 }
 
 #[derive(Debug, Clone)]
@@ -82,7 +89,10 @@ impl Demo {
         let http = HttpPeer::start(0).await?;
         let smtp = SmtpSink::start().await?;
         let logs = tempfile::tempdir()?;
+        // The demo's URL reaches Postgres directly, so it also serves the
+        // coordination session: a killed leader is replaced in milliseconds.
         let workers = WorkerProcess::new(std::env::current_exe()?, url, SECRET)
+            .direct_url(url)
             .payments_url(http.url())
             .smtp_url(smtp.url())
             .batch_size(3)

@@ -7,7 +7,7 @@ use tokio_postgres::types::Type;
 
 use ticklease_sandbox::signal;
 
-use super::{demo_config, takeover_bound, Check, Demo};
+use super::{demo_config, session_takeover_bound, takeover_bound, Check, Demo};
 
 /// What the drain waits for: work due or in flight in any of the five stores.
 const PENDING: &str = "SELECT (SELECT count(*) FROM subscriptions WHERE next_billing_at <= now())
@@ -29,9 +29,9 @@ impl Demo {
         let _ = victim.child.wait().await;
         let took = self.new_term(role, token, takeover_bound() * 2).await?;
         self.record(
-            &format!("{role} taken over after SIGKILL"),
+            &format!("{role} taken over after SIGKILL (its coordination session ended with it)"),
             took,
-            takeover_bound(),
+            session_takeover_bound(),
         );
         self.respawn()
     }
