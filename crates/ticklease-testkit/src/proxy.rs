@@ -115,7 +115,8 @@ async fn link(client: TcpStream, server: TcpStream, mut fault: watch::Receiver<F
 
 /// Forwards one direction. A blackhole holds the chunk in flight (and reads
 /// no more) until the fault changes, as a partition holds packets that TCP
-/// will retransmit once it heals.
+/// will retransmit once it heals; the end of the stream (a FIN) too, so a
+/// peer that closed during a partition is not known closed across it.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -124,9 +125,6 @@ async fn pump(
     let mut buf = vec![0u8; CHUNK];
     loop {
         let n = from.read(&mut buf).await?;
-        if n == 0 {
-            return to.shutdown().await;
-        }
         loop {
             let current = *fault.borrow_and_update();
             match current {
@@ -142,6 +140,9 @@ async fn pump(
                 }
                 Fault::Reset => return Ok(()),
             }
+        }
+        if n == 0 {
+            return to.shutdown().await;
         }
         to.write_all(&buf[..n]).await?;
     }

@@ -77,6 +77,10 @@ struct Events {
     /// This replica's holder key; `None` while the session is down.
     key: watch::Sender<Option<i64>>,
     roles: Mutex<HashMap<String, Arc<RoleSignals>>>,
+    /// The database refused the key as held by no session: the session is
+    /// dead though its client has not noticed (a cut link whose end the
+    /// server's keepalives found first).
+    refused: Notify,
 }
 
 /// Wake-ups of one role.
@@ -110,9 +114,12 @@ impl Events {
         }
     }
 
-    fn wake_followers(&self) {
+    /// After a reconnect: a notification may have been missed, so every
+    /// follower asks now and every holder renews now.
+    fn wake_all(&self) {
         for signals in self.roles.lock().expect("not poisoned").values() {
             signals.follower.notify_one();
+            signals.holder.notify_one();
         }
     }
 }
@@ -125,7 +132,9 @@ impl Signals {
         let events = Arc::new(Events {
             key: watch::Sender::new(None),
             roles: Mutex::default(),
+            refused: Notify::new(),
         });
+        let direct = with_client_keepalives(direct);
         let session = Session::open(&direct, connect_timeout, &events)
             .await
             .map_err(|source| StoreError::Connect {
@@ -155,6 +164,21 @@ impl Signals {
     /// This replica's holder key while its session is up.
     pub(crate) fn key(&self) -> Option<i64> {
         *self.inner.events.key.borrow()
+    }
+
+    /// The database said no session holds `key`: if it is still this
+    /// replica's key, withdraw it (statements record none) and reconnect.
+    pub(crate) fn key_refused(&self, key: i64) {
+        let events = &self.inner.events;
+        if events.key.send_if_modified(|k| {
+            let ours = *k == Some(key);
+            if ours {
+                *k = None;
+            }
+            ours
+        }) {
+            events.refused.notify_one();
+        }
     }
 
     /// The wake-ups of `role` (registered on first use).
@@ -261,14 +285,17 @@ async fn keep(
 ) {
     loop {
         events.key.send_replace(Some(session.key));
-        // A notification may have been missed while the session was down.
-        events.wake_followers();
+        events.wake_all();
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = &mut session.reader.0 => {}
+            _ = &mut session.reader.0 => {
+                tracing::warn!("coordination session lost; reconnecting");
+            }
+            _ = events.refused.notified() => {
+                tracing::warn!("the database holds this replica's key no more; reconnecting the coordination session");
+            }
         }
         events.key.send_replace(None);
-        tracing::warn!("coordination session lost; reconnecting");
         drop(session);
         let mut backoff = RECONNECT_MIN;
         session = loop {
@@ -335,6 +362,20 @@ async fn wait_for_key(direct: &PgConnect, connect_timeout: Duration, key: i64) -
         .query_typed("SELECT pg_advisory_lock_shared($1)", &[(&key, Type::INT8)])
         .await?;
     Ok(())
+}
+
+/// Client-side keepalives on every direct connection, as the server's: a
+/// link that drops packets ends the session from this side too, in about
+/// idle + interval × retries (or the user timeout with data unacknowledged).
+fn with_client_keepalives(mut direct: PgConnect) -> PgConnect {
+    direct
+        .config_mut()
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(2))
+        .keepalives_interval(Duration::from_secs(1))
+        .keepalives_retries(2)
+        .tcp_user_timeout(Duration::from_secs(4));
+    direct
 }
 
 /// A task aborted when its handle is dropped.

@@ -217,6 +217,11 @@ impl PgConnect {
         &self.config
     }
 
+    /// The tokio-postgres config, to tune socket options (TLS stays as set).
+    pub(crate) fn config_mut(&mut self) -> &mut tokio_postgres::Config {
+        &mut self.config
+    }
+
     /// The `sslmode` asked for.
     pub fn ssl_mode(&self) -> SslMode {
         self.ssl_mode

@@ -16,7 +16,7 @@ use ticklease::{
     Acquire, Config, Lead, LeaseStore, LossReason, Manager, PgStore, PgStoreOptions, Role, Scheduler,
     StoreError, Token,
 };
-use ticklease_testkit::{connect, direct, migrated_db, scalar, PgCluster};
+use ticklease_testkit::{connect, direct, migrated_db, scalar, Fault, FaultProxy, PgCluster};
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// Far inside every lease-based bound below, far above a fast signal on a
@@ -432,4 +432,78 @@ async fn coordination_up_is_exported_only_by_a_replica_with_a_session() {
             "{text}"
         );
     }
+}
+
+/// The server ended the coordination session while its link was cut, and
+/// the client cannot know (the partition holds the FIN too; the client's
+/// keepalives are answered by the near end). The database then refuses the
+/// replica's key: the replica withdraws it, keeps its term by renewing as a
+/// plain lease, and reconnects once the link heals.
+#[tokio::test]
+async fn a_session_the_server_ended_behind_a_cut_link_is_withdrawn_and_reconnected() {
+    let config = ticklease_testkit::test_config();
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    let proxy = FaultProxy::start(([127, 0, 0, 1], PgCluster::shared().port()).into())
+        .await
+        .unwrap();
+    let mut via_proxy = tokio_postgres::Config::new();
+    via_proxy
+        .host("127.0.0.1")
+        .port(proxy.port())
+        .user(db.get_user().unwrap())
+        .dbname(db.get_dbname().unwrap());
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap()
+        .with_direct(via_proxy)
+        .await
+        .unwrap();
+    let a = manager(store, config).await;
+    let key = a.store().holder_key().unwrap();
+    let (token, _finish, lead) = leader(a.clone(), HOUR);
+    let token = token.await.unwrap();
+
+    proxy.set(Fault::Blackhole);
+    let (pid, _) = key_backend(&owner, key).await;
+    assert!(scalar::<bool>(&owner, &format!("SELECT pg_terminate_backend({})", pid.unwrap())).await);
+    until("the key is withdrawn", || async {
+        a.store().holder_key().is_none()
+    })
+    .await;
+    // Several heartbeats on, the term is still this replica's.
+    let (before, _) = renewed_at(&owner).await;
+    until("A renewed as a plain lease", || async {
+        renewed_at(&owner).await.0 > before
+    })
+    .await;
+    let (_, recorded) = renewed_at(&owner).await;
+    assert_eq!(recorded, None, "while the session is down, RENEW records no key");
+    assert!(!lead.is_finished(), "the term was kept");
+
+    proxy.set(Fault::Pass);
+    until("the session is back with a new key", || async {
+        a.store().holder_key().is_some_and(|k| k != key)
+    })
+    .await;
+    let new_key = a.store().holder_key();
+    until("A's RENEW records the new key", || async {
+        renewed_at(&owner).await.1 == new_key
+    })
+    .await;
+    let row = ticklease_testkit::lease_row(a.store(), "billing").await;
+    assert_eq!((row.token, row.held), (token, true));
+    assert!(!lead.is_finished());
+}
+
+/// The billing term's expiry and recorded key.
+async fn renewed_at(owner: &tokio_postgres::Client) -> (std::time::SystemTime, Option<i64>) {
+    let row = owner
+        .query_one(
+            "SELECT expires_at, holder_key FROM leader_leases WHERE role = 'billing'",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
 }

@@ -150,6 +150,25 @@ impl PgStore {
         self.signals.as_ref().and_then(Signals::key)
     }
 
+    /// Runs a statement that passed this replica's key: when the database
+    /// says no session holds it, the coordination session is dead though
+    /// its client has not noticed; it is withdrawn and reconnected, and the
+    /// statement's retry records no key meanwhile.
+    async fn keyed<T>(
+        &self,
+        key: Option<i64>,
+        statement: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let result = statement.await;
+        if let (Err(StoreError::Db { source, .. }), Some(signals), Some(key)) = (&result, &self.signals, key)
+        {
+            if source.code() == Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE) {
+                signals.key_refused(key);
+            }
+        }
+        result
+    }
+
     async fn conn(&self, statement: &'static str, deadline: Instant) -> Result<Object, StoreError> {
         match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(conn)) => Ok(conn),
@@ -271,16 +290,19 @@ impl LeaseStore for PgStore {
     ) -> Result<Acquire, StoreError> {
         let (ttl, interval, key) = (millis(lease_ttl), millis(interval), self.holder_key());
         let rows = self
-            .query(
-                "ACQUIRE",
-                ACQUIRE,
-                &[
-                    (&role.as_str(), Type::TEXT),
-                    (&holder, Type::TEXT),
-                    (&ttl, Type::INT8),
-                    (&interval, Type::INT8),
-                    (&key, Type::INT8),
-                ],
+            .keyed(
+                key,
+                self.query(
+                    "ACQUIRE",
+                    ACQUIRE,
+                    &[
+                        (&role.as_str(), Type::TEXT),
+                        (&holder, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&interval, Type::INT8),
+                        (&key, Type::INT8),
+                    ],
+                ),
             )
             .await?;
         let row = one("ACQUIRE", rows)?;
@@ -320,15 +342,18 @@ impl LeaseStore for PgStore {
     async fn renew(&self, role: &Role, token: Token, lease_ttl: Duration) -> Result<Renew, StoreError> {
         let (ttl, key) = (millis(lease_ttl), self.holder_key());
         let rows = self
-            .query(
-                "RENEW",
-                RENEW,
-                &[
-                    (&role.as_str(), Type::TEXT),
-                    (&token.0, Type::INT8),
-                    (&ttl, Type::INT8),
-                    (&key, Type::INT8),
-                ],
+            .keyed(
+                key,
+                self.query(
+                    "RENEW",
+                    RENEW,
+                    &[
+                        (&role.as_str(), Type::TEXT),
+                        (&token.0, Type::INT8),
+                        (&ttl, Type::INT8),
+                        (&key, Type::INT8),
+                    ],
+                ),
             )
             .await?;
         let row = one("RENEW", rows)?;
