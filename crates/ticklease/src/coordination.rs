@@ -378,6 +378,24 @@ fn with_client_keepalives(mut direct: PgConnect) -> PgConnect {
     direct
 }
 
+/// The least time between two statements one role runs because it was told
+/// to: anyone who can connect can NOTIFY, so a storm of forged notifications
+/// costs at most one statement per spacing per role and replica, while the
+/// first signal after a quiet spell acts at once.
+pub(crate) const SIGNAL_SPACING: Duration = Duration::from_millis(200);
+
+/// Resolves when `notify` fires, but no sooner than [`SIGNAL_SPACING`] after
+/// `last` (the previous signal acted on); never without signals.
+pub(crate) async fn told(notify: Option<&Notify>, last: Option<tokio::time::Instant>) {
+    let Some(notify) = notify else {
+        return std::future::pending().await;
+    };
+    notify.notified().await;
+    if let Some(last) = last {
+        tokio::time::sleep_until(last + SIGNAL_SPACING).await;
+    }
+}
+
 /// A task aborted when its handle is dropped.
 struct AbortOnDrop(JoinHandle<()>);
 

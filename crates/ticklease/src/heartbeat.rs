@@ -19,7 +19,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::coordination::RoleSignals;
+use crate::coordination::{told, RoleSignals};
 use crate::drift::Drift;
 use crate::metrics::Metrics;
 use crate::role::Role;
@@ -47,6 +47,7 @@ impl<S: LeaseStore> Heartbeat<S> {
         let mut last_ack = self.acquire_sent;
         let mut last_sent = self.acquire_sent;
         let mut missed = false;
+        let mut told_at = None;
         loop {
             let wait = if missed {
                 cfg.heartbeat_every() / 2
@@ -57,7 +58,8 @@ impl<S: LeaseStore> Heartbeat<S> {
                 biased;
                 _ = stop.cancelled() => return None,
                 _ = sleep_until((last_sent + wait).min(last_ack + cfg.abandon_after())) => {}
-                _ = paused(&self.signals) => {
+                _ = told(self.signals.as_ref().map(|s| &s.holder), told_at) => {
+                    told_at = Some(Instant::now());
                     tracing::debug!(role = %self.role, token = %self.token, "told of a pause; renewing now");
                 }
             }
@@ -100,13 +102,5 @@ impl<S: LeaseStore> Heartbeat<S> {
                 }
             }
         }
-    }
-}
-
-/// Resolves when the role's holder is told of a pause; never without signals.
-async fn paused(signals: &Option<Arc<RoleSignals>>) {
-    match signals {
-        Some(signals) => signals.holder.notified().await,
-        None => std::future::pending().await,
     }
 }

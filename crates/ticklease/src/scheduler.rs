@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::coordination::RoleSignals;
+use crate::coordination::told;
 use crate::error::chain;
 use crate::error::Error;
 use crate::lead::{BoxError, Lead, Manager, Tick};
@@ -163,6 +163,7 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
     let woken = signals.as_ref().map(|s| s.role(role.as_str()));
     // The wait on the current holder's key, kept while the holder stays the same.
     let mut waiting: Option<(i64, BoxFuture<'static, ()>)> = None;
+    let mut told_at = None;
     loop {
         let tick = AssertUnwindSafe(manager.lead(&role, interval, |tick| work(tick)))
             .catch_unwind()
@@ -194,15 +195,16 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
                 None => std::future::pending().await,
             }
         };
-        let gone = tokio::select! {
+        tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(wake.after) => false,
-            _ = told(&woken) => false,
-            _ = holder_gone => true,
-        };
-        if gone {
-            tracing::debug!(%role, "the holder's coordination session ended; acquiring now");
-            waiting = None;
+            _ = tokio::time::sleep(wake.after) => {}
+            _ = told(woken.as_ref().map(|w| &w.follower), told_at) => {
+                told_at = Some(tokio::time::Instant::now());
+            }
+            _ = holder_gone => {
+                tracing::debug!(%role, "the holder's coordination session ended; acquiring now");
+                waiting = None;
+            }
         }
     }
 }
@@ -265,14 +267,6 @@ fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -> Wake {
         Polled::Refused(Refusal::NotDue { remaining, .. }) => after(cap(*remaining)),
         Polled::Refused(Refusal::Contended) => after(CONTENDED_RETRY),
         Polled::Refused(_) => after(cap(SIGNALLED_SLEEP_MAX)),
-    }
-}
-
-/// Resolves when the role's followers are told to ACQUIRE; never without signals.
-async fn told(woken: &Option<Arc<RoleSignals>>) {
-    match woken {
-        Some(woken) => woken.follower.notified().await,
-        None => std::future::pending().await,
     }
 }
 

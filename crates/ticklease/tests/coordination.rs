@@ -55,8 +55,8 @@ async fn manager(store: PgStore, config: Config) -> Manager<PgStore> {
 
 /// A follower replica: a scheduler whose billing tick reports its token and
 /// then holds the term until shutdown.
-fn follower(
-    manager: Manager<PgStore>,
+fn follower<S: LeaseStore>(
+    manager: Manager<S>,
     interval: Duration,
 ) -> (mpsc::UnboundedReceiver<(Token, Instant)>, CancellationToken) {
     let (ticks, rx) = mpsc::unbounded_channel();
@@ -76,8 +76,8 @@ fn follower(
 }
 
 /// Leads billing on `manager` until told to finish; reports the token first.
-fn leader(
-    manager: Manager<PgStore>,
+fn leader<S: LeaseStore>(
+    manager: Manager<S>,
     interval: Duration,
 ) -> (
     oneshot::Receiver<Token>,
@@ -164,6 +164,17 @@ async fn a_killed_coordination_session_lets_a_follower_take_over_and_the_old_hol
     })
     .await;
 
+    // A's claim passed the fence and is committing when its session dies.
+    let claimer = connect(&direct(&db)).await.unwrap();
+    claimer.execute("BEGIN", &[]).await.unwrap();
+    let in_flight = claimer
+        .execute(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+            &[&"billing", &token_a.0],
+        )
+        .await
+        .unwrap();
+    assert_eq!(in_flight, 1);
     let (pid, _) = key_backend(&owner, key_a).await;
     let killed = Instant::now();
     assert!(scalar::<bool>(&owner, &format!("SELECT pg_terminate_backend({})", pid.unwrap())).await);
@@ -178,6 +189,12 @@ async fn a_killed_coordination_session_lets_a_follower_take_over_and_the_old_hol
         led_b - killed
     );
     assert!(token_b > token_a);
+    let commit = claimer.execute("COMMIT", &[]).await.unwrap_err();
+    assert_eq!(
+        commit.code(),
+        Some(&SqlState::T_R_SERIALIZATION_FAILURE),
+        "a claim of the superseded term cannot commit: {commit}"
+    );
     let claimed = owner
         .execute(
             "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
@@ -215,7 +232,13 @@ async fn pause_unpause_and_release_are_heard_at_once() {
     let config = slow_lease();
     let db = migrated_db(PgCluster::shared()).await;
     let a = manager(coordinated(&db, &config).await, config).await;
-    let b = manager(coordinated(&db, &config).await, config).await;
+    let b = Manager::start(
+        Counting::new(coordinated(&db, &config).await),
+        config,
+        [billing()],
+    )
+    .await
+    .unwrap();
 
     // Pause: A's work is cancelled well before its next RENEW would say so.
     let (token_a, _finish, lead_a) = leader(a.clone(), Duration::from_millis(1));
@@ -244,12 +267,8 @@ async fn pause_unpause_and_release_are_heard_at_once() {
 
     // Unpause: the follower, asleep on a paused role, leads at once.
     let (mut ticks_b, stop_b) = follower(b.clone(), Duration::from_millis(1));
-    until("B was refused the paused role", || async {
-        b.store().status().await.unwrap()[0].paused_by.is_some()
-    })
-    .await;
-    // Long enough for B to have been refused and be asleep (a minute, with signals).
-    tokio::time::sleep(config.max_poll() / 5).await;
+    // Refused (the role is paused): B sleeps a minute unless told.
+    until("B was answered", || async { b.store().counts().0 >= 1 }).await;
     let unpaused = Instant::now();
     assert!(a.store().unpause(&billing()).await.unwrap());
     let (token_b, led) = tokio::time::timeout(Duration::from_secs(10), ticks_b.recv())
@@ -263,7 +282,7 @@ async fn pause_unpause_and_release_are_heard_at_once() {
     );
     stop_b.cancel();
     until("B released", || async {
-        !b.store().status().await.unwrap()[0].held
+        !b.store().inner.status().await.unwrap()[0].held
     })
     .await;
 
@@ -272,10 +291,16 @@ async fn pause_unpause_and_release_are_heard_at_once() {
     let token_a = token_a.await.unwrap();
     assert!(token_a > token_b);
     // B's scheduler shut its manager down: the follower is a new replica.
-    let c = manager(coordinated(&db, &config).await, config).await;
-    let (mut ticks_b, stop_b) = follower(c, Duration::from_millis(1));
-    // Long enough for it to have been refused and be asleep until A's expiry.
-    tokio::time::sleep(config.max_poll() / 5).await;
+    let c = Manager::start(
+        Counting::new(coordinated(&db, &config).await),
+        config,
+        [billing()],
+    )
+    .await
+    .unwrap();
+    let (mut ticks_b, stop_b) = follower(c.clone(), Duration::from_millis(1));
+    // Refused (A holds the role): C sleeps until A's expiry unless told.
+    until("C was answered", || async { c.store().counts().0 >= 1 }).await;
     let released = Instant::now();
     finish_a.send(()).unwrap();
     assert!(matches!(lead_a.await.unwrap(), Lead::Completed { .. }));
@@ -506,4 +531,152 @@ async fn renewed_at(owner: &tokio_postgres::Client) -> (std::time::SystemTime, O
         .await
         .unwrap();
     (row.get(0), row.get(1))
+}
+
+/// A store that counts the ACQUIREs and RENEWs it forwards.
+#[derive(Debug)]
+struct Counting {
+    inner: PgStore,
+    acquires: std::sync::atomic::AtomicUsize,
+    renews: std::sync::atomic::AtomicUsize,
+}
+
+impl Counting {
+    fn new(inner: PgStore) -> Self {
+        Counting {
+            inner,
+            acquires: Default::default(),
+            renews: Default::default(),
+        }
+    }
+    fn counts(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.acquires.load(Relaxed), self.renews.load(Relaxed))
+    }
+}
+
+impl LeaseStore for Counting {
+    async fn acquire(
+        &self,
+        role: &Role,
+        holder: &str,
+        lease_ttl: Duration,
+        interval: Duration,
+    ) -> Result<Acquire, StoreError> {
+        let answer = self.inner.acquire(role, holder, lease_ttl, interval).await;
+        // Counted once answered: a count means the caller has its answer.
+        self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        answer
+    }
+    async fn renew(
+        &self,
+        role: &Role,
+        token: Token,
+        lease_ttl: Duration,
+    ) -> Result<ticklease::Renew, StoreError> {
+        self.renews.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.renew(role, token, lease_ttl).await
+    }
+    async fn release(
+        &self,
+        role: &Role,
+        token: Token,
+        outcome: ticklease::Release,
+        interval: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.release(role, token, outcome, interval).await
+    }
+    async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
+        self.inner.pause(role, by, reason).await
+    }
+    async fn unpause(&self, role: &Role) -> Result<bool, StoreError> {
+        self.inner.unpause(role).await
+    }
+    async fn run_now(&self, role: &Role) -> Result<bool, StoreError> {
+        self.inner.run_now(role).await
+    }
+    async fn seed(&self, roles: &[Role]) -> Result<(), StoreError> {
+        self.inner.seed(roles).await
+    }
+    async fn status(&self) -> Result<Vec<ticklease::LeaseStatus>, StoreError> {
+        self.inner.status().await
+    }
+    fn signals(&self) -> Option<&ticklease::Signals> {
+        self.inner.signals()
+    }
+}
+
+/// Anyone who can connect can NOTIFY: a storm of forged pause and release
+/// notifications costs the holder and the follower at most one statement per
+/// 200 ms each, not one per notification.
+#[tokio::test]
+async fn a_storm_of_forged_notifications_costs_a_statement_per_spacing() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    let a = Manager::start(
+        Counting::new(coordinated(&db, &config).await),
+        config,
+        [billing()],
+    )
+    .await
+    .unwrap();
+    let b = Manager::start(
+        Counting::new(coordinated(&db, &config).await),
+        config,
+        [billing()],
+    )
+    .await
+    .unwrap();
+    let (started, token) = oneshot::channel();
+    let lead = tokio::spawn({
+        let a = a.clone();
+        async move {
+            a.lead(&billing(), HOUR, |tick| async move {
+                let _ = started.send(tick.token());
+                tick.cancelled().await;
+                Ok::<_, std::io::Error>(())
+            })
+            .await
+        }
+    });
+    token.await.unwrap();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::new(b.clone())
+        .job(&billing(), HOUR, |tick| async move {
+            tick.cancelled().await;
+            Ok::<_, std::io::Error>(())
+        })
+        .unwrap();
+    let follower = tokio::spawn(scheduler.run(stop.clone()));
+    until("B was refused once", || async { b.store().counts().0 >= 1 }).await;
+
+    let (a0, b0) = (a.store().counts(), b.store().counts());
+    let storm = Instant::now();
+    for _ in 0..400 {
+        owner
+            .batch_execute("NOTIFY ticklease, 'pause billing'; NOTIFY ticklease, 'release billing'")
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let took = storm.elapsed();
+    let (a1, b1) = (a.store().counts(), b.store().counts());
+    let bound = (took.as_millis() / 200) as usize + 2;
+    assert!(
+        a1.1 - a0.1 <= bound,
+        "{} RENEWs in {took:?} (bound {bound})",
+        a1.1 - a0.1
+    );
+    assert!(
+        b1.0 - b0.0 <= bound,
+        "{} ACQUIREs in {took:?} (bound {bound})",
+        b1.0 - b0.0
+    );
+    assert!(a1.1 > a0.1, "the holder did act on a signal");
+    assert!(!lead.is_finished(), "a forged pause ends nothing");
+    stop.cancel();
+    follower.await.unwrap();
+    a.shutdown();
+    lead.await.unwrap().unwrap();
 }

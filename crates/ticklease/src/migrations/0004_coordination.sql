@@ -18,47 +18,38 @@ SET LOCAL lock_timeout = '5s';
 
 ALTER TABLE leader_leases ADD COLUMN holder_key bigint;
 
--- True unless the key is held by no session of this database. NULL (a
--- holder without a coordination session): the lease alone decides. A held
--- key is held exclusively, so a shared try-lock fails exactly while its
--- session lives; a granted try-lock is released at the end of the caller's
--- transaction (autocommit statements here), so nothing stays in a session.
-CREATE FUNCTION leader_key_alive(p_key bigint) RETURNS boolean
-LANGUAGE sql VOLATILE
-AS $$ SELECT p_key IS NULL OR NOT pg_try_advisory_xact_lock_shared(p_key) $$;
-
--- The one liveness predicate of a term, for ACQUIRE and leader_status: the
--- lease has not run out on the database clock and its holder's coordination
--- session (if it had one) lives. The fence and its commit check use
--- leader_lease_live (token and expiry) alone.
-CREATE FUNCTION leader_term_live(p_holder_id text, p_expires_at timestamptz, p_key bigint, p_at timestamptz)
-RETURNS boolean
-LANGUAGE sql VOLATILE
-AS $$ SELECT leader_lease_live(p_holder_id, p_expires_at, p_at) AND leader_key_alive(p_key) $$;
-
-CREATE OR REPLACE VIEW leader_status AS
-SELECT role,
-       leader_term_live(holder_id, expires_at, holder_key, statement_timestamp()) AS held,
-       holder_id,
-       holder_token,
-       acquired_at,
-       expires_at,
-       statement_timestamp() AS db_now,
-       CASE WHEN leader_term_live(holder_id, expires_at, holder_key, statement_timestamp())
-            THEN expires_at - statement_timestamp() END AS remaining,
-       paused_at,
-       paused_by,
-       pause_reason,
-       last_tick_ended_at,
-       last_tick_holder,
-       not_before
-  FROM leader_leases;
-
 DO $migration$
 DECLARE
     def text;
 BEGIN
     FOREACH def IN ARRAY ARRAY[
+$def$
+CREATE FUNCTION @schema@.leader_key_alive(p_key bigint) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $fn$
+    -- True unless the key is held by no session of this database. NULL (a
+    -- holder without a coordination session): the lease alone decides. A
+    -- held key is held exclusively, so a shared try-lock fails exactly while
+    -- its session lives (a backend never conflicts with itself: the
+    -- coordination session never runs these statements); a granted try-lock
+    -- is released at the end of the caller's transaction (autocommit
+    -- statements here), so nothing stays in a session.
+    SELECT p_key IS NULL OR NOT pg_try_advisory_xact_lock_shared(p_key)
+$fn$
+$def$,
+$def$
+CREATE FUNCTION @schema@.leader_term_live(p_holder_id text, p_expires_at timestamptz, p_key bigint, p_at timestamptz)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $fn$
+    -- The one liveness predicate of a term, for ACQUIRE and leader_status:
+    -- the lease has not run out on the database clock and its holder's
+    -- coordination session (if it had one) lives. The fence and its commit
+    -- check use leader_lease_live (token and expiry) alone. Qualified: the
+    -- view calls this with the reader's search_path.
+    SELECT @schema@.leader_lease_live(p_holder_id, p_expires_at, p_at) AND @schema@.leader_key_alive(p_key)
+$fn$
+$def$,
 $def$
 CREATE FUNCTION @schema@.leader_require_key(p_key bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -272,6 +263,24 @@ $def$
     END LOOP;
 END
 $migration$;
+
+CREATE OR REPLACE VIEW leader_status AS
+SELECT role,
+       leader_term_live(holder_id, expires_at, holder_key, statement_timestamp()) AS held,
+       holder_id,
+       holder_token,
+       acquired_at,
+       expires_at,
+       statement_timestamp() AS db_now,
+       CASE WHEN leader_term_live(holder_id, expires_at, holder_key, statement_timestamp())
+            THEN expires_at - statement_timestamp() END AS remaining,
+       paused_at,
+       paused_by,
+       pause_reason,
+       last_tick_ended_at,
+       last_tick_holder,
+       not_before
+  FROM leader_leases;
 
 -- As in 0003: pin search_path (pg_temp last) on every SECURITY DEFINER
 -- function, and revoke EXECUTE from PUBLIC on every function of ours.
