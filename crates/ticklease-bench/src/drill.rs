@@ -2,78 +2,97 @@
 //! tick runs, writes a fenced row into `drill_journal` every `write_every`.
 //! The journal then shows, on the database clock, each term's last and first
 //! fenced write. It prints `LEADING <token>` when a tick starts and
-//! `ENDED <token> lost <reason>` or `ENDED <token> interrupted` when one ends early.
+//! `ENDED <token> lost <reason> <cancelled>` or `ENDED <token> interrupted <cancelled>`
+//! when one ends, `<cancelled>` being the wall-clock instant (µs since the
+//! epoch) at which its work ended: the pause bench's end mark.
+//! With a zero `write_every` the tick writes nothing and opens no journal
+//! connection (the idle-load bench counts ticklease's statements alone).
 
 use std::convert::Infallible;
 use std::io::Write;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use ticklease::{Lead, Manager, PgStore, PgStoreOptions, Role};
+use ticklease::{Cancel, Manager, PgStore, PgStoreOptions, Role, Scheduler, Tick};
 use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
-/// Runs until SIGTERM (releases as interrupted, exits 0) or until killed.
+/// Runs until SIGTERM (releases as interrupted, exits 0) or until killed;
+/// with `direct`, with a coordination session on it. The role loop is the
+/// library's [`Scheduler`], so a follower wakes as the library decides (the
+/// holder's session ending, a notification, the lease's expiry).
 pub async fn run(
     url: &str,
+    direct: Option<&str>,
     role: &str,
     config: ticklease::Config,
     write_every: Duration,
 ) -> anyhow::Result<()> {
     let role = Role::new(role)?;
     let pg: ticklease::PgConnect = url.parse()?;
-    let store = PgStore::connect(pg.clone(), PgStoreOptions::from_config(&config)).await?;
+    let mut store = PgStore::connect(pg.clone(), PgStoreOptions::from_config(&config)).await?;
+    if let Some(direct) = direct {
+        store = store.with_direct(direct.parse::<ticklease::PgConnect>()?).await?;
+    }
     let manager = Manager::start(store, config, [role.clone()]).await?;
     let holder = manager.holder_id().to_string();
-    let writer = Writer::connect(pg).await?;
+    let writer = if write_every.is_zero() {
+        None
+    } else {
+        Some(Arc::new(Writer::connect(pg).await?))
+    };
+    let scheduler = Scheduler::new(manager).job(&role, Duration::from_millis(1), move |tick| {
+        let (holder, writer) = (holder.clone(), writer.clone());
+        async move {
+            println!("LEADING {}", tick.token());
+            let _ = std::io::stdout().flush();
+            let _end = EndMark(tick.clone());
+            let Some(writer) = writer else {
+                tick.cancelled().await;
+                return Ok::<_, Infallible>(());
+            };
+            let sql = format!(
+                "INSERT INTO drill_journal (role, token, holder) SELECT $1, $2, $3 WHERE {}",
+                tick.fence().predicate(1)
+            );
+            while !tick.is_cancelled() {
+                let [r, t] = tick.fence().params();
+                // A failed or fenced-off write is no reason to stop: the heartbeat decides.
+                let _ = writer.insert(&sql, &[r, t, (&holder, Type::TEXT)]).await;
+                tokio::select! {
+                    _ = tick.cancelled() => {}
+                    _ = tokio::time::sleep(write_every) => {}
+                }
+            }
+            Ok(())
+        }
+    })?;
     let shutdown = CancellationToken::new();
     ticklease::cancel_on_signals(shutdown.clone())?;
-    let stop = manager.clone();
-    let token = shutdown.clone();
-    tokio::spawn(async move {
-        token.cancelled().await;
-        stop.shutdown();
-    });
-    let writer = &writer;
-    loop {
-        let lead = manager
-            .lead(&role, Duration::from_millis(1), |tick| {
-                let holder = holder.clone();
-                async move {
-                    println!("LEADING {}", tick.token());
-                    let _ = std::io::stdout().flush();
-                    let sql = format!(
-                        "INSERT INTO drill_journal (role, token, holder) SELECT $1, $2, $3 WHERE {}",
-                        tick.fence().predicate(1)
-                    );
-                    while !tick.is_cancelled() {
-                        let [r, t] = tick.fence().params();
-                        // A failed or fenced-off write is no reason to stop: the heartbeat decides.
-                        let _ = writer.insert(&sql, &[r, t, (&holder, Type::TEXT)]).await;
-                        tokio::select! {
-                            _ = tick.cancelled() => {}
-                            _ = tokio::time::sleep(write_every) => {}
-                        }
-                    }
-                    Ok::<_, Infallible>(())
-                }
-            })
-            .await;
-        match &lead {
-            Ok(Lead::Lost { token, reason }) => println!("ENDED {token} lost {reason}"),
-            Ok(Lead::Interrupted { token }) => println!("ENDED {token} interrupted"),
-            _ => {}
+    let stopped = scheduler.run(shutdown).await;
+    if !stopped.all_released() {
+        eprintln!("drill leader: {stopped}");
+    }
+    Ok(())
+}
+
+/// Prints the `ENDED` line when the work ends: dropped by the library right
+/// after a loss cancels it, or returning after a shutdown did.
+struct EndMark(Tick);
+
+impl Drop for EndMark {
+    fn drop(&mut self) {
+        let at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        let token = self.0.token();
+        match self.0.cause() {
+            Some(Cancel::LeaseLost(reason)) => println!("ENDED {token} lost {reason} {at}"),
+            Some(_) => println!("ENDED {token} interrupted {at}"),
+            // The work returns only once cancelled.
+            None => {}
         }
         let _ = std::io::stdout().flush();
-        match lead {
-            Ok(Lead::ShuttingDown) => return Ok(()),
-            Ok(Lead::Interrupted { .. }) if shutdown.is_cancelled() => return Ok(()),
-            Ok(_) => {}
-            Err(e) => eprintln!("drill leader: {}", ticklease::error::chain(&e)),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(config.max_poll()) => {}
-        }
     }
 }
 
@@ -120,6 +139,7 @@ pub(crate) type LeaderLines = tokio::io::Lines<tokio::io::BufReader<tokio::proce
 pub(crate) fn spawn_leader(
     exe: &std::path::Path,
     url: &str,
+    direct: Option<&str>,
     role: &str,
     timing: crate::Timing,
     write_every: Duration,
@@ -137,6 +157,7 @@ pub(crate) fn spawn_leader(
             timing.as_str(),
         ])
         .args(["--write-every", &format!("{}ms", write_every.as_millis())])
+        .args(direct.map(|d| ["--direct-url", d]).into_iter().flatten())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)

@@ -3,8 +3,9 @@
 //! says how long the role went unclaimed and whether the terms overlapped.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use nix::sys::signal::Signal;
@@ -12,7 +13,8 @@ use tokio::io::BufReader;
 use tokio::process::{Child, ChildStdout};
 use tokio_postgres::types::Type;
 
-use ticklease_testkit::{connect, signal, Fault, FaultProxy, PgCluster};
+use ticklease_sandbox::ClusterOptions;
+use ticklease_testkit::{connect, signal, Fault, FaultProxy, PgBouncer, PgCluster};
 
 use crate::drill::{self, LeaderLines};
 use crate::stats::{summarize, Summary};
@@ -21,22 +23,25 @@ use crate::{Timing, HISTORY_SQL};
 /// The fault a trial injects into the leader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
-    /// SIGKILL: no RELEASE, the lease runs out.
+    /// SIGKILL: no RELEASE; the holder's sessions end with the process.
     Sigkill,
-    /// The leader's TCP link blackholed (statements hang), healed after the takeover.
+    /// The leader's TCP links blackholed (statements hang), healed after the takeover.
     Severed,
     /// SIGSTOP past the TTL, SIGCONT after the takeover: it must claim nothing on resume.
     Freeze,
     /// SIGTERM: a clean shutdown releases at once.
     Sigterm,
+    /// `leader_pause` (the holder's work must end), then `leader_unpause` (the role must be led again).
+    Pause,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 4] = [
+    pub const ALL: [Scenario; 5] = [
         Scenario::Sigkill,
-        Scenario::Severed,
-        Scenario::Freeze,
         Scenario::Sigterm,
+        Scenario::Freeze,
+        Scenario::Severed,
+        Scenario::Pause,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,27 +50,92 @@ impl Scenario {
             Scenario::Severed => "severed",
             Scenario::Freeze => "freeze",
             Scenario::Sigterm => "sigterm",
+            Scenario::Pause => "pause",
         }
     }
 }
 
-/// One trial's measurements, all on the database clock except `fault_to_takeover`.
+/// How the drill processes reach Postgres.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Statements straight to Postgres, no coordination session: leases alone,
+    /// as before issue 12 (no flag).
+    Lease,
+    /// Statements and the coordination session straight to Postgres (`--direct`).
+    Direct,
+    /// Statements through PgBouncer in transaction mode and no direct URL:
+    /// leases alone, due-time waking (`--pooled`).
+    Pooled,
+    /// Statements through PgBouncer, the coordination session straight to
+    /// Postgres: the two-URL configuration (`--pooled --direct`).
+    PooledDirect,
+}
+
+impl Mode {
+    pub fn from_flags(direct: bool, pooled: bool) -> Mode {
+        match (direct, pooled) {
+            (false, false) => Mode::Lease,
+            (true, false) => Mode::Direct,
+            (false, true) => Mode::Pooled,
+            (true, true) => Mode::PooledDirect,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Lease => "lease",
+            Mode::Direct => "direct",
+            Mode::Pooled => "pooled",
+            Mode::PooledDirect => "pooled-direct",
+        }
+    }
+
+    /// The command-line flags that select this mode.
+    pub fn flags(self) -> &'static str {
+        match self {
+            Mode::Lease => "",
+            Mode::Direct => " --direct",
+            Mode::Pooled => " --pooled",
+            Mode::PooledDirect => " --pooled --direct",
+        }
+    }
+
+    pub fn pooled(self) -> bool {
+        matches!(self, Mode::Pooled | Mode::PooledDirect)
+    }
+
+    /// Whether the processes open a coordination session.
+    pub fn coordinated(self) -> bool {
+        matches!(self, Mode::Direct | Mode::PooledDirect)
+    }
+}
+
+/// One trial's measurements, in milliseconds. Database timestamps and the
+/// bench's own wall clock are compared: one host, one clock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trial {
+    pub mode: Mode,
     pub scenario: Scenario,
     pub n: usize,
-    /// The old leader's last acknowledged ACQUIRE/RENEW → the new leader's first fenced claim.
-    pub takeover: Duration,
-    /// The old leader's last statement (renew or fenced write) → the new leader's first claim;
-    /// negative would be an overlap.
+    /// The fault (for `pause`: the unpause) sent → the new term's first fenced claim.
+    pub fault_to_claim_ms: f64,
+    /// The old term's last acknowledged ACQUIRE/RENEW → the new term's first
+    /// fenced claim; `None` for `pause`, where the role stood paused between.
+    pub takeover_ms: Option<f64>,
+    /// The old term's last statement (renew or fenced write) → the new term's
+    /// first claim; negative would be an overlap.
     pub gap_ms: f64,
-    /// Fenced writes of the old term committed after the new term's first write.
+    /// Fenced writes of the old term committed after the new term's first
+    /// write (for `pause`: after the pause).
     pub stale_writes: i64,
-    /// Local clock: fault injected → the follower reported leading.
-    pub fault_to_takeover: Duration,
+    /// For `pause`: `leader_pause` sent → the holder's work ended.
+    pub pause_to_cancel_ms: Option<f64>,
     /// For freeze and severed: how the old leader's tick ended once it could run again.
     pub old_ended: Option<String>,
 }
+
+/// PgBouncer's server pool per database: two drill processes need little.
+const BOUNCER_POOL: u32 = 4;
 
 /// A cluster and database prepared for drills.
 pub struct Env {
@@ -74,15 +144,42 @@ pub struct Env {
     pub timing: Timing,
     pub exe: PathBuf,
     pub write_every: Duration,
+    pub mode: Mode,
+    /// In front of `cluster` when the mode pools statements.
+    pub bouncer: Option<PgBouncer>,
+}
+
+/// One drill process's network: the link its statements take (to Postgres,
+/// or to PgBouncer when pooled) and, with a coordination session, its
+/// direct link to Postgres. A cut severs both, as a host's network would.
+pub struct Links {
+    statements: FaultProxy,
+    direct: Option<FaultProxy>,
+}
+
+impl Links {
+    pub fn set(&self, fault: Fault) {
+        self.statements.set(fault);
+        if let Some(direct) = &self.direct {
+            direct.set(fault);
+        }
+    }
 }
 
 impl Env {
-    /// Starts a cluster of its own, migrated and instrumented.
-    pub async fn start(timing: Timing, exe: PathBuf) -> anyhow::Result<Env> {
-        Env::on(PgCluster::start()?, timing, exe).await
+    /// Starts a cluster of its own (with `pg_stat_statements`, for the idle
+    /// count), and a PgBouncer in front of it when `mode` pools.
+    pub async fn start(timing: Timing, exe: PathBuf, mode: Mode) -> anyhow::Result<Env> {
+        let cluster = PgCluster::start_with(&ClusterOptions::default().with_pg_stat_statements())?;
+        let mut env = Env::on(cluster, timing, exe).await?;
+        env.mode = mode;
+        if mode.pooled() {
+            env.bouncer = Some(PgBouncer::start(&env.cluster, BOUNCER_POOL)?);
+        }
+        Ok(env)
     }
 
-    /// A migrated, instrumented database on `cluster`.
+    /// A migrated, instrumented database on `cluster`, reached directly.
     pub async fn on(cluster: PgCluster, timing: Timing, exe: PathBuf) -> anyhow::Result<Env> {
         let db = cluster.create_database().await?;
         let mut client = connect(&cluster.config(&db)).await?;
@@ -96,17 +193,45 @@ impl Env {
             timing,
             exe,
             write_every,
+            mode: Mode::Lease,
+            bouncer: None,
         })
     }
 
     pub fn url_via(&self, proxy: &FaultProxy) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{}", proxy.port(), self.db)
+        self.url_at(proxy.port())
     }
 
-    async fn spawn_leader(&self, proxy: &FaultProxy, role: &str) -> anyhow::Result<(Child, LeaderLines)> {
+    /// The database's URL at a local port (Postgres, PgBouncer or a proxy).
+    pub fn url_at(&self, port: u16) -> String {
+        format!("postgres://postgres@127.0.0.1:{port}/{}", self.db)
+    }
+
+    /// Where statements go: PgBouncer when pooled, else Postgres.
+    pub fn statements_port(&self) -> u16 {
+        self.bouncer.as_ref().map_or(self.cluster.port(), PgBouncer::port)
+    }
+
+    /// New links for one drill process.
+    pub async fn links(&self) -> anyhow::Result<Links> {
+        let local = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        let direct = if self.mode.coordinated() {
+            Some(FaultProxy::start(local(self.cluster.port())).await?)
+        } else {
+            None
+        };
+        Ok(Links {
+            statements: FaultProxy::start(local(self.statements_port())).await?,
+            direct,
+        })
+    }
+
+    fn spawn_leader(&self, links: &Links, role: &str) -> anyhow::Result<(Child, LeaderLines)> {
+        let direct = links.direct.as_ref().map(|p| self.url_via(p));
         drill::spawn_leader(
             &self.exe,
-            &self.url_via(proxy),
+            &self.url_via(&links.statements),
+            direct.as_deref(),
             role,
             self.timing,
             self.write_every,
@@ -136,6 +261,16 @@ pub(crate) async fn next_leading(
         .parse()?)
 }
 
+/// The instant at the end of an `ENDED <token> … <µs>` line.
+fn ended_at(line: &str) -> anyhow::Result<SystemTime> {
+    let micros: u64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|us| us.parse().ok())
+        .with_context(|| format!("no instant in {line:?}"))?;
+    Ok(SystemTime::UNIX_EPOCH + Duration::from_micros(micros))
+}
+
 fn between(later: SystemTime, earlier: SystemTime) -> f64 {
     match later.duration_since(earlier) {
         Ok(d) => d.as_secs_f64() * 1000.0,
@@ -146,141 +281,248 @@ fn between(later: SystemTime, earlier: SystemTime) -> f64 {
 /// Runs one trial of `scenario`.
 pub async fn trial(env: &Env, scenario: Scenario, n: usize) -> anyhow::Result<Trial> {
     let config = env.timing.config();
+    let within = config.lease_ttl() * 3 + config.max_poll();
     let role = format!("drill_{}_{n}", scenario.as_str());
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], env.cluster.port()));
-    let (leader_link, follower_link) = (
-        FaultProxy::start(upstream).await?,
-        FaultProxy::start(upstream).await?,
-    );
-    let (mut leader, mut leader_out) = env.spawn_leader(&leader_link, &role).await?;
-    let old = next_leading(&mut leader_out, config.lease_ttl() * 3).await?;
-    let (mut follower, mut follower_out) = env.spawn_leader(&follower_link, &role).await?;
-    // Mid-term: a few heartbeats in, with the follower polling, at a random
-    // point of its poll cycle (else every trial would hit the same phase).
+    let (leader_links, follower_links) = (env.links().await?, env.links().await?);
+    let (mut leader, mut leader_out) = env.spawn_leader(&leader_links, &role)?;
+    let old = next_leading(&mut leader_out, within).await?;
+    let (mut follower, mut follower_out) = env.spawn_leader(&follower_links, &role)?;
+    // A heartbeat in, at a random point of the follower's wait (else every
+    // trial would hit the same phase of its poll and of the leader's beat).
     let phase = config.max_poll().mul_f64(rand::random::<f64>());
-    tokio::time::sleep(config.heartbeat_every() * 2 + config.max_poll() + phase).await;
+    tokio::time::sleep(config.heartbeat_every() + phase).await;
 
-    let fault_at = Instant::now();
+    let db = connect(&env.cluster.config(&env.db)).await?;
+    let mut fault_at = SystemTime::now();
+    let mut pause_to_cancel_ms = None;
     match scenario {
         Scenario::Sigkill => signal(&leader, Signal::SIGKILL),
-        Scenario::Severed => leader_link.set(Fault::Blackhole),
+        Scenario::Severed => leader_links.set(Fault::Blackhole),
         Scenario::Freeze => signal(&leader, Signal::SIGSTOP),
         Scenario::Sigterm => signal(&leader, Signal::SIGTERM),
+        Scenario::Pause => {
+            db.execute_typed(
+                "SELECT leader_pause($1, 'bench', 'drill')",
+                &[(&role, Type::TEXT)],
+            )
+            .await?;
+            let line = next_line(&mut leader_out, within).await?;
+            if !line.starts_with(&format!("ENDED {old} lost paused ")) {
+                bail!("the paused holder's work did not end as paused: {line:?}");
+            }
+            pause_to_cancel_ms = Some(between(ended_at(&line)?, fault_at));
+            // Both replicas are refused now; unpause at a random point of their waits.
+            tokio::time::sleep(config.max_poll().mul_f64(rand::random::<f64>())).await;
+            fault_at = SystemTime::now();
+            db.execute_typed("SELECT leader_unpause($1)", &[(&role, Type::TEXT)])
+                .await?;
+        }
     }
-    let new = next_leading(&mut follower_out, config.lease_ttl() * 3 + config.max_poll()).await?;
-    let fault_to_takeover = fault_at.elapsed();
+    let new = if scenario == Scenario::Pause {
+        tokio::select! {
+            led = next_leading(&mut leader_out, within) => led?,
+            led = next_leading(&mut follower_out, within) => led?,
+        }
+    } else {
+        next_leading(&mut follower_out, within).await?
+    };
     if new <= old {
-        bail!("the follower led token {new}, not above {old}");
+        bail!("the new term's token {new} is not above {old}");
     }
     // Let a frozen or cut-off old leader resume and try: it must claim nothing,
     // and its tick must end as lost (the work cancelled), not run on.
     let mut old_ended = None;
-    match scenario {
-        Scenario::Freeze | Scenario::Severed => {
-            if scenario == Scenario::Freeze {
-                signal(&leader, Signal::SIGCONT);
-            } else {
-                leader_link.set(Fault::Pass);
-            }
-            let line = next_line(&mut leader_out, config.lease_ttl() * 2).await?;
-            if !line.starts_with(&format!("ENDED {old} lost")) {
-                bail!("the resumed old leader did not end its tick as lost: {line:?}");
-            }
-            old_ended = Some(line);
+    if matches!(scenario, Scenario::Freeze | Scenario::Severed) {
+        if scenario == Scenario::Freeze {
+            signal(&leader, Signal::SIGCONT);
+        } else {
+            leader_links.set(Fault::Pass);
         }
-        _ => {}
+        let line = next_line(&mut leader_out, config.lease_ttl() * 2).await?;
+        if !line.starts_with(&format!("ENDED {old} lost")) {
+            bail!("the resumed old leader did not end its tick as lost: {line:?}");
+        }
+        old_ended = Some(line);
     }
-    tokio::time::sleep(config.heartbeat_every() * 2).await;
+    let first_claim = first_claim(&db, &role, old, within).await?;
     signal(&leader, Signal::SIGKILL);
     signal(&follower, Signal::SIGKILL);
     let _ = leader.wait().await;
     let _ = follower.wait().await;
 
-    let h = handover(env, &role, old).await?;
+    let h = handover(&db, &role, old, scenario == Scenario::Pause).await?;
     Ok(Trial {
+        mode: env.mode,
         scenario,
         n,
-        takeover: h.first_claim.duration_since(h.last_renew).unwrap_or_default(),
-        gap_ms: between(h.first_claim, h.last_statement),
+        fault_to_claim_ms: between(first_claim, fault_at),
+        takeover_ms: (scenario != Scenario::Pause).then(|| between(first_claim, h.last_renew)),
+        gap_ms: between(first_claim, h.last_statement),
         stale_writes: h.stale,
-        fault_to_takeover,
+        pause_to_cancel_ms,
         old_ended,
     })
 }
 
-/// What the database recorded of a handover.
+/// The first fenced claim of a term after `old`, waited for: the new leader
+/// writes it right after it reports leading.
+async fn first_claim(
+    db: &tokio_postgres::Client,
+    role: &str,
+    old: i64,
+    within: Duration,
+) -> anyhow::Result<SystemTime> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let at: Option<SystemTime> = db
+            .query_typed(
+                "SELECT min(at) FROM drill_journal WHERE role = $1 AND token > $2",
+                &[(&role, Type::TEXT), (&old, Type::INT8)],
+            )
+            .await?[0]
+            .get(0);
+        if let Some(at) = at {
+            return Ok(at);
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the new term wrote nothing within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What the database recorded of the old term.
 struct Handover {
     /// The old term's last acknowledged ACQUIRE/RENEW.
     last_renew: SystemTime,
-    /// The new term's first claim.
-    first_claim: SystemTime,
     /// The old term's last statement (renew or write).
     last_statement: SystemTime,
-    /// Writes of the old term after the new term's first claim.
+    /// Writes of the old term after the new term's first claim, or after the pause.
     stale: i64,
 }
 
-async fn handover(env: &Env, role: &str, old: i64) -> anyhow::Result<Handover> {
-    let role = role.to_string();
-    let db = connect(&env.cluster.config(&env.db)).await?;
-    let one = |sql: &'static str| {
-        let (db, role) = (&db, role.clone());
-        async move {
-            let rows = db
-                .query_typed(sql, &[(&role, Type::TEXT), (&old, Type::INT8)])
-                .await?;
-            Ok::<Option<SystemTime>, tokio_postgres::Error>(rows.first().and_then(|r| r.get(0)))
-        }
+async fn handover(
+    db: &tokio_postgres::Client,
+    role: &str,
+    old: i64,
+    paused: bool,
+) -> anyhow::Result<Handover> {
+    let one = |sql: &'static str| async move {
+        let rows = db
+            .query_typed(sql, &[(&role, Type::TEXT), (&old, Type::INT8)])
+            .await?;
+        Ok::<Option<SystemTime>, tokio_postgres::Error>(rows.first().and_then(|r| r.get(0)))
     };
     let last_renew = one(
         "SELECT max(at) FROM lease_history WHERE role = $1 AND new_token = $2 AND new_holder IS NOT NULL",
     )
     .await?
     .context("no acknowledged ACQUIRE/RENEW of the old term")?;
-    let first_claim = one("SELECT min(at) FROM drill_journal WHERE role = $1 AND token > $2")
-        .await?
-        .context("the new term wrote nothing")?;
     let last_write = one("SELECT max(at) FROM drill_journal WHERE role = $1 AND token = $2").await?;
     let last_statement = last_write.map_or(last_renew, |w| w.max(last_renew));
+    // The pause clears the holder: the old term's first row without one.
+    let stale_after = if paused {
+        "SELECT min(at) FROM lease_history WHERE role = $1 AND old_token = $2 AND new_holder IS NULL"
+    } else {
+        "SELECT min(at) FROM drill_journal WHERE role = $1 AND token > $2"
+    };
     let stale: i64 = db
         .query_typed(
-            "SELECT count(*) FROM drill_journal WHERE role = $1 AND token = $2 AND at > (SELECT min(at) FROM drill_journal WHERE role = $1 AND token > $2)",
+            &format!(
+                "SELECT count(*) FROM drill_journal WHERE role = $1 AND token = $2 AND at > ({stale_after})"
+            ),
             &[(&role, Type::TEXT), (&old, Type::INT8)],
         )
         .await?[0]
         .get(0);
     Ok(Handover {
         last_renew,
-        first_claim,
         last_statement,
         stale,
     })
 }
 
-/// Per-scenario summaries of takeover and gap, in milliseconds.
-pub fn summaries(trials: &[Trial], scenario: Scenario) -> (Option<Summary>, Option<Summary>) {
-    let of = |f: &dyn Fn(&Trial) -> f64| -> Vec<f64> {
-        trials.iter().filter(|t| t.scenario == scenario).map(f).collect()
-    };
-    (
-        summarize(&of(&|t| t.takeover.as_secs_f64() * 1000.0)),
-        summarize(&of(&|t| t.gap_ms)),
-    )
+/// One row of the results table: a measure over the trials of a scenario.
+struct Row {
+    label: &'static str,
+    scenario: Scenario,
+    /// The main measure: fault → first claim, or pause → work ended.
+    main: fn(&Trial) -> Option<f64>,
+    /// Whether the row shows takeover, gap and stale writes.
+    handover: bool,
+}
+
+const ROWS: [Row; 6] = [
+    Row {
+        label: "sigkill",
+        scenario: Scenario::Sigkill,
+        main: |t| Some(t.fault_to_claim_ms),
+        handover: true,
+    },
+    Row {
+        label: "sigterm",
+        scenario: Scenario::Sigterm,
+        main: |t| Some(t.fault_to_claim_ms),
+        handover: true,
+    },
+    Row {
+        label: "freeze",
+        scenario: Scenario::Freeze,
+        main: |t| Some(t.fault_to_claim_ms),
+        handover: true,
+    },
+    Row {
+        label: "severed",
+        scenario: Scenario::Severed,
+        main: |t| Some(t.fault_to_claim_ms),
+        handover: true,
+    },
+    Row {
+        label: "pause → work ended",
+        scenario: Scenario::Pause,
+        main: |t| t.pause_to_cancel_ms,
+        handover: false,
+    },
+    Row {
+        label: "unpause",
+        scenario: Scenario::Pause,
+        main: |t| Some(t.fault_to_claim_ms),
+        handover: false,
+    },
+];
+
+/// Summaries of `measure` over the trials of `scenario`.
+pub fn summary(
+    trials: &[Trial],
+    scenario: Scenario,
+    measure: impl Fn(&Trial) -> Option<f64>,
+) -> Option<Summary> {
+    let samples: Vec<f64> = trials
+        .iter()
+        .filter(|t| t.scenario == scenario)
+        .filter_map(measure)
+        .collect();
+    summarize(&samples)
 }
 
 /// The raw trials as CSV.
 pub fn csv(trials: &[Trial]) -> String {
-    let mut out = String::from("scenario,trial,takeover_ms,gap_ms,stale_writes,fault_to_takeover_ms\n");
+    let mut out = String::from(
+        "mode,scenario,trial,fault_to_claim_ms,takeover_ms,gap_ms,stale_writes,pause_to_cancel_ms\n",
+    );
+    let opt = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_default();
     for t in trials {
         let _ = writeln!(
             out,
-            "{},{},{:.1},{:.1},{},{:.1}",
+            "{},{},{},{:.1},{},{:.1},{},{}",
+            t.mode.as_str(),
             t.scenario.as_str(),
             t.n,
-            t.takeover.as_secs_f64() * 1000.0,
+            t.fault_to_claim_ms,
+            opt(t.takeover_ms),
             t.gap_ms,
             t.stale_writes,
-            t.fault_to_takeover.as_secs_f64() * 1000.0
+            opt(t.pause_to_cancel_ms),
         );
     }
     out
@@ -289,40 +531,56 @@ pub fn csv(trials: &[Trial]) -> String {
 /// The results table in Markdown.
 pub fn table(trials: &[Trial]) -> String {
     let mut out = String::from(
-        "| scenario | trials | takeover p50 | p99 | max | gap min | gap p50 | gap p99 | gap max | stale writes |\n\
+        "| scenario | trials | fault → first claim p50 | p99 | max | last renew → first claim p50 | p99 | max | gap min | stale writes |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for s in Scenario::ALL {
-        let (take, gap) = summaries(trials, s);
-        let (Some(take), Some(gap)) = (take, gap) else {
+    let ms = |v: f64| format!("{v:.0} ms");
+    for row in &ROWS {
+        let Some(main) = summary(trials, row.scenario, row.main) else {
             continue;
         };
-        let stale: i64 = trials
-            .iter()
-            .filter(|t| t.scenario == s)
-            .map(|t| t.stale_writes)
-            .sum();
+        let (take, gap, stale) = if row.handover {
+            let take = summary(trials, row.scenario, |t| t.takeover_ms)
+                .map(|s| format!("{} | {} | {}", ms(s.p50), ms(s.p99), ms(s.max)));
+            let gap = summary(trials, row.scenario, |t| Some(t.gap_ms)).map(|s| ms(s.min));
+            (take, gap, true)
+        } else {
+            (None, None, row.label != "unpause")
+        };
+        let stale = if stale {
+            let n: i64 = trials
+                .iter()
+                .filter(|t| t.scenario == row.scenario)
+                .map(|t| t.stale_writes)
+                .sum();
+            n.to_string()
+        } else {
+            "—".into()
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {stale} |",
-            s.as_str(),
-            take.n,
-            take.p50,
-            take.p99,
-            take.max,
-            gap.min,
-            gap.p50,
-            gap.p99,
-            gap.max
+            "| {} | {} | {} | {} | {} | {} | {} | {stale} |",
+            row.label,
+            main.n,
+            ms(main.p50),
+            ms(main.p99),
+            ms(main.max),
+            take.unwrap_or_else(|| "— | — | —".into()),
+            gap.unwrap_or_else(|| "—".into()),
         );
     }
     out
 }
 
-/// Writes `failover-<timing>.csv` into `dir` and returns its path.
-pub fn write_csv(dir: &Path, timing: Timing, trials: &[Trial]) -> anyhow::Result<PathBuf> {
+/// The reports' file stem: `failover-<timing>-<mode>`.
+fn stem(timing: Timing, mode: Mode) -> String {
+    format!("failover-{}-{}", timing.as_str(), mode.as_str())
+}
+
+/// Writes `failover-<timing>-<mode>.csv` into `dir` and returns its path.
+pub fn write_csv(dir: &Path, timing: Timing, mode: Mode, trials: &[Trial]) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let path = dir.join(format!("failover-{}.csv", timing.as_str()));
+    let path = dir.join(format!("{}.csv", stem(timing, mode)));
     std::fs::write(&path, csv(trials))?;
     Ok(path)
 }
@@ -343,26 +601,31 @@ pub fn machine() -> String {
     format!("{cores} cores, {mem_gib:.0} GiB, Linux {}", kernel.trim())
 }
 
-/// Writes `failover-<timing>.md`: the table, the machine, and how to rerun.
+/// Writes `failover-<timing>-<mode>.md`: the table, the machine, and how to rerun.
 pub fn write_markdown(
     dir: &Path,
     timing: Timing,
+    mode: Mode,
     trials: &[Trial],
     server_version: &str,
 ) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let path = dir.join(format!("failover-{}.md", timing.as_str()));
+    let stem = stem(timing, mode);
+    let path = dir.join(format!("{stem}.md"));
     let per = trials.iter().map(|t| t.n + 1).max().unwrap_or(0);
     let c = timing.config();
     let text = format!(
-        "# Failover, {} timings (generated)\n\n\
+        "# Failover, {} timings, {} mode (generated)\n\n\
          TTL {:?}, heartbeat {:?}, statement timeout {:?}, abandon {:?}, max poll {:?}; {per} trials per scenario.\n\
          Machine: {}; PostgreSQL {server_version}; measured {}.\n\n\
-         takeover = the old leader's last acknowledged ACQUIRE/RENEW → the new leader's first fenced claim;\n\
-         gap = the old leader's last statement → the new leader's first claim (negative would be an overlap);\n\
-         stale writes = fenced writes of the old term after the new term's first. All on the database clock.\n\n\
-         {}\nRaw trials: `failover-{}.csv`. Rerun: `cargo run --release -p ticklease-bench -- failover --trials {per} --timing {}`.\n",
+         fault → first claim = the kill, signal or cut (for unpause: `leader_unpause`) sent → the new term's first\n\
+         fenced claim; pause → work ended = `leader_pause` sent → the holder's work dropped;\n\
+         last renew → first claim = the old term's last acknowledged ACQUIRE/RENEW → the new term's first claim;\n\
+         gap = the old term's last statement → the new term's first claim (negative would be an overlap);\n\
+         stale writes = fenced writes of the old term after the new term's first (after the pause for pause).\n\n\
+         {}\nRaw trials: `{stem}.csv`. Rerun: `cargo run --release -p ticklease-bench -- failover --trials {per} --timing {}{}`.\n",
         timing.as_str(),
+        mode.as_str(),
         c.lease_ttl(),
         c.heartbeat_every(),
         c.statement_timeout(),
@@ -372,7 +635,7 @@ pub fn write_markdown(
         humantime::format_rfc3339_seconds(SystemTime::now()),
         table(trials),
         timing.as_str(),
-        timing.as_str(),
+        mode.flags(),
     );
     std::fs::write(&path, text)?;
     Ok(path)

@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod drill;
 pub mod endpoint;
 pub mod failover;
+pub mod idle;
 pub mod promotion;
 pub mod stats;
 
@@ -20,6 +21,10 @@ pub enum Timing {
     Default,
     /// Everything divided by ten: TTL 1 s.
     Scaled,
+    /// Scaled, but with the default TTL (10 s): a dead leader's lease alone
+    /// runs out about 10 s after its last renew, so a takeover well within
+    /// that is the coordination session's doing (the CI check of it).
+    LongLease,
 }
 
 impl Timing {
@@ -30,6 +35,11 @@ impl Timing {
                 .scaled_down(10)
                 .build()
                 .expect("scaled defaults are valid"),
+            Timing::LongLease => ticklease::Config::builder()
+                .scaled_down(10)
+                .lease_ttl(ticklease::Config::DEFAULT.lease_ttl())
+                .build()
+                .expect("a longer TTL keeps the scaled set valid"),
         }
     }
 
@@ -37,6 +47,7 @@ impl Timing {
         match self {
             Timing::Default => "default",
             Timing::Scaled => "scaled",
+            Timing::LongLease => "long-lease",
         }
     }
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ticklease_bench::chaos::{self, ChaosOptions, WorkerFlags};
-use ticklease_bench::failover::{self, Env, Scenario};
-use ticklease_bench::{drill, promotion, Timing};
+use ticklease_bench::failover::{self, Env, Mode, Scenario};
+use ticklease_bench::{drill, idle, promotion, Timing};
 
 #[derive(Parser)]
 #[command(
@@ -26,9 +26,25 @@ enum Cmd {
         trials: usize,
         #[arg(long, value_enum, default_value = "default")]
         timing: Timing,
-        /// Only these scenarios (default: all four).
+        /// Only these scenarios (default: all).
         #[arg(long, value_enum, value_delimiter = ',')]
         scenarios: Vec<Scenario>,
+        #[command(flatten)]
+        mode: ModeFlags,
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+    },
+    /// Statements per second and connections per replica while one role's
+    /// tick runs on one of the replicas and the others wait.
+    Idle {
+        #[arg(long, default_value_t = 2)]
+        replicas: usize,
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        over: Duration,
+        #[arg(long, value_enum, default_value = "default")]
+        timing: Timing,
+        #[command(flatten)]
+        mode: ModeFlags,
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
@@ -66,6 +82,9 @@ enum Cmd {
     Leader {
         #[arg(long)]
         url: String,
+        /// Opens a coordination session on this URL.
+        #[arg(long)]
+        direct_url: Option<String>,
         #[arg(long)]
         role: String,
         #[arg(long, value_enum)]
@@ -76,6 +95,24 @@ enum Cmd {
     /// (child process) A worker replica with the chaos run's settings.
     #[command(hide = true)]
     Worker(WorkerFlags),
+}
+
+/// How the drill processes reach Postgres; neither flag: statements straight
+/// to Postgres and no coordination session (leases alone, the pre-issue-12 run).
+#[derive(Debug, clap::Args)]
+struct ModeFlags {
+    /// A coordination session straight to Postgres (with `--pooled`: the direct URL beside the pooled one).
+    #[arg(long)]
+    direct: bool,
+    /// Statements through PgBouncer in transaction mode.
+    #[arg(long)]
+    pooled: bool,
+}
+
+impl ModeFlags {
+    fn mode(&self) -> Mode {
+        Mode::from_flags(self.direct, self.pooled)
+    }
 }
 
 #[tokio::main]
@@ -89,8 +126,22 @@ async fn main() -> anyhow::Result<()> {
             trials,
             timing,
             scenarios,
+            mode,
             out,
-        } => cmd_failover(trials, timing, scenarios, &out).await?,
+        } => cmd_failover(trials, timing, mode.mode(), scenarios, &out).await?,
+        Cmd::Idle {
+            replicas,
+            over,
+            timing,
+            mode,
+            out,
+        } => {
+            let env = Env::start(timing, std::env::current_exe()?, mode.mode()).await?;
+            let load = idle::measure(&env, replicas, over).await?;
+            let csv = idle::write_csv(&out, &env, &load)?;
+            println!("{}", idle::summary(&env, &load));
+            println!("statements: {}", csv.display());
+        }
         Cmd::Promotion {
             trials,
             timing,
@@ -124,10 +175,11 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Leader {
             url,
+            direct_url,
             role,
             timing,
             write_every,
-        } => drill::run(&url, &role, timing.config(), write_every).await?,
+        } => drill::run(&url, direct_url.as_deref(), &role, timing.config(), write_every).await?,
         Cmd::Worker(flags) => {
             let config = flags.config()?;
             let shutdown = tokio_util::sync::CancellationToken::new();
@@ -142,10 +194,11 @@ async fn main() -> anyhow::Result<()> {
 async fn cmd_failover(
     trials: usize,
     timing: Timing,
+    mode: Mode,
     scenarios: Vec<Scenario>,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let env = Env::start(timing, std::env::current_exe()?).await?;
+    let env = Env::start(timing, std::env::current_exe()?, mode).await?;
     let scenarios = if scenarios.is_empty() {
         Scenario::ALL.to_vec()
     } else {
@@ -156,22 +209,25 @@ async fn cmd_failover(
         for n in 0..trials {
             let t = failover::trial(&env, s, n).await?;
             eprintln!(
-                "{} #{n}: takeover {:?}, gap {:.0} ms, stale writes {}",
+                "{} {} #{n}: fault → claim {:.0} ms, takeover {:?} ms, gap {:.0} ms, pause → ended {:?} ms, stale writes {}",
+                mode.as_str(),
                 s.as_str(),
-                t.takeover,
+                t.fault_to_claim_ms,
+                t.takeover_ms,
                 t.gap_ms,
+                t.pause_to_cancel_ms,
                 t.stale_writes
             );
             all.push(t);
         }
     }
-    let csv = failover::write_csv(out, timing, &all)?;
+    let csv = failover::write_csv(out, timing, mode, &all)?;
     let version: String = ticklease_testkit::scalar(
         &ticklease_testkit::connect(&env.cluster.config(&env.db)).await?,
         "SELECT current_setting('server_version')",
     )
     .await;
-    let md = failover::write_markdown(out, timing, &all, &version)?;
+    let md = failover::write_markdown(out, timing, mode, &all, &version)?;
     println!("report: {}", md.display());
     println!("{}", failover::table(&all));
     println!("raw trials: {}", csv.display());

@@ -67,7 +67,14 @@ impl Pair {
 }
 
 fn spawn_leader(exe: &Path, url: &str, timing: Timing) -> anyhow::Result<(Child, LeaderLines)> {
-    drill::spawn_leader(exe, url, ROLE, timing, timing.config().heartbeat_every() / 6)
+    drill::spawn_leader(
+        exe,
+        url,
+        None,
+        ROLE,
+        timing,
+        timing.config().heartbeat_every() / 6,
+    )
 }
 
 /// A run's settings.

@@ -41,6 +41,18 @@ pub struct ClusterOptions {
     /// Accepts streaming replication from 127.0.0.1 as `postgres`: a primary
     /// for [`crate::Standby`] (see [`PgCluster::start_primary`]).
     pub replication: bool,
+    /// Loads `pg_stat_statements` (`shared_preload_libraries`), so a bench can
+    /// count the statements its clients send.
+    pub pg_stat_statements: bool,
+}
+
+impl ClusterOptions {
+    /// These options with `pg_stat_statements` loaded (the struct is
+    /// `non_exhaustive`, so other crates set it here).
+    pub fn with_pg_stat_statements(mut self) -> Self {
+        self.pg_stat_statements = true;
+        self
+    }
 }
 
 /// Why a cluster could not be had.
@@ -159,6 +171,12 @@ impl PgCluster {
         }
         if options.replication {
             cluster.enable_replication()?;
+        }
+        if options.pg_stat_statements {
+            append(
+                &cluster.data_dir().join("postgresql.conf"),
+                "shared_preload_libraries = 'pg_stat_statements'\n",
+            )?;
         }
         cluster.spawn_postmaster()?;
         Ok(cluster)
