@@ -81,6 +81,8 @@ struct Events {
     /// dead though its client has not noticed (a cut link whose end the
     /// server's keepalives found first).
     refused: Notify,
+    /// The last `probe` payload heard.
+    probe: watch::Sender<String>,
 }
 
 /// Wake-ups of one role.
@@ -103,6 +105,10 @@ impl Events {
         let Some((event, role)) = payload.split_once(' ') else {
             return;
         };
+        if event == "probe" {
+            self.probe.send_replace(role.to_string());
+            return;
+        }
         let roles = self.roles.lock().expect("not poisoned");
         let Some(signals) = roles.get(role) else {
             return;
@@ -133,6 +139,7 @@ impl Signals {
             key: watch::Sender::new(None),
             roles: Mutex::default(),
             refused: Notify::new(),
+            probe: watch::Sender::new(String::new()),
         });
         let direct = with_client_keepalives(direct);
         let session = Session::open(&direct, connect_timeout, &events)
@@ -179,6 +186,13 @@ impl Signals {
         }) {
             events.refused.notify_one();
         }
+    }
+
+    /// Resolves once the session hears `probe <nonce>` (sent through the
+    /// pooled path by [`crate::PgStore::with_direct`]).
+    pub(crate) async fn heard_probe(&self, nonce: &str) {
+        let mut probe = self.inner.events.probe.subscribe();
+        let _ = probe.wait_for(|heard| heard == nonce).await;
     }
 
     /// The wake-ups of `role` (registered on first use).

@@ -680,3 +680,22 @@ async fn a_storm_of_forged_notifications_costs_a_statement_per_spacing() {
     a.shutdown();
     lead.await.unwrap().unwrap();
 }
+
+/// A direct URL through a transaction-mode pooler would hold the key on a
+/// shared server connection and hear no notifications: refused at connect.
+#[tokio::test]
+async fn a_direct_url_through_a_transaction_pooler_is_refused() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let bouncer = ticklease_testkit::PgBouncer::start(PgCluster::shared(), 2).expect("pgbouncer");
+    let err = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap()
+        .with_direct(bouncer.config(db.get_dbname().unwrap()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Rejected { .. }) && err.to_string().contains("pooler"),
+        "{err}"
+    );
+}

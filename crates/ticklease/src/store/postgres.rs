@@ -123,7 +123,8 @@ impl PgStore {
     /// the same database (not through a pooler): a dead holder's role is
     /// taken over as soon as its session ends, and releases, pauses and
     /// unpauses are heard at once. Checks through the pooled path that the
-    /// session's key is visible there, so both URLs reach one database.
+    /// session's key is visible there (both URLs reach one database) and that
+    /// a notification sent there reaches the session (it is not pooled).
     pub async fn with_direct(mut self, direct: impl Into<PgConnect>) -> Result<Self, StoreError> {
         let signals = Signals::start(direct.into(), self.statement_timeout).await?;
         let key = signals.key().expect("the session opened");
@@ -138,6 +139,25 @@ impl PgStore {
             return Err(StoreError::Rejected {
                 statement: "coordination check",
                 problem: "the direct URL reaches another database than the pooled URL",
+            });
+        }
+        // A session through a transaction-mode pooler would hold its key on
+        // a shared server connection and hear no notifications: a probe sent
+        // through the pooled path must reach it.
+        let nonce = format!("{key}");
+        let heard = signals.heard_probe(&nonce);
+        let payload = format!("probe {nonce}");
+        self.query(
+            "coordination check",
+            "SELECT pg_notify('ticklease', $1)",
+            &[(&payload, Type::TEXT)],
+        )
+        .await?;
+        if tokio::time::timeout(self.statement_timeout, heard).await.is_err() {
+            return Err(StoreError::Rejected {
+                statement: "coordination check",
+                problem: "the coordination session hears no notifications: the direct URL must reach \
+                          Postgres itself, not a transaction-mode pooler",
             });
         }
         self.signals = Some(signals);
