@@ -288,8 +288,14 @@
 //!   term whose key no session of the database holds is over for ACQUIRE
 //!   (tested with a shared try-lock under the row lock). ACQUIRE and RENEW
 //!   refuse a key no session holds, and `with_direct` checks through the
-//!   pooled path that the key is visible there: a direct URL that reaches
-//!   another database would make every term look dead.
+//!   pooled path that the key is visible there (a direct URL that reaches
+//!   another database would make every term look dead) and that a probe
+//!   notification sent there reaches the session (a direct URL through a
+//!   transaction-mode pooler would hold the key on a shared server
+//!   connection and hear nothing). When the database refuses the key (the
+//!   server ended the session, e.g. its keepalives found a cut link, before
+//!   the client noticed), the replica withdraws it at once, its next RENEW
+//!   records none, and the session reconnects with a new key.
 //! - A follower refused because the role is held waits on the holder's key
 //!   (`pg_advisory_lock_shared`) on a **waiter** connection, shared by every
 //!   role held under that key; when the holder's backend ends the wait
@@ -299,7 +305,11 @@
 //!   one wants); beyond that, followers wake at the lease's expiry.
 //! - RELEASE, `leader_pause`, `leader_unpause` and `leader_run_now` call
 //!   `pg_notify` in the same statement (through a pooler too): followers
-//!   ACQUIRE at once, a paused holder renews at once.
+//!   ACQUIRE at once, a paused holder renews at once. Anyone who can connect
+//!   can NOTIFY, so a role acts on a signal at most once per 200 ms: a storm
+//!   of forged notifications costs one statement per 200 ms per role and
+//!   replica, and can neither end a term nor start one (the statements
+//!   decide).
 //! - A scheduler's wake-up comes from the database's answer (the holder's
 //!   expiry, the due time), decided in one function; without a coordination
 //!   session it is capped at P (the bound on hearing a release or an
@@ -318,7 +328,12 @@
 //! session is down a replica records no key (plain leases). A holder that
 //! **freezes** keeps its session (the backend lives), so it is replaced by
 //! its lease's expiry, as without coordination; a frozen follower delays
-//! nothing. The session sets server-side TCP keepalives (2 s idle, 1 s
+//! nothing. **Advisory locks are not replicated**: on a hot standby no key
+//! is held, so `leader_status` read there shows keyed terms as not held, and
+//! after a promotion every keyed term looks dead on the new primary until
+//! its holder's session reconnects there with a new key (give the direct
+//! URL every host too). A failover therefore hands each role over once,
+//! fenced like any takeover, even when it is shorter than the TTL. The session sets server-side TCP keepalives (2 s idle, 1 s
 //! interval, 2 probes, 4 s user timeout), so a link that drops packets ends
 //! the session in about 4 s rather than the kernel's two hours.
 //!
