@@ -197,6 +197,19 @@
 //! replicas still on a 0002 build then fail their RENEWs and step down (safe),
 //! so roll the new build out right after migrating.
 //!
+//! **Model-checked.** `crates/ticklease-model` states this protocol as an
+//! executable model (ACQUIRE, RENEW answered or not, RELEASE, the fence and
+//! its commit check as two steps, pause, freezes, deaths, coordination
+//! sessions that drop, a promotion that loses the last commits) and checks
+//! exhaustively, for two replicas over four ticks and three over three, that
+//! claims commit in token order, at most one term passes the fence, no claim
+//! commits while paused, tokens stay unique across timelines, and a dead
+//! holder's role and a pause are acted on before the clock moves on. Each
+//! property has a planted defect (no token bump, a lock-free fence, a RENEW
+//! that revives a taken-over term, `token + 1` without the clock, a key
+//! takeover under the old token, …) that the checker must catch, and walks
+//! of the model replay against Postgres with the answers it predicts.
+//!
 //! Not guaranteed: effects the work already started (an HTTP call, an email)
 //! complete even after a takeover, so outbound effects are at-least-once;
 //! completions must land through their own compare-and-set or idempotency key.
