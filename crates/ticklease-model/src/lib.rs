@@ -10,9 +10,10 @@
 //!
 //! Each action is named after the statement it models (see the crate docs of
 //! `ticklease`, "The four statements"). Time is the database clock in whole
-//! ticks; a replica's monotonic clock runs at the same rate (a constant
-//! offset changes nothing: the code only compares local instants with each
-//! other), so its abandon instant is `last_ack + abandon` ticks.
+//! ticks. A replica's monotonic clock may run slow against it: replica 0's
+//! abandon instant comes up to `skew` ticks late in database time (a
+//! constant offset changes nothing, since the code only compares local
+//! instants with each other).
 //!
 //! What the model abstracts: one role; statements are atomic and take no
 //! time (an unanswered RENEW is modelled by [`Action::RenewUnanswered`]);
@@ -56,6 +57,9 @@ pub struct LeaseModel {
     pub ttl: u8,
     /// `abandon_after` (+ `statement_timeout`): `< ttl`.
     pub abandon: u8,
+    /// How late, in database ticks, replica 0's clock may reach its
+    /// abandon instant (both 0 and this are checked).
+    pub skew: u8,
     /// The database clock stops here.
     pub max_time: u8,
     /// Token units (milliseconds) per tick: ACQUIRE issues
@@ -84,12 +88,14 @@ pub struct LeaseModel {
 }
 
 impl LeaseModel {
-    /// The bounds checked in CI: two replicas, TTL 3, abandon 2, six ticks.
+    /// The bounds checked in CI: two replicas, TTL 3, abandon 2, four ticks,
+    /// replica 0's clock up to one tick slow.
     pub fn small() -> Self {
         LeaseModel {
             replicas: 2,
             ttl: 3,
             abandon: 2,
+            skew: 1,
             max_time: 4,
             token_per_tick: 100,
             failover: 1,
@@ -110,8 +116,9 @@ impl LeaseModel {
     pub fn three_replicas() -> Self {
         LeaseModel {
             replicas: 3,
+            skew: 0,
             max_time: 3,
-            max_statements: 5,
+            max_statements: 4,
             max_sessions: 4,
             ..LeaseModel::small()
         }
@@ -181,6 +188,8 @@ pub struct Replica {
     pub term: Option<Held>,
     /// A claim that passed the fence and has not committed: its token.
     pub claim: Option<u64>,
+    /// How late its clock reaches an instant, in database ticks.
+    pub skew: u8,
 }
 
 /// The whole system.
@@ -332,6 +341,7 @@ impl Model for LeaseModel {
             session: None,
             term: None,
             claim: None,
+            skew: 0,
         };
         let mut replicas = vec![replica; self.replicas as usize];
         let mut sessions = 0;
@@ -341,7 +351,7 @@ impl Model for LeaseModel {
                 sessions += 1;
             }
         }
-        vec![State {
+        let initial = State {
             now: 0,
             standby: db.clone(),
             db,
@@ -356,7 +366,14 @@ impl Model for LeaseModel {
             missed_pause: false,
             key_takeover: false,
             lost_acquire: false,
-        }]
+        };
+        (0..=self.skew)
+            .map(|skew| {
+                let mut state = initial.clone();
+                state.replicas[0].skew = skew;
+                state
+            })
+            .collect()
     }
 
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
@@ -368,11 +385,11 @@ impl Model for LeaseModel {
                 match (replica.term, replica.claim) {
                     (None, None) if statements => actions.push(Action::Acquire(r)),
                     (Some(held), claim) => {
-                        if s.now < held.last_ack + self.abandon && statements {
+                        if s.now < held.last_ack + self.abandon + replica.skew && statements {
                             actions.push(Action::Renew(r));
                             actions.push(Action::RenewUnanswered(r));
                         }
-                        if s.now >= held.last_ack + self.abandon {
+                        if s.now >= held.last_ack + self.abandon + replica.skew {
                             actions.push(Action::Abandon(r));
                         }
                         if statements {
@@ -545,6 +562,7 @@ impl Model for LeaseModel {
                     session: None,
                     term: None,
                     claim: None,
+                    skew: s.replicas[r as usize].skew,
                 };
             }
             Action::DropSession(r) => {
@@ -559,10 +577,11 @@ impl Model for LeaseModel {
                 // The heartbeat stops the work at its abandon instant: time
                 // does not pass it while the replica runs.
                 let overdue = (0..self.replicas).any(|r| {
+                    let replica = &s.replicas[r as usize];
                     s.acting(r)
-                        && s.replicas[r as usize]
+                        && replica
                             .term
-                            .is_some_and(|h| s.now >= h.last_ack + self.abandon)
+                            .is_some_and(|h| s.now >= h.last_ack + self.abandon + replica.skew)
                 });
                 if overdue {
                     return None;

@@ -201,7 +201,8 @@
 //! executable model (ACQUIRE, RENEW answered or not, RELEASE, the fence and
 //! its commit check as two steps, pause, freezes, deaths, coordination
 //! sessions that drop, a promotion that loses the last commits) and checks
-//! exhaustively, for two replicas over four ticks and three over three, that
+//! exhaustively, for two replicas over four ticks (one clock a tick slow)
+//! and three over three, that
 //! claims commit in token order, at most one term passes the fence, no claim
 //! commits while paused, tokens stay unique across timelines, and a dead
 //! holder's role and a pause are acted on before the clock moves on. Each
