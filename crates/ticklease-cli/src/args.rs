@@ -54,6 +54,24 @@ pub enum Command {
         #[arg(long, conflicts_with = "json")]
         watch: bool,
     },
+    /// Show how recent terms ended and who paused, unpaused or ran a role now, newest first.
+    #[command(
+        after_help = "Examples:\n  ticklease history billing --since 24h\n  ticklease history --since 1h --json | jq '.[] | select(.outcome == \"lost\")'"
+    )]
+    History {
+        /// Only this role (default: every role).
+        role: Option<Role>,
+        /// How far back (e.g. 30m, 24h, 7d).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "24h")]
+        since: Duration,
+        /// Most entries shown (1..=10000).
+        #[arg(long, default_value_t = 200,
+              value_parser = clap::value_parser!(u16).range(1..=10000))]
+        limit: u16,
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Pause a role: ends its current term now and refuses ACQUIRE on every replica.
     #[command(
         after_help = "Examples:\n  ticklease pause email_outbox --by alice --reason 'SMTP key rotation'"

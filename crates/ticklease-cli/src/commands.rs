@@ -1,13 +1,13 @@
 //! One function per subcommand that needs the database URL.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use ticklease::{LeaseStore, PgConnect, PgStore, Role};
 
 use crate::args::{Command, RoleNames, WorkerAction, WorkerCmd, WorkerRun};
-use crate::{say, status, Usage};
+use crate::{history, say, status, Usage};
 
 /// Runs `command` against the database at `url`.
 pub async fn run(url: &str, command: Command) -> anyhow::Result<()> {
@@ -20,6 +20,12 @@ pub async fn run(url: &str, command: Command) -> anyhow::Result<()> {
         Command::Migrate { roles } => cmd_migrate(db, roles).await,
         Command::Grant { roles } => cmd_grant(db, roles).await,
         Command::Status { json, watch } => cmd_status(db, json, watch).await,
+        Command::History {
+            role,
+            since,
+            limit,
+            json,
+        } => cmd_history(db, role, since, limit, json).await,
         Command::Pause { role, by, reason } => cmd_pause(db, role, &by, &reason).await,
         Command::Unpause { role } => cmd_unpause(db, role).await,
         Command::RunNow { role } => cmd_run_now(db, role).await,
@@ -125,6 +131,28 @@ async fn cmd_status(db: Db, json: bool, watch: bool) -> anyhow::Result<()> {
         }
     } else {
         print!("{}", status::table(&store.status().await?));
+    }
+    Ok(())
+}
+
+async fn cmd_history(
+    db: Db,
+    role: Option<Role>,
+    since: Duration,
+    limit: u16,
+    json: bool,
+) -> anyhow::Result<()> {
+    let store = db.store().await?;
+    let entries = store.history(role.as_ref(), since, usize::from(limit)).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&history::json(&entries))?);
+    } else {
+        let now = store
+            .status()
+            .await?
+            .first()
+            .map_or_else(SystemTime::now, |s| s.db_now);
+        print!("{}", history::table(&entries, now));
     }
     Ok(())
 }

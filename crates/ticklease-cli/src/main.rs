@@ -6,6 +6,7 @@
 mod args;
 mod commands;
 mod demo;
+mod history;
 mod status;
 
 use std::io::Write;

@@ -6,14 +6,14 @@ use std::time::SystemTime;
 use ticklease::LeaseStatus;
 
 /// `later - earlier` in seconds, signed.
-fn seconds(later: SystemTime, earlier: SystemTime) -> f64 {
+pub(crate) fn seconds(later: SystemTime, earlier: SystemTime) -> f64 {
     match later.duration_since(earlier) {
         Ok(d) => d.as_secs_f64(),
         Err(e) => -e.duration().as_secs_f64(),
     }
 }
 
-fn short(seconds: f64) -> String {
+pub(crate) fn short(seconds: f64) -> String {
     let s = seconds.max(0.0);
     match s {
         s if s < 60.0 => format!("{s:.1}s"),
@@ -25,7 +25,7 @@ fn short(seconds: f64) -> String {
 
 /// Text from the database, made safe for a terminal: control characters and
 /// bidirectional overrides are shown escaped (`\u{1b}`), never interpreted.
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         let bidi = matches!(
@@ -51,11 +51,12 @@ pub fn table(rows: &[LeaseStatus]) -> String {
         "EXPIRES IN",
         "PAUSED BY / WHY",
         "LAST TICK AGE",
+        "LAST OUTCOME",
         "NOT BEFORE",
     ];
-    let mut lines: Vec<[String; 8]> = vec![header.map(String::from)];
+    let mut lines: Vec<[String; 9]> = vec![header.map(String::from)];
     lines.extend(rows.iter().map(|r| cells(r).map(|cell| escape(&cell))));
-    let widths: Vec<usize> = (0..8)
+    let widths: Vec<usize> = (0..9)
         .map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -72,7 +73,7 @@ pub fn table(rows: &[LeaseStatus]) -> String {
 }
 
 /// One row's cells, unescaped.
-fn cells(r: &LeaseStatus) -> [String; 8] {
+fn cells(r: &LeaseStatus) -> [String; 9] {
     let held = r.held;
     [
         r.role.clone(),
@@ -96,6 +97,7 @@ fn cells(r: &LeaseStatus) -> [String; 8] {
         r.last_tick_ended_at
             .map(|t| short(seconds(r.db_now, t)))
             .unwrap_or_else(|| "never".into()),
+        r.last_outcome.clone().unwrap_or_else(|| "-".into()),
         r.not_before
             .map(|t| {
                 let wait = seconds(t, r.db_now);
@@ -131,6 +133,7 @@ pub fn json(rows: &[LeaseStatus]) -> serde_json::Value {
                     "last_tick_age_seconds": r.last_tick_ended_at.map(|t| seconds(r.db_now, t).max(0.0)),
                     "last_tick_holder": r.last_tick_holder,
                     "not_before": time(r.not_before),
+                    "last_outcome": r.last_outcome,
                 })
             })
             .collect(),
@@ -162,6 +165,7 @@ mod tests {
             last_tick_ended_at: None,
             last_tick_holder: None,
             not_before: Some(now + Duration::from_secs(30)),
+            last_outcome: None,
         }
     }
 
@@ -196,7 +200,7 @@ mod tests {
             lines[1].starts_with("billing       web-1:42:00c0ffee  7      1m30s     8.2s"),
             "{out}"
         );
-        assert!(lines[1].ends_with("never          in 30.0s"), "{out}");
+        assert!(lines[1].ends_with("never          -             in 30.0s"), "{out}");
         assert!(lines[2].contains("alice: rotate\\u{1b}]0;pwned\\u{7}"), "{out}");
         assert!(!out.contains('\x1b'), "{out}");
     }

@@ -303,6 +303,7 @@ impl LeaseStore for FakeStore {
                     last_tick_ended_at: r.last_tick_ended_at,
                     last_tick_holder: r.last_tick_holder.clone(),
                     not_before: r.not_before,
+                    last_outcome: None,
                 })
                 .collect()
         }))

@@ -20,7 +20,8 @@ use crate::heartbeat::Heartbeat;
 use crate::holder::HolderId;
 use crate::metrics::{LostReason, Metrics, TickOutcome};
 use crate::role::Role;
-use crate::store::{Acquire, LeaseStatus, LeaseStore, LossReason, Refusal, Release};
+use crate::step::panic_message;
+use crate::store::{Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release};
 use crate::token::Token;
 
 /// The error type work may return.
@@ -416,11 +417,23 @@ impl<S: LeaseStore> Manager<S> {
         if let Ok(Lead::Failed { error, .. }) = &lead {
             tracing::warn!(%role, %token, error = %crate::error::chain(&**error), "tick failed");
         }
+        let ending = Ending {
+            outcome: outcome.as_str(),
+            reason: match lost {
+                Some(LostReason::Lease(reason)) => Some(reason.as_str()),
+                _ => None,
+            },
+            error: match &lead {
+                Ok(Lead::Failed { error, .. }) => Some(crate::error::chain(&**error)),
+                Err(panic) => Some(panic_message(&**panic).to_string()),
+                Ok(_) => None,
+            },
+        };
         if let Some(m) = &inner.metrics {
             m.tick_ended(role, outcome, sent.elapsed(), lost);
         }
         guard.armed = false;
-        let released = guard.release(release).await;
+        let released = guard.release(release, ending).await;
         tracing::debug!(%role, %token, outcome = release.as_str(), released, "released");
         match lead {
             Ok(lead) => Ok(lead),
@@ -512,25 +525,30 @@ struct TermGuard<S: LeaseStore> {
 
 impl<S: LeaseStore> TermGuard<S> {
     /// On the manager's release tracker, so a shutdown waits for it.
-    fn spawn_release(&self, outcome: Release) -> tokio::task::JoinHandle<bool> {
+    fn spawn_release(&self, outcome: Release, ending: Ending) -> tokio::task::JoinHandle<bool> {
         let (inner, role, token, interval) =
             (self.inner.clone(), self.role.clone(), self.token, self.interval);
         self.inner.releases.spawn(async move {
             let bound = inner.config.statement_timeout();
-            let released =
-                match tokio::time::timeout(bound, inner.store.release(&role, token, outcome, interval)).await
-                {
-                    Ok(Ok(released)) => return released,
-                    Ok(Err(error)) => {
-                        tracing::warn!(%role, %token, error = &error as &dyn std::error::Error,
+            let released = match tokio::time::timeout(
+                bound,
+                inner
+                    .store
+                    .release_ending(&role, token, outcome, interval, &ending),
+            )
+            .await
+            {
+                Ok(Ok(released)) => return released,
+                Ok(Err(error)) => {
+                    tracing::warn!(%role, %token, error = &error as &dyn std::error::Error,
                         "RELEASE failed; the lease expires on its own");
-                        false
-                    }
-                    Err(_) => {
-                        tracing::warn!(%role, %token, "RELEASE did not answer; the lease expires on its own");
-                        false
-                    }
-                };
+                    false
+                }
+                Err(_) => {
+                    tracing::warn!(%role, %token, "RELEASE did not answer; the lease expires on its own");
+                    false
+                }
+            };
             if inner.shutdown.is_cancelled() {
                 inner.unreleased.fetch_add(1, Ordering::Relaxed);
             }
@@ -538,8 +556,8 @@ impl<S: LeaseStore> TermGuard<S> {
         })
     }
 
-    async fn release(&self, outcome: Release) -> bool {
-        self.spawn_release(outcome).await.unwrap_or(false)
+    async fn release(&self, outcome: Release, ending: Ending) -> bool {
+        self.spawn_release(outcome, ending).await.unwrap_or(false)
     }
 }
 
@@ -549,7 +567,7 @@ impl<S: LeaseStore> Drop for TermGuard<S> {
             m.leading(&self.role, false);
         }
         if self.armed && tokio::runtime::Handle::try_current().is_ok() {
-            drop(self.spawn_release(Release::Interrupted));
+            drop(self.spawn_release(Release::Interrupted, Ending::of(Release::Interrupted)));
         }
     }
 }

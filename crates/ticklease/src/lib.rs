@@ -285,6 +285,21 @@
 //! # }
 //! ```
 //!
+//! ## History
+//!
+//! `leader_history` keeps one row per term that ended and per operator
+//! event, written by the lease statements themselves (no extra round trip):
+//! RELEASE records its outcome ([`Ending`]: completed, interrupted, lost with
+//! its reason, failed or panicked with a short error), ACQUIRE records a term
+//! it took over without a RELEASE as lost (`expired`, or `holder_gone` when
+//! its holder's coordination key was gone), and pause, unpause and run-now
+//! record who did it. At most one row per term (a RELEASE and a takeover
+//! racing for one term record it once). Retention is bounded per role by
+//! count and age (`leader_history_settings`, default 10,000 rows and 30
+//! days), pruned by the writers every 16th row. The app and operator roles
+//! read it ([`PgStore::history`], `ticklease history`); neither can write it
+//! but through the lease functions.
+//!
 //! ## Coordination
 //!
 //! Leases alone replace a dead leader only when its lease runs out (T), and
@@ -369,6 +384,7 @@ mod drift;
 pub mod error;
 mod fence;
 mod heartbeat;
+mod history;
 mod holder;
 mod lead;
 #[cfg(feature = "prometheus")]
@@ -389,6 +405,7 @@ pub use config::{Config, ConfigBuilder, DURATION_MAX};
 pub use coordination::{Signals, KEY_WAITERS_MAX};
 pub use error::{ConfigError, Error, HolderIdError, MigrateError, RoleError, StoreError};
 pub use fence::Fence;
+pub use history::{HistoryEntry, HistoryKind, HISTORY_LIMIT_MAX};
 pub use holder::HolderId;
 pub use lead::{BoxError, Cancel, Lead, Manager, RoleReport, Tick};
 #[cfg(feature = "prometheus")]
@@ -398,8 +415,8 @@ pub use role::{Role, ROLE_NAME_MAX};
 pub use scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use step::Steps;
 pub use store::{
-    Acquire, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Refusal, Release, Renew, Term,
-    POOL_SIZE_MAX,
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Refusal, Release, Renew,
+    Term, ERROR_SUMMARY_MAX, POOL_SIZE_MAX,
 };
 pub use tls::{PgConnect, PgConnectError};
 pub use token::Token;

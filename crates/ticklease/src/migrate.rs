@@ -53,6 +53,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "coordination",
         sql: include_str!("migrations/0004_coordination.sql"),
     },
+    Migration {
+        version: 5,
+        name: "history",
+        sql: include_str!("migrations/0005_history.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).

@@ -1,5 +1,5 @@
-//! How ticks end, as the metrics label them (kept with or without the
-//! `prometheus` feature: `settle` decides them either way).
+//! How ticks end, as the metrics and the history label them (kept with or
+//! without the `prometheus` feature: `settle` decides them either way).
 
 use crate::store::LossReason;
 
@@ -44,8 +44,7 @@ pub(crate) enum TickOutcome {
 }
 
 impl TickOutcome {
-    /// The metric label.
-    #[cfg(feature = "prometheus")]
+    /// The metric and history label.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             TickOutcome::Completed => "completed",

@@ -158,6 +158,32 @@ impl Release {
     }
 }
 
+/// How a term ended, as RELEASE records it in the role's history (beside
+/// the [`Release`] policy, which decides what the row gets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    /// `completed`, `interrupted`, `lost`, `failed` or `panicked`.
+    pub outcome: &'static str,
+    /// Why a lost term was lost (a [`LossReason`] label).
+    pub reason: Option<&'static str>,
+    /// A short summary of the error or panic (at most [`ERROR_SUMMARY_MAX`] characters kept).
+    pub error: Option<String>,
+}
+
+/// The longest error summary the history keeps, in characters.
+pub const ERROR_SUMMARY_MAX: usize = 500;
+
+impl Ending {
+    /// What the outcome alone says (no reason, no error).
+    pub fn of(outcome: Release) -> Self {
+        Ending {
+            outcome: outcome.as_str(),
+            reason: None,
+            error: None,
+        }
+    }
+}
+
 /// Longest cooldown after a lost tick.
 pub(crate) const LOST_COOLDOWN_MAX: Duration = Duration::from_secs(60);
 
@@ -192,6 +218,8 @@ pub struct LeaseStatus {
     pub last_tick_holder: Option<String>,
     /// A cooldown: no term before this instant.
     pub not_before: Option<SystemTime>,
+    /// How the role's last recorded term ended (`completed`, `lost`, …).
+    pub last_outcome: Option<String>,
 }
 
 /// The statements of the lease protocol. Every method is one statement, on the
@@ -222,6 +250,20 @@ pub trait LeaseStore: Send + Sync + 'static {
         outcome: Release,
         interval: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// RELEASE, recording `ending` in the role's history where the store
+    /// keeps one (the Postgres store; the default records nothing).
+    fn release_ending(
+        &self,
+        role: &Role,
+        token: Token,
+        outcome: Release,
+        interval: Duration,
+        ending: &Ending,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = ending;
+        self.release(role, token, outcome, interval)
+    }
 
     /// `true` when this call paused the role; `StoreError::UnknownRole` when it has no row.
     fn pause(

@@ -222,6 +222,15 @@ async fn a_killed_coordination_session_lets_a_follower_take_over_and_the_old_hol
         a.store().holder_key().is_some_and(|k| k != key_a)
     })
     .await;
+    // The history records A's term as lost: its holder's session was gone.
+    let history = b.store().history(None, HOUR, 10).await.unwrap();
+    assert!(
+        history.iter().any(
+            |e| matches!(&e.kind, ticklease::HistoryKind::Term { token, outcome, reason, .. }
+            if *token == token_a.0 && outcome == "lost" && reason.as_deref() == Some("holder_gone"))
+        ),
+        "{history:?}"
+    );
     stop_b.cancel();
 }
 

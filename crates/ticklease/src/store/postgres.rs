@@ -14,7 +14,9 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::cancel::CancelTarget;
-use super::{Acquire, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Renew, Term};
+use super::{
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Renew, Term, ERROR_SUMMARY_MAX,
+};
 use crate::config::Config;
 use crate::coordination::Signals;
 use crate::error::StoreError;
@@ -203,7 +205,7 @@ impl PgStore {
         }
     }
 
-    async fn query(
+    pub(crate) async fn query(
         &self,
         statement: &'static str,
         sql: &str,
@@ -395,8 +397,24 @@ impl LeaseStore for PgStore {
         outcome: Release,
         interval: Duration,
     ) -> Result<bool, StoreError> {
+        self.release_ending(role, token, outcome, interval, &Ending::of(outcome))
+            .await
+    }
+
+    async fn release_ending(
+        &self,
+        role: &Role,
+        token: Token,
+        outcome: Release,
+        interval: Duration,
+        ending: &Ending,
+    ) -> Result<bool, StoreError> {
         let stamp = outcome.stamps_last_tick();
         let cooldown = outcome.cooldown(interval).map(millis);
+        let error: Option<String> = ending
+            .error
+            .as_deref()
+            .map(|e| e.chars().take(ERROR_SUMMARY_MAX).collect());
         let rows = self
             .query(
                 "RELEASE",
@@ -406,6 +424,9 @@ impl LeaseStore for PgStore {
                     (&token.0, Type::INT8),
                     (&stamp, Type::BOOL),
                     (&cooldown, Type::INT8),
+                    (&ending.outcome, Type::TEXT),
+                    (&ending.reason, Type::TEXT),
+                    (&error, Type::TEXT),
                 ],
             )
             .await?;
@@ -472,6 +493,7 @@ impl LeaseStore for PgStore {
                 last_tick_ended_at: r.get("last_tick_ended_at"),
                 last_tick_holder: r.get("last_tick_holder"),
                 not_before: r.get("not_before"),
+                last_outcome: r.get("last_outcome"),
             })
             .collect())
     }

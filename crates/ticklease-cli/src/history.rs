@@ -1,0 +1,165 @@
+//! `ticklease history`: the tick history as a table or JSON, newest first.
+//! Pure functions of the entries; text from the database is escaped before
+//! it reaches a terminal.
+
+use std::time::SystemTime;
+
+use ticklease::{HistoryEntry, HistoryKind};
+
+use crate::status::{escape, seconds, short};
+
+/// The entries as an aligned table; times relative to `now`.
+pub fn table(entries: &[HistoryEntry], now: SystemTime) -> String {
+    let header = ["WHEN", "ROLE", "WHAT", "TOKEN", "HOLDER", "HELD FOR", "DETAIL"];
+    let mut lines: Vec<[String; 7]> = vec![header.map(String::from)];
+    lines.extend(entries.iter().map(|e| cells(e, now).map(|cell| escape(&cell))));
+    let widths: Vec<usize> = (0..7)
+        .map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn cells(e: &HistoryEntry, now: SystemTime) -> [String; 7] {
+    let ago = format!("{} ago", short(seconds(now, e.at)));
+    let dash = || "-".to_string();
+    match &e.kind {
+        HistoryKind::Term {
+            token,
+            holder,
+            acquired_at,
+            outcome,
+            reason,
+            error,
+        } => [
+            ago,
+            e.role.clone(),
+            outcome.clone(),
+            token.to_string(),
+            holder.clone().unwrap_or_else(dash),
+            acquired_at.map(|t| short(seconds(e.at, t))).unwrap_or_else(dash),
+            [reason.clone(), error.clone()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(": "),
+        ],
+        HistoryKind::Pause { by, reason } => [
+            ago,
+            e.role.clone(),
+            "paused".into(),
+            dash(),
+            dash(),
+            dash(),
+            format!("by {by}: {reason}"),
+        ],
+        HistoryKind::Unpause { by } => [
+            ago,
+            e.role.clone(),
+            "unpaused".into(),
+            dash(),
+            dash(),
+            dash(),
+            format!("by {by}"),
+        ],
+        HistoryKind::RunNow { by } => [
+            ago,
+            e.role.clone(),
+            "run now".into(),
+            dash(),
+            dash(),
+            dash(),
+            format!("by {by}"),
+        ],
+        _ => [ago, e.role.clone(), "?".into(), dash(), dash(), dash(), dash()],
+    }
+}
+
+/// The entries as one JSON array, times in RFC 3339.
+pub fn json(entries: &[HistoryEntry]) -> serde_json::Value {
+    let time = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    serde_json::Value::Array(
+        entries
+            .iter()
+            .map(|e| match &e.kind {
+                HistoryKind::Term {
+                    token,
+                    holder,
+                    acquired_at,
+                    outcome,
+                    reason,
+                    error,
+                } => serde_json::json!({
+                    "role": e.role, "at": time(e.at), "kind": "term", "token": token, "holder_id": holder,
+                    "acquired_at": acquired_at.map(time), "outcome": outcome, "reason": reason, "error": error,
+                    "held_seconds": acquired_at.map(|t| seconds(e.at, t).max(0.0)),
+                }),
+                HistoryKind::Pause { by, reason } => {
+                    serde_json::json!({ "role": e.role, "at": time(e.at), "kind": "pause", "by": by, "reason": reason })
+                }
+                HistoryKind::Unpause { by } => {
+                    serde_json::json!({ "role": e.role, "at": time(e.at), "kind": "unpause", "by": by })
+                }
+                HistoryKind::RunNow { by } => {
+                    serde_json::json!({ "role": e.role, "at": time(e.at), "kind": "run_now", "by": by })
+                }
+                _ => serde_json::json!({ "role": e.role, "at": time(e.at), "kind": "unknown" }),
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    #[test]
+    fn a_term_shows_its_outcome_duration_and_error_escaped() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        let entries = [
+            HistoryEntry {
+                role: "billing".into(),
+                at: now - Duration::from_secs(90),
+                kind: HistoryKind::Term {
+                    token: 7,
+                    holder: Some("h:1:2".into()),
+                    acquired_at: Some(now - Duration::from_secs(100)),
+                    outcome: "failed".into(),
+                    reason: None,
+                    error: Some("boom\u{1b}[31m".into()),
+                },
+            },
+            HistoryEntry {
+                role: "billing".into(),
+                at: now - Duration::from_secs(3600),
+                kind: HistoryKind::Pause {
+                    by: "alice".into(),
+                    reason: "<script>".into(),
+                },
+            },
+        ];
+        let t = table(&entries, now);
+        assert!(t.contains("1m30s ago  billing  failed"), "{t}");
+        assert!(t.contains("10.0s"), "{t}");
+        assert!(
+            t.contains("boom\\u{1b}[31m"),
+            "control characters are escaped: {t}"
+        );
+        assert!(t.contains("paused") && t.contains("by alice: <script>"), "{t}");
+        let j = json(&entries);
+        assert_eq!(j[0]["outcome"], "failed");
+        assert_eq!(j[0]["held_seconds"], 10.0);
+        assert_eq!(j[1]["kind"], "pause");
+    }
+}

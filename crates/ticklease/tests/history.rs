@@ -1,0 +1,334 @@
+//! The tick history (migration 0005), on real Postgres: every outcome lands
+//! with its label, a term taken over without a RELEASE lands as lost,
+//! retention holds, the app role cannot rewrite it, and the writes stay
+//! cheap.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+
+use ticklease::{
+    Acquire, HistoryKind, Lead, LeaseStore, Manager, PgStore, PgStoreOptions, Release, Role,
+    HISTORY_LIMIT_MAX,
+};
+use ticklease_testkit::{connect, direct, migrated_db, scalar, test_config, PgCluster};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn billing() -> Role {
+    Role::new("billing").unwrap()
+}
+
+/// (what, outcome or by, reason, error) of each entry, oldest first.
+async fn entries(store: &PgStore) -> Vec<(String, String, Option<String>, Option<String>)> {
+    let mut all: Vec<_> = store
+        .history(Some(&billing()), DAY, HISTORY_LIMIT_MAX)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| match e.kind {
+            HistoryKind::Term {
+                outcome,
+                reason,
+                error,
+                ..
+            } => ("term".to_string(), outcome, reason, error),
+            HistoryKind::Pause { by, reason } => ("pause".into(), by, Some(reason), None),
+            HistoryKind::Unpause { by } => ("unpause".into(), by, None, None),
+            HistoryKind::RunNow { by } => ("run_now".into(), by, None, None),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    all.reverse();
+    all
+}
+
+#[tokio::test]
+async fn every_outcome_lands_with_its_label() {
+    let config = test_config();
+    let db = migrated_db(PgCluster::shared()).await;
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let manager = Manager::start(store, config, [billing()]).await.unwrap();
+    let tick = Duration::from_millis(1);
+    let ok = manager
+        .lead(&billing(), tick, |_| async { Ok::<_, std::io::Error>(()) })
+        .await
+        .unwrap();
+    assert!(matches!(ok, Lead::Completed { .. }));
+    manager.store().run_now(&billing()).await.unwrap();
+    let failed = manager
+        .lead(&billing(), tick, |_| async {
+            Err::<(), _>(std::io::Error::other("card declined"))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(failed, Lead::Failed { .. }));
+    manager.store().run_now(&billing()).await.unwrap();
+    let panicked = std::panic::AssertUnwindSafe(manager.lead(&billing(), tick, |_| async {
+        if true {
+            panic!("index out of bounds");
+        }
+        Ok::<_, std::io::Error>(())
+    }))
+    .catch_unwind()
+    .await;
+    assert!(panicked.is_err());
+    manager.store().run_now(&billing()).await.unwrap();
+    // Lost: paused under the work.
+    let lead = tokio::spawn({
+        let manager = manager.clone();
+        async move {
+            manager
+                .lead(&billing(), tick, |t| async move {
+                    t.cancelled().await;
+                    Ok::<_, std::io::Error>(())
+                })
+                .await
+        }
+    });
+    while !manager.store().status().await.unwrap()[0].held {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    manager
+        .store()
+        .pause(&billing(), "alice", "rotate keys")
+        .await
+        .unwrap();
+    assert!(matches!(lead.await.unwrap().unwrap(), Lead::Lost { .. }));
+    manager.store().unpause(&billing()).await.unwrap();
+    // Interrupted: shutdown under the work.
+    let lead = tokio::spawn({
+        let manager = manager.clone();
+        async move {
+            manager
+                .lead(&billing(), tick, |t| async move {
+                    t.cancelled().await;
+                    Ok::<_, std::io::Error>(())
+                })
+                .await
+        }
+    });
+    while !manager.store().status().await.unwrap()[0].held {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    manager.shutdown();
+    assert!(matches!(lead.await.unwrap().unwrap(), Lead::Interrupted { .. }));
+    assert!(manager.wait_released(Duration::from_secs(2)).await);
+
+    let user: String = scalar(&connect(&db).await.unwrap(), "SELECT session_user::text").await;
+    let got = entries(manager.store()).await;
+    let term = |outcome: &str, reason: Option<&str>, error: Option<&str>| {
+        (
+            "term".to_string(),
+            outcome.to_string(),
+            reason.map(String::from),
+            error.map(String::from),
+        )
+    };
+    let run_now = ("run_now".to_string(), user.clone(), None, None);
+    assert_eq!(
+        got,
+        [
+            term("completed", None, None),
+            run_now.clone(),
+            term("failed", None, Some("card declined")),
+            run_now.clone(),
+            term("panicked", None, Some("index out of bounds")),
+            run_now,
+            term("lost", Some("paused"), None),
+            ("pause".into(), "alice".into(), Some("rotate keys".into()), None),
+            ("unpause".into(), user, None, None),
+            term("interrupted", None, None),
+        ]
+    );
+    let status = manager.store().status().await.unwrap();
+    assert_eq!(status[0].last_outcome.as_deref(), Some("interrupted"));
+}
+
+/// A holder that dies holding its term never RELEASEs: the ACQUIRE that
+/// takes the role over records the term as lost (expired).
+#[tokio::test]
+async fn a_term_its_dead_holder_never_released_lands_as_lost_when_taken_over() {
+    let config = test_config();
+    let db = migrated_db(PgCluster::shared()).await;
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(200);
+    let Acquire::Acquired(dead) = store.acquire(&billing(), "dead", ttl, HOUR).await.unwrap() else {
+        panic!("free role");
+    };
+    tokio::time::sleep(ttl * 2).await;
+    let Acquire::Acquired(next) = store.acquire(&billing(), "next", ttl, HOUR).await.unwrap() else {
+        panic!("the dead holder's lease ran out");
+    };
+    // Its late RELEASE (a frozen holder resuming) finds the term over and adds nothing.
+    assert!(!store
+        .release(&billing(), dead.token, Release::Lost, HOUR)
+        .await
+        .unwrap());
+    let history = store.history(None, DAY, 10).await.unwrap();
+    assert_eq!(history.len(), 1, "{history:?}");
+    match &history[0].kind {
+        HistoryKind::Term {
+            token,
+            holder,
+            outcome,
+            reason,
+            ..
+        } => {
+            assert_eq!((*token, holder.as_deref()), (dead.token.0, Some("dead")));
+            assert_eq!((outcome.as_str(), reason.as_deref()), ("lost", Some("expired")));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(next.token > dead.token);
+}
+
+#[tokio::test]
+async fn retention_holds_under_10000_ticks() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    owner
+        .batch_execute(
+            "UPDATE leader_history_settings SET keep_per_role = 100;
+             DO $$ DECLARE t bigint; BEGIN
+               FOR i IN 1..10000 LOOP
+                 SELECT holder_token INTO t FROM leader_acquire('billing', 'h', 60000, 1, NULL);
+                 PERFORM leader_release('billing', t, false, NULL, 'interrupted', NULL, NULL);
+               END LOOP;
+             END $$;",
+        )
+        .await
+        .unwrap();
+    let kept: i64 = scalar(
+        &owner,
+        "SELECT count(*) FROM leader_history WHERE role = 'billing'",
+    )
+    .await;
+    assert!(
+        (100..=116).contains(&kept),
+        "{kept} rows kept for a limit of 100 (+16 between prunes)"
+    );
+    // By age: rows older than keep_for go at the next prune.
+    owner
+        .batch_execute(
+            "UPDATE leader_history SET at = now() - interval '40 days';
+             DO $$ DECLARE t bigint; BEGIN
+               FOR i IN 1..16 LOOP
+                 SELECT holder_token INTO t FROM leader_acquire('billing', 'h', 60000, 1, NULL);
+                 PERFORM leader_release('billing', t, false, NULL, 'interrupted', NULL, NULL);
+               END LOOP;
+             END $$;",
+        )
+        .await
+        .unwrap();
+    let old: i64 = scalar(
+        &owner,
+        "SELECT count(*) FROM leader_history WHERE at < now() - interval '30 days'",
+    )
+    .await;
+    assert_eq!(old, 0, "rows past keep_for are pruned");
+}
+
+#[tokio::test]
+async fn the_app_role_reads_history_but_cannot_rewrite_it() {
+    static USERS: AtomicU32 = AtomicU32::new(0);
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    let user = format!(
+        "hist_app_{}_{}",
+        std::process::id(),
+        USERS.fetch_add(1, Ordering::Relaxed)
+    );
+    owner
+        .batch_execute(&format!("CREATE ROLE {user} LOGIN IN ROLE ticklease_app"))
+        .await
+        .unwrap();
+    let mut as_app = direct(&db);
+    as_app.user(&user);
+    let app = connect(&as_app).await.unwrap();
+    let token: i64 = scalar(
+        &app,
+        "SELECT holder_token FROM leader_acquire('billing', 'a', 60000, 1)",
+    )
+    .await;
+    app.batch_execute(&format!("SELECT leader_release('billing', {token}, true, NULL)"))
+        .await
+        .unwrap();
+    let n: i64 = scalar(&app, "SELECT count(*) FROM leader_history").await;
+    assert_eq!(n, 1);
+    for sql in [
+        "INSERT INTO leader_history (role, kind) VALUES ('billing', 'pause')".to_string(),
+        "UPDATE leader_history SET outcome = 'completed'".into(),
+        "DELETE FROM leader_history".into(),
+        "TRUNCATE leader_history".into(),
+        "UPDATE leader_history_settings SET keep_per_role = 10".into(),
+        "SELECT leader_history_add('billing', 'pause', NULL, NULL, NULL, NULL, 'x', 'mallory', NULL)".into(),
+    ] {
+        let err = app.batch_execute(&sql).await.expect_err(&sql);
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            "{sql}: {err}"
+        );
+    }
+}
+
+/// With a full history (10,000 rows for the role, pruned every 16th
+/// write), RELEASE stays far inside the statement timeout.
+#[tokio::test]
+async fn history_writes_stay_inside_the_lease_statements_time_budget() {
+    let config = test_config();
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    owner
+        .batch_execute(
+            "DO $$ DECLARE t bigint; BEGIN
+               FOR i IN 1..10000 LOOP
+                 SELECT holder_token INTO t FROM leader_acquire('billing', 'h', 60000, 1, NULL);
+                 PERFORM leader_release('billing', t, false, NULL, 'interrupted', NULL, NULL);
+               END LOOP;
+             END $$;",
+        )
+        .await
+        .unwrap();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let mut took = Vec::new();
+    for _ in 0..64 {
+        let Acquire::Acquired(term) = store
+            .acquire(&billing(), "h", config.lease_ttl(), Duration::from_millis(1))
+            .await
+            .unwrap()
+        else {
+            panic!("free role");
+        };
+        let started = Instant::now();
+        assert!(store
+            .release(
+                &billing(),
+                term.token,
+                Release::Interrupted,
+                Duration::from_millis(1)
+            )
+            .await
+            .unwrap());
+        took.push(started.elapsed());
+    }
+    took.sort();
+    let max = *took.last().unwrap();
+    assert!(
+        max < config.statement_timeout() / 4,
+        "slowest RELEASE {max:?} (median {:?}) against a statement timeout of {:?}",
+        took[took.len() / 2],
+        config.statement_timeout()
+    );
+}
