@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use ticklease::{LeaseStore, PgConnect, PgStore, Role};
+use ticklease::{HistoryStore, LeaseStore, PgConnect, PgStore, Role};
 
 use crate::args::{Command, RoleNames, WorkerAction, WorkerCmd, WorkerRun};
 use crate::{history, say, status, Usage};

@@ -200,7 +200,10 @@ mod tests {
             lines[1].starts_with("billing       web-1:42:00c0ffee  7      1m30s     8.2s"),
             "{out}"
         );
-        assert!(lines[1].ends_with("never          -             in 30.0s"), "{out}");
+        assert!(
+            lines[1].ends_with("never          -             in 30.0s"),
+            "{out}"
+        );
         assert!(lines[2].contains("alice: rotate\\u{1b}]0;pwned\\u{7}"), "{out}");
         assert!(!out.contains('\x1b'), "{out}");
     }

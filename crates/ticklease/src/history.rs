@@ -10,6 +10,60 @@ use crate::error::StoreError;
 use crate::role::Role;
 use crate::store::PgStore;
 
+/// Reading the history: the Postgres store keeps one (migration 0005).
+pub trait HistoryStore: Send + Sync + 'static {
+    /// The history of `role` (every role when `None`) over the last `since`,
+    /// newest first, at most `limit` entries (1..=[`HISTORY_LIMIT_MAX`]).
+    fn history(
+        &self,
+        role: Option<&Role>,
+        since: Duration,
+        limit: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<HistoryEntry>, StoreError>> + Send;
+
+    /// Every role's terms over the last `window`, cut into `buckets` equal
+    /// slices (oldest first): per role and slice, how the worst term in it
+    /// ended and whether one was taken over. Bounded by roles × buckets,
+    /// whatever the number of ticks.
+    fn timeline(
+        &self,
+        window: Duration,
+        buckets: u32,
+    ) -> impl std::future::Future<Output = Result<Vec<TimelineSlice>, StoreError>> + Send;
+}
+
+/// Most slices a timeline is cut into.
+pub const TIMELINE_BUCKETS_MAX: u32 = 2_000;
+
+/// One slice of one role's timeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineSlice {
+    /// The role.
+    pub role: String,
+    /// The slice, `0..buckets`, oldest first.
+    pub bucket: u32,
+    /// The worst outcome of a term that ended in it (panicked, failed, lost,
+    /// interrupted, completed, in that order).
+    pub outcome: String,
+    /// Terms that ended in it.
+    pub terms: i64,
+    /// A term in it was taken over without a RELEASE.
+    pub takeover: bool,
+}
+
+const TIMELINE: &str = "SELECT role, bucket::int4 AS bucket,
+       (ARRAY['completed', 'interrupted', 'lost', 'failed', 'panicked'])[max(rank)] AS outcome,
+       count(*) AS terms, bool_or(reason IN ('expired', 'holder_gone')) AS takeover
+  FROM (SELECT role, reason,
+               least(floor(extract(epoch FROM at - (now() - $1::int8 * interval '1 millisecond'))
+                           * 1000 / $1::int8 * $2::int4), $2::int4 - 1) AS bucket,
+               CASE outcome WHEN 'completed' THEN 1 WHEN 'interrupted' THEN 2 WHEN 'lost' THEN 3
+                            WHEN 'failed' THEN 4 ELSE 5 END AS rank
+          FROM leader_history
+         WHERE kind = 'term' AND at >= now() - $1::int8 * interval '1 millisecond') AS t
+ GROUP BY role, bucket
+ ORDER BY role, bucket";
+
 /// Most entries one read returns.
 pub const HISTORY_LIMIT_MAX: usize = 10_000;
 
@@ -69,10 +123,8 @@ pub struct HistoryEntry {
     pub kind: HistoryKind,
 }
 
-impl PgStore {
-    /// The history of `role` (every role when `None`) over the last `since`,
-    /// newest first, at most `limit` entries (1..=[`HISTORY_LIMIT_MAX`]).
-    pub async fn history(
+impl HistoryStore for PgStore {
+    async fn history(
         &self,
         role: Option<&Role>,
         since: Duration,
@@ -119,6 +171,40 @@ impl PgStore {
                     at: r.get("at"),
                     kind,
                 }
+            })
+            .collect())
+    }
+
+    async fn timeline(&self, window: Duration, buckets: u32) -> Result<Vec<TimelineSlice>, StoreError> {
+        if window.is_zero() || window > crate::config::DURATION_MAX * 7 {
+            return Err(StoreError::Rejected {
+                statement: "TIMELINE",
+                problem: "the window must be within 1 ms ..= 7 days",
+            });
+        }
+        if !(1..=TIMELINE_BUCKETS_MAX).contains(&buckets) {
+            return Err(StoreError::Rejected {
+                statement: "TIMELINE",
+                problem: "buckets must be within 1..=2000",
+            });
+        }
+        let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+        let buckets = buckets as i32;
+        let rows = self
+            .query(
+                "TIMELINE",
+                TIMELINE,
+                &[(&window_ms, Type::INT8), (&buckets, Type::INT4)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| TimelineSlice {
+                role: r.get("role"),
+                bucket: r.get::<_, i32>("bucket").max(0) as u32,
+                outcome: r.get("outcome"),
+                terms: r.get("terms"),
+                takeover: r.get::<_, Option<bool>>("takeover").unwrap_or(false),
             })
             .collect())
     }

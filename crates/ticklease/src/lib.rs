@@ -297,8 +297,13 @@
 //! racing for one term record it once). Retention is bounded per role by
 //! count and age (`leader_history_settings`, default 10,000 rows and 30
 //! days), pruned by the writers every 16th row. The app and operator roles
-//! read it ([`PgStore::history`], `ticklease history`); neither can write it
-//! but through the lease functions.
+//! read it ([`HistoryStore`], `ticklease history`); neither can write it
+//! but through the lease functions. `metrics::serve` renders it at `/` as a
+//! read-only status page (server-side HTML and inline SVG, no script,
+//! everything from the database escaped): the roles, a timeline of terms by
+//! outcome over the last hours with takeovers and pauses marked, and recent
+//! events. The timeline is read as roles × 300 slices, whatever the number
+//! of ticks.
 //!
 //! ## Coordination
 //!
@@ -394,6 +399,8 @@ pub mod metrics;
 mod metrics;
 pub mod migrate;
 mod outcome;
+#[cfg(feature = "http")]
+mod page;
 mod role;
 mod scheduler;
 mod step;
@@ -405,7 +412,9 @@ pub use config::{Config, ConfigBuilder, DURATION_MAX};
 pub use coordination::{Signals, KEY_WAITERS_MAX};
 pub use error::{ConfigError, Error, HolderIdError, MigrateError, RoleError, StoreError};
 pub use fence::Fence;
-pub use history::{HistoryEntry, HistoryKind, HISTORY_LIMIT_MAX};
+pub use history::{
+    HistoryEntry, HistoryKind, HistoryStore, TimelineSlice, HISTORY_LIMIT_MAX, TIMELINE_BUCKETS_MAX,
+};
 pub use holder::HolderId;
 pub use lead::{BoxError, Cancel, Lead, Manager, RoleReport, Tick};
 #[cfg(feature = "prometheus")]

@@ -333,13 +333,15 @@ pub const SCRAPE_REFRESH_MIN: Duration = Duration::from_secs(1);
 #[cfg(feature = "http")]
 pub const SCRAPES_MAX: usize = 16;
 
-/// Serves `/metrics` (the registry in OpenMetrics text) and `/healthz` until
+/// Serves `/metrics` (the registry in OpenMetrics text), `/healthz` and the
+/// read-only status page `/` (`?hours=N`, 1..=168, default 6) until
 /// `shutdown`. The cluster facts are refreshed from `store` by at most one
 /// scrape at a time and at most once per [`SCRAPE_REFRESH_MIN`], so a flood of
-/// scrapes costs the store one STATUS statement a second. Give it a store of
-/// its own (a pool of one) so that statement never queues before a RENEW.
+/// scrapes costs the store one STATUS statement a second; at most
+/// [`SCRAPES_MAX`] scrapes and page loads run at once. Give it a store of
+/// its own (a pool of one) so those statements never queue before a RENEW.
 #[cfg(feature = "http")]
-pub async fn serve<S: LeaseStore + Clone>(
+pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
     listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
     metrics: Metrics,
@@ -352,6 +354,57 @@ pub async fn serve<S: LeaseStore + Clone>(
 
     let refreshed: Arc<tokio::sync::Mutex<Option<tokio::time::Instant>>> = Arc::default();
     let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_MAX));
+    let page = {
+        let (store, slots) = (store.clone(), slots.clone());
+        move |axum::extract::RawQuery(query): axum::extract::RawQuery| {
+            let (store, slots) = (store.clone(), slots.clone());
+            async move {
+                let Ok(_slot) = slots.try_acquire_owned() else {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                        "too many requests at once\n".to_string(),
+                    );
+                };
+                let hours = match query.as_deref().and_then(|q| q.strip_prefix("hours=")) {
+                    None => Some(crate::page::HOURS_DEFAULT),
+                    Some(n) => n.parse().ok(),
+                };
+                let Some(hours) = hours.filter(|h| (1..=crate::page::HOURS_MAX).contains(h)) else {
+                    return (
+                        StatusCode::BAD_REQUEST,
+                        [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                        "hours must be within 1..=168\n".to_string(),
+                    );
+                };
+                let window = Duration::from_secs(hours * 3600);
+                let read = async {
+                    let rows = store.status().await?;
+                    let slices = store.timeline(window, crate::page::BUCKETS).await?;
+                    let events = store.history(None, window, 200).await?;
+                    Ok::<_, crate::error::StoreError>((rows, slices, events))
+                };
+                match read.await {
+                    Ok((rows, slices, events)) => {
+                        let now = rows.first().map_or_else(std::time::SystemTime::now, |r| r.db_now);
+                        (
+                            StatusCode::OK,
+                            [(CONTENT_TYPE, "text/html; charset=utf-8")],
+                            crate::page::render(&rows, &slices, &events, now, window),
+                        )
+                    }
+                    Err(error) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                        format!(
+                            "could not read the lease tables: {}\n",
+                            crate::error::chain(&error)
+                        ),
+                    ),
+                }
+            }
+        }
+    };
     let scrape = move || {
         let (registry, metrics, store) = (registry.clone(), metrics.clone(), store.clone());
         let (refreshed, slots) = (refreshed.clone(), slots.clone());
@@ -390,6 +443,7 @@ pub async fn serve<S: LeaseStore + Clone>(
         }
     };
     let app = axum::Router::new()
+        .route("/", get(page))
         .route("/metrics", get(scrape))
         .route("/healthz", get(|| async { "ok\n" }));
     axum::serve(listener, app)

@@ -13,8 +13,8 @@ use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 
 use ticklease::{
-    Acquire, Config, Lead, LeaseStore, LossReason, Manager, PgStore, PgStoreOptions, Role, Scheduler,
-    StoreError, Token,
+    Acquire, Config, HistoryStore, Lead, LeaseStore, LossReason, Manager, PgStore, PgStoreOptions, Role,
+    Scheduler, StoreError, Token,
 };
 use ticklease_testkit::{connect, direct, migrated_db, scalar, Fault, FaultProxy, PgCluster};
 

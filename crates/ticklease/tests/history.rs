@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
 use ticklease::{
-    Acquire, HistoryKind, Lead, LeaseStore, Manager, PgStore, PgStoreOptions, Release, Role,
+    Acquire, HistoryKind, HistoryStore, Lead, LeaseStore, Manager, PgStore, PgStoreOptions, Release, Role,
     HISTORY_LIMIT_MAX,
 };
 use ticklease_testkit::{connect, direct, migrated_db, scalar, test_config, PgCluster};

@@ -1,0 +1,203 @@
+//! The status page, loaded in a real browser (headless Chromium, installed
+//! by `.ci/run`) from a database with a known history, and checked through
+//! the DOM the browser built; a screenshot is kept in the target dir.
+
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use ticklease::{Manager, Metrics, PgStore, PgStoreOptions, Role};
+use ticklease_testkit::{connect, direct, migrated_db, test_config, PgCluster};
+
+async fn serve(db: &tokio_postgres::Config, roles: Vec<Role>) -> (String, CancellationToken) {
+    let config = test_config();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let mut registry = prometheus_client::registry::Registry::with_prefix("ticklease");
+    let metrics = Metrics::register(&mut registry, roles);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(ticklease::metrics::serve(
+        listener,
+        std::sync::Arc::new(registry),
+        metrics,
+        store,
+        stop.clone(),
+    ));
+    (url, stop)
+}
+
+/// Runs headless Chromium on `url` with `args`; its stdout.
+async fn chromium(args: &[&str], url: &str) -> String {
+    let output = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::process::Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+            ])
+            .args(args)
+            .arg(url)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("chromium answered within 90 s")
+    .expect("chromium runs (Debian package chromium; .ci/run installs it)");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn the_page_shows_roles_holders_an_escaped_pause_reason_and_the_timeline_in_a_browser() {
+    let config = test_config();
+    let db = migrated_db(PgCluster::shared()).await;
+    let roles = vec![Role::new("billing").unwrap(), Role::new("email_outbox").unwrap()];
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let manager = Manager::start(store, config, roles.clone()).await.unwrap();
+    let tick = Duration::from_millis(1);
+    for _ in 0..3 {
+        manager
+            .lead(&roles[0], tick, |_| async { Ok::<_, std::io::Error>(()) })
+            .await
+            .unwrap();
+    }
+    manager
+        .lead(&roles[0], tick, |_| async {
+            Err::<(), _>(std::io::Error::other("declined"))
+        })
+        .await
+        .unwrap();
+    use ticklease::LeaseStore;
+    manager
+        .store()
+        .pause(&roles[1], "mallory", "<script>alert(1)</script>")
+        .await
+        .unwrap();
+    // A live term: billing held by this manager while the page loads.
+    manager.store().run_now(&roles[0]).await.unwrap();
+    let hold = CancellationToken::new();
+    let held = tokio::spawn({
+        let (manager, hold, role) = (manager.clone(), hold.clone(), roles[0].clone());
+        async move {
+            manager
+                .lead(&role, tick, |_| async move {
+                    hold.cancelled().await;
+                    Ok::<_, std::io::Error>(())
+                })
+                .await
+        }
+    });
+    while !manager.store().status().await.unwrap()[0].held {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // An earlier stretch of completed ticks, two hours ago.
+    connect(&direct(&db))
+        .await
+        .unwrap()
+        .batch_execute(
+            "INSERT INTO leader_history (role, kind, at, token, holder_id, acquired_at, outcome)
+             SELECT 'billing', 'term', now() - interval '2 hours' + m * interval '1 minute', m, 'old:1:2',
+                    now() - interval '2 hours' + m * interval '1 minute' - interval '10 seconds', 'completed'
+               FROM generate_series(1, 30) m",
+        )
+        .await
+        .unwrap();
+    let (url, stop) = serve(&db, roles).await;
+    let dom = chromium(&["--dump-dom"], &url).await;
+    let shot = format!("{}/status-page.png", env!("CARGO_TARGET_TMPDIR"));
+    chromium(&[&format!("--screenshot={shot}"), "--window-size=1280,900"], &url).await;
+    assert!(std::fs::metadata(&shot).unwrap().len() > 0);
+    hold.cancel();
+    held.await.unwrap().unwrap();
+    stop.cancel();
+
+    assert!(dom.contains("<tr data-role=\"billing\">"), "{dom}");
+    assert!(dom.contains("<tr data-role=\"email_outbox\">"), "{dom}");
+    assert!(dom.contains(manager.holder_id()), "the holder is shown: {dom}");
+    // The reason is text, not markup: the browser built no script element.
+    assert!(
+        dom.contains("mallory: &lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{dom}"
+    );
+    assert!(!dom.contains("<script"), "{dom}");
+    assert!(dom.contains("class=\"term completed\""), "a completed bar: {dom}");
+    assert!(dom.contains("class=\"term failed\""), "a failed bar: {dom}");
+    assert!(dom.contains("class=\"term held\""), "the live term's bar: {dom}");
+    assert!(dom.contains("class=\"pause\""), "the pause marker: {dom}");
+}
+
+/// 50 roles × 24 h of one-minute ticks (72,000 terms): the page answers in
+/// well under a second (the timeline is bounded by roles × slices, not by
+/// ticks). Precise numbers are in docs/benchmarks/status-page.md.
+#[tokio::test]
+async fn the_page_for_50_roles_and_a_day_of_minute_ticks_answers_quickly() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    owner
+        .batch_execute(
+            "INSERT INTO leader_leases (role) SELECT 'role_' || r FROM generate_series(1, 50) r;
+             INSERT INTO leader_history (role, kind, at, token, holder_id, acquired_at, outcome)
+             SELECT 'role_' || r, 'term', now() - m * interval '1 minute', m, 'host:1:' || r,
+                    now() - m * interval '1 minute' - interval '20 seconds',
+                    CASE WHEN m % 97 = 0 THEN 'failed' ELSE 'completed' END
+               FROM generate_series(1, 50) r, generate_series(1, 1440) m;
+             ANALYZE leader_history;",
+        )
+        .await
+        .unwrap();
+    let roles: Vec<Role> = (1..=50)
+        .map(|r| Role::new(format!("role_{r}")).unwrap())
+        .collect();
+    let (url, stop) = serve(&db, roles).await;
+    let url = format!("{url}?hours=24");
+    let client = reqwest_free_get(&url).await;
+    assert!(client.contains("role_50"));
+    let mut took = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let body = reqwest_free_get(&url).await;
+        took.push(started.elapsed());
+        assert!(body.len() < 2_000_000, "page of {} bytes", body.len());
+    }
+    stop.cancel();
+    took.sort();
+    println!(
+        "page p50 {:?}, max {:?}",
+        took[took.len() / 2],
+        took.last().unwrap()
+    );
+    assert!(*took.last().unwrap() < Duration::from_secs(1), "{took:?}");
+}
+
+/// A plain HTTP/1.0 GET over a socket (the test needs no HTTP client crate).
+async fn reqwest_free_get(url: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (addr, path) = rest.split_once('/').unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(
+        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
+        "{response:.300}"
+    );
+    response
+}
