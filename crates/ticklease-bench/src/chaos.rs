@@ -1,14 +1,18 @@
 //! The chaos run: worker replicas, each on its own link through a fault
 //! proxy, under a seeded stream of faults (SIGKILL, SIGTERM, SIGSTOP/SIGCONT,
-//! blackholed and reset links, Postgres restarts, promotions of the standby
-//! with and without a lost tail) while load keeps arriving; then a checker
-//! over the claim journal, the lease history and what the peers received.
+//! blackholed and reset links, a holder's coordination session ended alone,
+//! Postgres restarts, promotions of the standby with and without a lost
+//! tail) while load keeps arriving; then a checker over the claim journal,
+//! the lease history and what the peers received.
 //!
 //! Postgres runs highly available as it does in production: a primary and
 //! an asynchronous streaming standby, each node with its own PgBouncer when
 //! pooled, and the replicas reaching the primary's node through a writer
 //! endpoint ([`WriterEndpoint`]: a floating address that follows the
-//! primary). A promotion moves the address; the replicas keep their URL and
+//! primary). Each replica also has a coordination session, on a direct URL
+//! through a second endpoint that follows the primary's Postgres itself (not
+//! its bouncer), over a second link of its own: a cut or reset link takes
+//! both. A promotion moves both addresses; the replicas keep their URLs and
 //! are not restarted. A replica has one address per link here, so the
 //! multi-host URL (the other way to follow a primary, tested in the CLI's
 //! switchover test) is not what this run exercises.
@@ -71,6 +75,9 @@ pub struct ChaosReport {
     pub lost_acquires: i64,
     /// Fenced claims lost with them.
     pub lost_claims: i64,
+    /// Coordination sessions of holders the `coordination_kill` faults ended
+    /// (a fault finds none while no holder has a session up).
+    pub coordination_kills: usize,
     /// Webhooks, charges and emails the peers received during lost tails,
     /// left out of the audit (see [`LostTail`]).
     pub lost_tail_receipts: usize,
@@ -90,20 +97,46 @@ impl ChaosReport {
     }
 }
 
-/// Replica faults, then the rare whole-service ones.
-const REPLICA_FAULTS: [&str; 5] = ["sigkill", "sigterm", "freeze", "blackhole", "reset"];
+/// Replica faults, then the rare whole-service ones. `coordination_kill`
+/// ends a holder's coordination session alone (`pg_terminate_backend`): the
+/// false positive, a term acquirable while its holder runs on.
+const REPLICA_FAULTS: [&str; 6] = [
+    "sigkill",
+    "sigterm",
+    "freeze",
+    "blackhole",
+    "reset",
+    "coordination_kill",
+];
 
 /// The pool PgBouncer keeps per database on each node.
 const BOUNCER_POOL: u32 = 10;
 
 struct Replica {
     link: FaultProxy,
+    /// The coordination session's link, to the direct endpoint.
+    direct_link: FaultProxy,
     child: Child,
 }
 
-fn spawn_worker(env: &Env, link: &FaultProxy, http: &HttpPeer, smtp: &SmtpSink) -> anyhow::Result<Child> {
+impl Replica {
+    /// Both links: the replica's host network.
+    fn set(&self, fault: Fault) {
+        self.link.set(fault);
+        self.direct_link.set(fault);
+    }
+}
+
+fn spawn_worker(
+    env: &Env,
+    replica: (&FaultProxy, &FaultProxy),
+    http: &HttpPeer,
+    smtp: &SmtpSink,
+) -> anyhow::Result<Child> {
     let lease = env.timing.config();
+    let (link, direct_link) = replica;
     WorkerProcess::new(&env.exe, env.url_via(link), SECRET)
+        .direct_url(env.url_via(direct_link))
         .lease(lease)
         .payments_url(http.url())
         .smtp_url(smtp.url())
@@ -119,6 +152,8 @@ fn spawn_worker(env: &Env, link: &FaultProxy, http: &HttpPeer, smtp: &SmtpSink) 
 pub struct WorkerFlags {
     #[arg(long)]
     database_url: String,
+    #[arg(long)]
+    direct_url: Option<String>,
     #[arg(long)]
     webhook_secret: String,
     #[arg(long)]
@@ -167,7 +202,7 @@ impl WorkerFlags {
             .context("--smtp-url: expected smtp://host:port")?;
         Ok(WorkerConfig {
             database: self.database_url.parse()?,
-            direct: None,
+            direct: self.direct_url.as_deref().map(str::parse).transpose()?,
             roles: ticklease_worker::ROLES
                 .iter()
                 .map(|r| Role::new(*r))
@@ -212,7 +247,10 @@ struct Stage {
     /// `None` only while a promotion runs.
     standby: Option<StandbyNode>,
     writer: WriterEndpoint,
+    /// The primary's Postgres, for the coordination sessions.
+    direct: WriterEndpoint,
     replicas: Vec<Replica>,
+    coordination_kills: usize,
     restarts: Vec<(SystemTime, SystemTime)>,
     lost_tails: Vec<LostTail>,
 }
@@ -321,9 +359,10 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         }
     }
     for r in &stage.replicas {
-        r.link.set(Fault::Pass);
+        r.set(Fault::Pass);
         signal(&r.child, Signal::SIGCONT);
     }
+    report.coordination_kills = stage.coordination_kills;
     // The current primary: after a promotion, the surviving timeline.
     let db = connect(&stage.env.cluster.config(&stage.env.db)).await?;
     report.violations.extend(stage.drain(&db).await);
@@ -357,12 +396,18 @@ impl Stage {
         };
         let standby = StandbyNode::start(&env.cluster, opts.pooled)?;
         let writer = WriterEndpoint::start(node_entry(&env.cluster, bouncer.as_ref())).await?;
-        let upstream = SocketAddr::from(([127, 0, 0, 1], writer.port()));
+        let direct = WriterEndpoint::start(node_entry(&env.cluster, None)).await?;
+        let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
         let mut replicas = Vec::new();
         for _ in 0..opts.replicas {
-            let link = FaultProxy::start(upstream).await?;
-            let child = spawn_worker(&env, &link, &http, &smtp)?;
-            replicas.push(Replica { link, child });
+            let link = FaultProxy::start(local(writer.port())).await?;
+            let direct_link = FaultProxy::start(local(direct.port())).await?;
+            let child = spawn_worker(&env, (&link, &direct_link), &http, &smtp)?;
+            replicas.push(Replica {
+                link,
+                direct_link,
+                child,
+            });
         }
         Ok(Stage {
             env,
@@ -373,7 +418,9 @@ impl Stage {
             bouncer,
             standby: Some(standby),
             writer,
+            direct,
             replicas,
+            coordination_kills: 0,
             restarts: Vec::new(),
             lost_tails: Vec::new(),
         })
@@ -394,7 +441,7 @@ impl Stage {
                     },
                 );
                 let _ = tokio::time::timeout(ttl * 5, r.child.wait()).await;
-                r.child = spawn_worker(&self.env, &r.link, &self.http, &self.smtp)?;
+                r.child = spawn_worker(&self.env, (&r.link, &r.direct_link), &self.http, &self.smtp)?;
             }
             "freeze" => {
                 signal(&self.replicas[i].child, Signal::SIGSTOP);
@@ -402,14 +449,19 @@ impl Stage {
                 signal(&self.replicas[i].child, Signal::SIGCONT);
             }
             "blackhole" => {
-                self.replicas[i].link.set(Fault::Blackhole);
+                self.replicas[i].set(Fault::Blackhole);
                 tokio::time::sleep(span(rng, ttl, 0.5, 2.0)).await;
-                self.replicas[i].link.set(Fault::Pass);
+                self.replicas[i].set(Fault::Pass);
             }
             "reset" => {
-                self.replicas[i].link.set(Fault::Reset);
+                self.replicas[i].set(Fault::Reset);
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                self.replicas[i].link.set(Fault::Pass);
+                self.replicas[i].set(Fault::Pass);
+            }
+            "coordination_kill" => {
+                if self.end_a_holders_coordination_session().await? {
+                    self.coordination_kills += 1;
+                }
             }
             "bouncer_restart" => {
                 let from = SystemTime::now();
@@ -463,6 +515,7 @@ impl Stage {
         // No client reaches the old primary from here: what it holds now is
         // all the lost tail holds, and no tick's beat is acknowledged after `down`.
         self.writer.point(None);
+        self.direct.point(None);
         let down = Instant::now();
         let lost = match cut {
             Some((at, marks)) => {
@@ -503,6 +556,7 @@ impl Stage {
         );
         self.writer
             .point(Some(node_entry(&self.env.cluster, self.bouncer.as_ref())));
+        self.direct.point(Some(node_entry(&self.env.cluster, None)));
         let switched_at = SystemTime::now();
         tokio::task::block_in_place(|| drop(retired));
         self.restarts.push((from, switched_at));
@@ -518,6 +572,41 @@ impl Stage {
         }
         self.standby = Some(StandbyNode::start(&self.env.cluster, self.pooled)?);
         Ok(())
+    }
+
+    /// Ends the coordination session of a holder picked at random: the
+    /// backend holding (`ExclusiveLock`, the session's lock) the advisory key
+    /// its term recorded in `leader_leases`. The holder runs on; its term is
+    /// acquirable at once. A worker's tick is short, so a role is held only
+    /// now and then: polled for up to two TTLs (the database has no
+    /// notification for it). Whether a session was found and ended.
+    async fn end_a_holders_coordination_session(&self) -> anyhow::Result<bool> {
+        let ttl = self.env.timing.config().lease_ttl();
+        let db = connect(&self.env.cluster.config(&self.env.db)).await?;
+        let started = Instant::now();
+        loop {
+            let ended = db
+                .query_typed(
+                    "SELECT pg_terminate_backend(l.pid)
+                       FROM leader_leases r
+                       JOIN pg_locks l
+                         ON l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.granted
+                        AND l.objsubid = 1
+                        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                        AND (l.classid::bigint << 32) | l.objid::bigint = r.holder_key
+                      WHERE r.holder_id IS NOT NULL
+                      ORDER BY random() LIMIT 1",
+                    &[],
+                )
+                .await?;
+            if ended.first().is_some_and(|r| r.get::<_, bool>(0)) {
+                return Ok(true);
+            }
+            if started.elapsed() > ttl * 2 {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Waits for the load to be worked off; a violation if it is not in time.

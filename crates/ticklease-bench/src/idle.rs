@@ -5,7 +5,7 @@
 //! (`/proc/<pid>/fd` → `/proc/net/tcp`), which tells a replica's links to
 //! Postgres from those to PgBouncer whatever the server sees behind the pooler.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -32,7 +32,7 @@ pub struct IdleLoad {
     pub statements: i64,
     /// Per normalized statement text, most frequent first.
     pub by_statement: Vec<(String, i64)>,
-    /// Per replica, sampled at the end of the window.
+    /// Per replica, sampled at the end of the window; the first is the holder.
     pub connections: Vec<Connections>,
     /// Client backends of the database (PgBouncer's server connections included).
     pub server_backends: i64,
@@ -52,20 +52,22 @@ pub async fn measure(env: &Env, replicas: usize, over: Duration) -> anyhow::Resu
         .await?;
     let statements_url = env.url_at(env.statements_port());
     let direct_url = env.mode.coordinated().then(|| env.url_at(env.cluster.port()));
-    let mut children = Vec::new();
-    for _ in 0..replicas {
-        let (child, lines) = drill::spawn_leader(
+    let spawn = || {
+        drill::spawn_leader(
             &env.exe,
             &statements_url,
             direct_url.as_deref(),
             "idle",
             env.timing,
             Duration::ZERO,
-        )?;
-        children.push((child, lines));
+        )
+    };
+    // The first replica leads; the others start once it does.
+    let mut children = vec![spawn()?];
+    next_leading(&mut children[0].1, config.lease_ttl() * 3).await?;
+    for _ in 1..replicas {
+        children.push(spawn()?);
     }
-    let first = &mut children[0].1;
-    next_leading(first, config.lease_ttl() * 3).await?;
     // Past the followers' first refusals and a full wait cycle, then count.
     tokio::time::sleep(config.max_poll() + config.heartbeat_every()).await;
     db.batch_execute("SELECT pg_stat_statements_reset()").await?;
@@ -174,24 +176,25 @@ pub fn write_csv(dir: &Path, env: &Env, load: &IdleLoad) -> anyhow::Result<PathB
 
 /// One line of the report.
 pub fn summary(env: &Env, load: &IdleLoad) -> String {
-    let per: BTreeMap<usize, String> = load
+    let per: Vec<String> = load
         .connections
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            (
-                i,
-                format!("{} to Postgres + {} to PgBouncer", c.to_postgres, c.to_bouncer),
+            let who = if i == 0 { "holder" } else { "follower" };
+            format!(
+                "{who}: {} to Postgres + {} to PgBouncer",
+                c.to_postgres, c.to_bouncer
             )
         })
         .collect();
     format!(
-        "{}: {} statements in {:.1} s = {:.3}/s; connections per replica: {:?}; client backends of the database: {}",
+        "{}: {} statements in {:.1} s = {:.3}/s; connections per replica: {}; client backends of the database: {}",
         env.mode.as_str(),
         load.statements,
         load.over.as_secs_f64(),
         load.per_second(),
-        per.values().collect::<Vec<_>>(),
+        per.join(", "),
         load.server_backends
     )
 }
