@@ -6,27 +6,12 @@ use std::time::SystemTime;
 
 use ticklease::{HistoryEntry, HistoryKind};
 
-use crate::status::{escape, seconds, short};
+use crate::status::{aligned, seconds, short};
 
 /// The entries as an aligned table; times relative to `now`.
 pub fn table(entries: &[HistoryEntry], now: SystemTime) -> String {
     let header = ["WHEN", "ROLE", "WHAT", "TOKEN", "HOLDER", "HELD FOR", "DETAIL"];
-    let mut lines: Vec<[String; 7]> = vec![header.map(String::from)];
-    lines.extend(entries.iter().map(|e| cells(e, now).map(|cell| escape(&cell))));
-    let widths: Vec<usize> = (0..7)
-        .map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for line in &lines {
-        let cells: Vec<String> = line
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    aligned(header, entries.iter().map(|e| cells(e, now)))
 }
 
 fn cells(e: &HistoryEntry, now: SystemTime) -> [String; 7] {

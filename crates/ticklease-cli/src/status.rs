@@ -54,9 +54,14 @@ pub fn table(rows: &[LeaseStatus]) -> String {
         "LAST OUTCOME",
         "NOT BEFORE",
     ];
-    let mut lines: Vec<[String; 9]> = vec![header.map(String::from)];
-    lines.extend(rows.iter().map(|r| cells(r).map(|cell| escape(&cell))));
-    let widths: Vec<usize> = (0..9)
+    aligned(header, rows.iter().map(cells))
+}
+
+/// A header and rows as aligned columns, every cell escaped.
+pub(crate) fn aligned<const N: usize>(header: [&str; N], rows: impl Iterator<Item = [String; N]>) -> String {
+    let mut lines: Vec<[String; N]> = vec![header.map(String::from)];
+    lines.extend(rows.map(|cells| cells.map(|cell| escape(&cell))));
+    let widths: Vec<usize> = (0..N)
         .map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();

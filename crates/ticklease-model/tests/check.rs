@@ -5,10 +5,8 @@ use std::time::Instant;
 use stateright::{Checker, Model};
 use ticklease_model::LeaseModel;
 
-#[test]
-fn every_property_holds_for_two_replicas() {
+fn check(model: LeaseModel) {
     let started = Instant::now();
-    let model = LeaseModel::small();
     let checker = model.checker().threads(2).spawn_bfs().join();
     println!(
         "{} unique states, depth {}, {:?}",
@@ -20,18 +18,11 @@ fn every_property_holds_for_two_replicas() {
 }
 
 #[test]
+fn every_property_holds_for_two_replicas() {
+    check(LeaseModel::small());
+}
+
+#[test]
 fn every_property_holds_for_three_replicas() {
-    let started = Instant::now();
-    let checker = LeaseModel::three_replicas()
-        .checker()
-        .threads(2)
-        .spawn_bfs()
-        .join();
-    println!(
-        "{} unique states, depth {}, {:?}",
-        checker.unique_state_count(),
-        checker.max_depth(),
-        started.elapsed()
-    );
-    checker.assert_properties();
+    check(LeaseModel::three_replicas());
 }

@@ -283,8 +283,11 @@ SELECT role,
   FROM leader_leases;
 
 -- As in 0003: pin search_path (pg_temp last) on every SECURITY DEFINER
--- function, and revoke EXECUTE from PUBLIC on every function of ours.
-DO $$
+-- function, and revoke EXECUTE from PUBLIC on every function of ours. A
+-- function from here on, so each later migration runs the same code.
+CREATE FUNCTION leader_secure_functions() RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
 DECLARE
     f regprocedure;
 BEGIN
@@ -298,6 +301,7 @@ BEGIN
     END LOOP;
 END
 $$;
+SELECT leader_secure_functions();
 
 -- leader_grant of 0003, granting the new functions too.
 CREATE OR REPLACE FUNCTION leader_grant(p_app text, p_operator text) RETURNS void
@@ -349,9 +353,12 @@ END
 $$;
 REVOKE EXECUTE ON FUNCTION leader_grant(text, text) FROM PUBLIC;
 
--- Re-grant every role granted before, so replicas of 0003 and new ones both
--- find what they call.
-DO $$
+-- Re-grant every role granted before (by 0002, 0003 or `ticklease grant`),
+-- so replicas of 0003 and new ones both find what they call. A function
+-- from here on, for later migrations that grant more.
+CREATE FUNCTION leader_regrant() RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
 DECLARE
     r text;
 BEGIN
@@ -370,3 +377,5 @@ BEGIN
     END LOOP;
 END
 $$;
+REVOKE EXECUTE ON FUNCTION leader_secure_functions(), leader_regrant() FROM PUBLIC;
+SELECT leader_regrant();

@@ -298,22 +298,7 @@ SELECT l.role,
          WHERE h.role = l.role AND h.kind = 'term' ORDER BY h.id DESC LIMIT 1) AS last_outcome
   FROM leader_leases AS l;
 
--- As in 0003: pin search_path (pg_temp last) on every SECURITY DEFINER
--- function, and revoke EXECUTE from PUBLIC on every function of ours.
-DO $$
-DECLARE
-    f regprocedure;
-BEGIN
-    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-              WHERE p.pronamespace = current_schema()::regnamespace AND p.prosecdef LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', f, current_schema());
-    END LOOP;
-    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-              WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'leader\_%' LOOP
-        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
-    END LOOP;
-END
-$$;
+SELECT leader_secure_functions();
 REVOKE ALL ON leader_history, leader_history_settings FROM PUBLIC;
 
 -- leader_grant of 0004, granting the history too.
@@ -365,22 +350,4 @@ END
 $$;
 REVOKE EXECUTE ON FUNCTION leader_grant(text, text) FROM PUBLIC;
 
-DO $$
-DECLARE
-    r text;
-BEGIN
-    FOR r IN SELECT DISTINCT g.rolname
-               FROM pg_proc p, aclexplode(p.proacl) a, pg_roles g
-              WHERE p.oid = 'leader_acquire(text, text, bigint, bigint)'::regprocedure AND g.oid = a.grantee
-                AND a.privilege_type = 'EXECUTE' AND NOT g.rolsuper
-                AND NOT pg_has_role(g.oid, p.proowner, 'USAGE') LOOP
-        PERFORM leader_grant(r, NULL);
-    END LOOP;
-    FOR r IN SELECT DISTINCT g.rolname
-               FROM pg_proc p, aclexplode(p.proacl) a, pg_roles g
-              WHERE p.oid = 'leader_pause(text, text, text)'::regprocedure AND g.oid = a.grantee
-                AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner LOOP
-        PERFORM leader_grant(NULL, r);
-    END LOOP;
-END
-$$;
+SELECT leader_regrant();
