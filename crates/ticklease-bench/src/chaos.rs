@@ -79,7 +79,7 @@ pub struct ChaosReport {
     /// (a fault finds none while no holder has a session up).
     pub coordination_kills: usize,
     /// Webhooks, charges and emails the peers received during lost tails,
-    /// left out of the audit (see [`LostTail`]).
+    /// left out of the audit (see `LostTail` in this module).
     pub lost_tail_receipts: usize,
     /// Identifiers a lost tail sent that the surviving timeline sent again
     /// with another body: a webhook-id or idempotency key the worker derived
