@@ -41,6 +41,7 @@ use ticklease_worker::worker::WorkerConfig;
 
 use crate::endpoint::WriterEndpoint;
 use crate::failover::Env;
+use crate::plot;
 use crate::Timing;
 
 /// The webhook secret the chaos workers sign with.
@@ -89,6 +90,39 @@ pub struct ChaosReport {
     /// the rows they came from.
     pub reused_ids: Vec<String>,
     pub took: Duration,
+    /// The terms and faults over time, for [`Timeline::write_svg`].
+    pub timeline: Timeline,
+}
+
+/// The run's terms (from `lease_history` on the surviving timeline) and its
+/// faults, in seconds from the replicas' start.
+#[derive(Clone, Default)]
+pub struct Timeline {
+    /// The roles, one row each.
+    pub roles: Vec<String>,
+    pub replicas: usize,
+    /// One per term: its role's row, start, end, and the replica whose process held it.
+    pub terms: Vec<plot::Bar>,
+    /// One per fault: when it was injected and its kind.
+    pub faults: Vec<plot::FaultMark>,
+}
+
+impl std::fmt::Debug for Timeline {
+    /// Counts only: the report is printed whole.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timeline")
+            .field("terms", &self.terms.len())
+            .field("faults", &self.faults.len())
+            .finish()
+    }
+}
+
+impl Timeline {
+    /// An SVG timeline: a row per role, a bar per term coloured by replica,
+    /// a labelled vertical line per fault.
+    pub fn write_svg(&self, path: &std::path::Path, title: &str) -> anyhow::Result<()> {
+        plot::timeline_svg(path, title, &self.roles, self.replicas, &self.terms, &self.faults)
+    }
 }
 
 impl ChaosReport {
@@ -253,6 +287,12 @@ struct Stage {
     coordination_kills: usize,
     restarts: Vec<(SystemTime, SystemTime)>,
     lost_tails: Vec<LostTail>,
+    /// When the replicas were first spawned: the timeline's zero.
+    started: SystemTime,
+    /// Each replica process's pid and the replica's index, for the timeline.
+    pids: Vec<(u32, usize)>,
+    /// Each fault's instant and kind.
+    faults: Vec<(SystemTime, &'static str)>,
 }
 
 /// A standby and, when pooled, the PgBouncer on its node (idle until the
@@ -342,6 +382,7 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         seed: opts.seed,
         ..ChaosReport::default()
     };
+    let bar = crate::progress(opts.faults, "chaos faults");
     for k in 0..opts.faults {
         tokio::time::sleep(span(&mut rng, ttl, 0.2, 1.0)).await;
         // Every kind once first; then whole-service restarts are rare (one in twenty).
@@ -353,11 +394,15 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         let i = rng.gen_range(0..stage.replicas.len());
         *report.faults.entry(kind).or_default() += 1;
         tracing::info!(k, kind, replica = i, "fault");
+        bar.set_message(kind);
+        stage.faults.push((SystemTime::now(), kind));
         stage.fault(kind, i, &mut rng).await?;
+        bar.inc(1);
         if k % 5 == 4 {
             top_up(&stage.env, 2, &stage.endpoints).await?;
         }
     }
+    bar.finish_and_clear();
     for r in &stage.replicas {
         r.set(Fault::Pass);
         signal(&r.child, Signal::SIGCONT);
@@ -399,10 +444,13 @@ impl Stage {
         let direct = WriterEndpoint::start(node_entry(&env.cluster, None)).await?;
         let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
         let mut replicas = Vec::new();
-        for _ in 0..opts.replicas {
+        let mut pids = Vec::new();
+        let started = SystemTime::now();
+        for i in 0..opts.replicas {
             let link = FaultProxy::start(local(writer.port())).await?;
             let direct_link = FaultProxy::start(local(direct.port())).await?;
             let child = spawn_worker(&env, (&link, &direct_link), &http, &smtp)?;
+            pids.extend(child.id().map(|pid| (pid, i)));
             replicas.push(Replica {
                 link,
                 direct_link,
@@ -423,6 +471,9 @@ impl Stage {
             coordination_kills: 0,
             restarts: Vec::new(),
             lost_tails: Vec::new(),
+            started,
+            pids,
+            faults: Vec::new(),
         })
     }
 
@@ -442,6 +493,7 @@ impl Stage {
                 );
                 let _ = tokio::time::timeout(ttl * 5, r.child.wait()).await;
                 r.child = spawn_worker(&self.env, (&r.link, &r.direct_link), &self.http, &self.smtp)?;
+                self.pids.extend(r.child.id().map(|pid| (pid, i)));
             }
             "freeze" => {
                 signal(&self.replicas[i].child, Signal::SIGSTOP);
@@ -787,6 +839,79 @@ async fn check(stage: &Stage, db: &tokio_postgres::Client, report: &mut ChaosRep
         }
     }
     report.terms = rows.len() as i64;
+    report.timeline = timeline(stage, db).await?;
     report.journal_claims = scalar(db, "SELECT count(*) FROM worker_journal").await;
     Ok(())
+}
+
+/// The terms of every role on the surviving timeline and the faults, for the plot.
+///
+/// A term runs from the row that gave its holder a new token to the next row
+/// that changed the token or the holder (a release, an expiry taken over),
+/// or to now. Its replica is the one whose process id is in the holder id
+/// (`host:pid:nonce`).
+async fn timeline(stage: &Stage, db: &Client) -> anyhow::Result<Timeline> {
+    let secs = |t: SystemTime| t.duration_since(stage.started).unwrap_or_default().as_secs_f64();
+    let roles: Vec<String> = ticklease_worker::ROLES.iter().map(|r| r.to_string()).collect();
+    let replica = |holder: &str| {
+        let pid = holder.parse::<ticklease::HolderId>().ok()?.pid();
+        stage.pids.iter().find(|(p, _)| *p == pid).map(|(_, i)| *i)
+    };
+    let rows = db
+        .query_typed(
+            "SELECT role, at, old_token, new_token, new_holder FROM lease_history ORDER BY role, at, id",
+            &[],
+        )
+        .await?;
+    let now = secs(SystemTime::now());
+    let mut terms = Vec::new();
+    // Per role: the open term's start, token and holder.
+    let mut open: BTreeMap<String, (f64, i64, String)> = BTreeMap::new();
+    for r in &rows {
+        let (role, at, old, new, holder): (String, SystemTime, i64, i64, Option<String>) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+        let Some(row) = roles.iter().position(|x| *x == role) else {
+            continue;
+        };
+        let at = secs(at);
+        if let Some((from, token, h)) = open.get(&role) {
+            if *token != new || holder.as_deref() != Some(h.as_str()) {
+                terms.push(plot::Bar {
+                    row,
+                    from: *from,
+                    to: at,
+                    replica: replica(h),
+                });
+                open.remove(&role);
+            }
+        }
+        if let Some(h) = holder {
+            if new != old || !open.contains_key(&role) {
+                open.entry(role).or_insert((at, new, h));
+            }
+        }
+    }
+    for (role, (from, _, h)) in open {
+        if let Some(row) = roles.iter().position(|x| *x == role) {
+            terms.push(plot::Bar {
+                row,
+                from,
+                to: now,
+                replica: replica(&h),
+            });
+        }
+    }
+    Ok(Timeline {
+        roles,
+        replicas: stage.replicas.len(),
+        terms,
+        faults: stage
+            .faults
+            .iter()
+            .map(|(at, kind)| plot::FaultMark {
+                at: secs(*at),
+                label: kind.to_string(),
+            })
+            .collect(),
+    })
 }

@@ -8,8 +8,24 @@ pub mod drill;
 pub mod endpoint;
 pub mod failover;
 pub mod idle;
+pub mod plot;
 pub mod promotion;
 pub mod stats;
+
+/// A progress bar of `len` steps on stderr (trials done, ETA), drawn only
+/// when stderr is a terminal: indicatif's stderr target draws nothing otherwise.
+pub fn progress(len: usize, what: &str) -> indicatif::ProgressBar {
+    let bar =
+        indicatif::ProgressBar::with_draw_target(Some(len as u64), indicatif::ProgressDrawTarget::stderr());
+    let style = indicatif::ProgressStyle::with_template(
+        "{prefix} [{bar:30}] {pos}/{len} {msg} (elapsed {elapsed}, ETA {eta})",
+    )
+    .expect("a valid template")
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(what.to_string());
+    bar
+}
 
 /// Bench-only instrumentation, applied after the migrations.
 pub const HISTORY_SQL: &str = include_str!("history.sql");

@@ -76,6 +76,15 @@ enum Cmd {
         /// Reach Postgres through a PgBouncer (transaction mode) on each node, and restart it too.
         #[arg(long)]
         pooled: bool,
+        /// Where the timeline of terms and faults goes (`chaos-timeline.svg`).
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+    },
+    /// SVG plots from the CSVs already in `dir`: `failover-<timing>.svg` for
+    /// each timing with `failover-<timing>-<mode>.csv` files (no benchmark runs).
+    Plot {
+        #[arg(long, default_value = "docs/benchmarks")]
+        dir: PathBuf,
     },
     /// (child process) A drill leader writing fenced rows while it leads.
     #[command(hide = true)]
@@ -154,6 +163,7 @@ async fn main() -> anyhow::Result<()> {
             seed,
             timing,
             pooled,
+            out,
         } => {
             let seed = seed.unwrap_or_else(rand::random);
             let p = if pooled { " --pooled" } else { "" };
@@ -169,8 +179,27 @@ async fn main() -> anyhow::Result<()> {
             })
             .await?;
             println!("{report:#?}");
+            let svg = out.join("chaos-timeline.svg");
+            std::fs::create_dir_all(&out)?;
+            report.timeline.write_svg(
+                &svg,
+                &format!("Chaos: {replicas} replicas, {faults} faults, seed {seed}{p}"),
+            )?;
+            println!("timeline: {}", svg.display());
             if !report.ok() {
                 anyhow::bail!("chaos seed {seed}: {} violations", report.violations.len());
+            }
+        }
+        Cmd::Plot { dir } => {
+            let mut any = false;
+            for timing in [Timing::Default, Timing::Scaled, Timing::LongLease] {
+                if let Some(svg) = ticklease_bench::plot::failover_svg(&dir, timing.as_str())? {
+                    println!("{}", svg.display());
+                    any = true;
+                }
+            }
+            if !any {
+                anyhow::bail!("no failover-<timing>-<mode>.csv in {}", dir.display());
             }
         }
         Cmd::Leader {
@@ -205,10 +234,13 @@ async fn cmd_failover(
         scenarios
     };
     let mut all = Vec::new();
+    let bar = ticklease_bench::progress(scenarios.len() * trials, "failover trials");
     for s in scenarios {
         for n in 0..trials {
+            bar.set_message(s.as_str());
             let t = failover::trial(&env, s, n).await?;
-            eprintln!(
+            bar.inc(1);
+            bar.suspend(|| eprintln!(
                 "{} {} #{n}: fault → claim {:.0} ms, takeover {:?} ms, gap {:.0} ms, pause → ended {:?} ms, stale writes {}",
                 mode.as_str(),
                 s.as_str(),
@@ -217,10 +249,11 @@ async fn cmd_failover(
                 t.gap_ms,
                 t.pause_to_cancel_ms,
                 t.stale_writes
-            );
+            ));
             all.push(t);
         }
     }
+    bar.finish_and_clear();
     let csv = failover::write_csv(out, timing, mode, &all)?;
     let version: String = ticklease_testkit::scalar(
         &ticklease_testkit::connect(&env.cluster.config(&env.db)).await?,
@@ -228,9 +261,13 @@ async fn cmd_failover(
     )
     .await;
     let md = failover::write_markdown(out, timing, mode, &all, &version)?;
+    let svg = ticklease_bench::plot::failover_svg(out, timing.as_str())?;
     println!("report: {}", md.display());
     println!("{}", failover::table(&all));
     println!("raw trials: {}", csv.display());
+    if let Some(svg) = svg {
+        println!("plot: {}", svg.display());
+    }
     Ok(())
 }
 
@@ -238,14 +275,19 @@ async fn cmd_failover(
 async fn cmd_promotion(trials: usize, plan: promotion::Plan, out: &std::path::Path) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let mut all = Vec::new();
+    let bar = ticklease_bench::progress(trials, "promotion trials");
     for n in 0..trials {
         let t = promotion::trial(&exe, plan, n).await?;
-        eprintln!(
-            "promotion #{n}: switchover {:?}; claim {:?}, lease {:?} after; new term {}, stale writes {}",
-            t.switchover, t.led_again, t.lease_again, t.new_term, t.stale_writes
-        );
+        bar.inc(1);
+        bar.suspend(|| {
+            eprintln!(
+                "promotion #{n}: switchover {:?}; claim {:?}, lease {:?} after; new term {}, stale writes {}",
+                t.switchover, t.led_again, t.lease_again, t.new_term, t.stale_writes
+            )
+        });
         all.push(t);
     }
+    bar.finish_and_clear();
     let md = promotion::write_reports(out, plan, &all)?;
     println!("report: {}", md.display());
     println!("{}", promotion::table(plan, &all));
