@@ -21,6 +21,15 @@ pub trait HistoryStore: Send + Sync + 'static {
         limit: usize,
     ) -> impl std::future::Future<Output = Result<Vec<HistoryEntry>, StoreError>> + Send;
 
+    /// As [`HistoryStore::history`] for every role, leaving out completed
+    /// terms: operator events and terms that did not complete, which a
+    /// busy history of completed ticks would otherwise push out of `limit`.
+    fn notable(
+        &self,
+        since: Duration,
+        limit: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<HistoryEntry>, StoreError>> + Send;
+
     /// Every role's terms over the last `window`, cut into `buckets` equal
     /// slices (oldest first): per role and slice, how the worst term in it
     /// ended and whether one was taken over. Bounded by roles × buckets,
@@ -70,8 +79,12 @@ pub const HISTORY_LIMIT_MAX: usize = 10_000;
 const READ: &str = "SELECT kind, role, at, token, holder_id, acquired_at, outcome, reason, by, error
   FROM leader_history
  WHERE ($1::text IS NULL OR role = $1) AND at >= now() - $2::int8 * interval '1 millisecond'
+   AND (NOT $4::bool OR kind <> 'term' OR outcome <> 'completed')
  ORDER BY id DESC
  LIMIT $3";
+
+/// The longest span a read looks back: older rows are past any retention.
+const SINCE_MAX: Duration = Duration::from_secs(3650 * 86_400);
 
 /// What an entry records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,49 +143,11 @@ impl HistoryStore for PgStore {
         since: Duration,
         limit: usize,
     ) -> Result<Vec<HistoryEntry>, StoreError> {
-        if !(1..=HISTORY_LIMIT_MAX).contains(&limit) {
-            return Err(StoreError::Rejected {
-                statement: "HISTORY",
-                problem: "limit must be within 1..=10000",
-            });
-        }
-        let role = role.map(Role::as_str);
-        let since_ms = i64::try_from(since.as_millis()).unwrap_or(i64::MAX);
-        let limit = limit as i64;
-        let rows = self
-            .query(
-                "HISTORY",
-                READ,
-                &[(&role, Type::TEXT), (&since_ms, Type::INT8), (&limit, Type::INT8)],
-            )
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let text = |c: &str| r.get::<_, Option<String>>(c).unwrap_or_default();
-                let kind = match r.get::<_, &str>("kind") {
-                    "pause" => HistoryKind::Pause {
-                        by: text("by"),
-                        reason: text("reason"),
-                    },
-                    "unpause" => HistoryKind::Unpause { by: text("by") },
-                    "run_now" => HistoryKind::RunNow { by: text("by") },
-                    _ => HistoryKind::Term {
-                        token: r.get::<_, Option<i64>>("token").unwrap_or_default(),
-                        holder: r.get("holder_id"),
-                        acquired_at: r.get("acquired_at"),
-                        outcome: text("outcome"),
-                        reason: r.get("reason"),
-                        error: r.get("error"),
-                    },
-                };
-                HistoryEntry {
-                    role: r.get("role"),
-                    at: r.get("at"),
-                    kind,
-                }
-            })
-            .collect())
+        self.read_history(role, since, limit, false).await
+    }
+
+    async fn notable(&self, since: Duration, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
+        self.read_history(None, since, limit, true).await
     }
 
     async fn timeline(&self, window: Duration, buckets: u32) -> Result<Vec<TimelineSlice>, StoreError> {
@@ -205,6 +180,65 @@ impl HistoryStore for PgStore {
                 outcome: r.get("outcome"),
                 terms: r.get("terms"),
                 takeover: r.get::<_, Option<bool>>("takeover").unwrap_or(false),
+            })
+            .collect())
+    }
+}
+
+impl PgStore {
+    async fn read_history(
+        &self,
+        role: Option<&Role>,
+        since: Duration,
+        limit: usize,
+        notable_only: bool,
+    ) -> Result<Vec<HistoryEntry>, StoreError> {
+        if !(1..=HISTORY_LIMIT_MAX).contains(&limit) {
+            return Err(StoreError::Rejected {
+                statement: "HISTORY",
+                problem: "limit must be within 1..=10000",
+            });
+        }
+        let role = role.map(Role::as_str);
+        let since_ms = i64::try_from(since.min(SINCE_MAX).as_millis()).unwrap_or(i64::MAX);
+        let limit = limit as i64;
+        let rows = self
+            .query(
+                "HISTORY",
+                READ,
+                &[
+                    (&role, Type::TEXT),
+                    (&since_ms, Type::INT8),
+                    (&limit, Type::INT8),
+                    (&notable_only, Type::BOOL),
+                ],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let text = |c: &str| r.get::<_, Option<String>>(c).unwrap_or_default();
+                let kind = match r.get::<_, &str>("kind") {
+                    "pause" => HistoryKind::Pause {
+                        by: text("by"),
+                        reason: text("reason"),
+                    },
+                    "unpause" => HistoryKind::Unpause { by: text("by") },
+                    "run_now" => HistoryKind::RunNow { by: text("by") },
+                    _ => HistoryKind::Term {
+                        token: r.get::<_, Option<i64>>("token").unwrap_or_default(),
+                        holder: r.get("holder_id"),
+                        acquired_at: r.get("acquired_at"),
+                        outcome: text("outcome"),
+                        reason: r.get("reason"),
+                        error: r.get("error"),
+                    },
+                };
+                HistoryEntry {
+                    role: r.get("role"),
+                    at: r.get("at"),
+                    kind,
+                }
             })
             .collect())
     }

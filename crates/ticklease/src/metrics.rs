@@ -332,10 +332,15 @@ pub const SCRAPE_REFRESH_MIN: Duration = Duration::from_secs(1);
 /// Scrapes served at once; more are answered 503 at once.
 #[cfg(feature = "http")]
 pub const SCRAPES_MAX: usize = 16;
+/// Status page loads served at once (apart from the scrapes'); more are answered 503.
+#[cfg(feature = "http")]
+pub const PAGES_MAX: usize = 4;
 
 /// Serves `/metrics` (the registry in OpenMetrics text), `/healthz` and the
-/// read-only status page `/` (`?hours=N`, 1..=168, default 6) until
-/// `shutdown`. The cluster facts are refreshed from `store` by at most one
+/// read-only status page `/` (`?hours=N`, 1..=168, default 6; each window's
+/// page kept a second) until `shutdown`. The page shows holder ids, pause
+/// reasons and error summaries to whoever reaches this address: bind it
+/// where the metrics are private. The cluster facts are refreshed from `store` by at most one
 /// scrape at a time and at most once per [`SCRAPE_REFRESH_MIN`], so a flood of
 /// scrapes costs the store one STATUS statement a second; at most
 /// [`SCRAPES_MAX`] scrapes and page loads run at once. Give it a store of
@@ -354,48 +359,73 @@ pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
 
     let refreshed: Arc<tokio::sync::Mutex<Option<tokio::time::Instant>>> = Arc::default();
     let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_MAX));
+    // The page has slots of its own (a loop of page loads never starves
+    // /metrics) and keeps each window's page for a second: one page load
+    // at a time reads the store, the others wait for its result.
+    let pages = Arc::new(tokio::sync::Semaphore::new(PAGES_MAX));
+    let cache: Arc<tokio::sync::Mutex<Option<(u64, tokio::time::Instant, String)>>> = Arc::default();
     let page = {
-        let (store, slots) = (store.clone(), slots.clone());
+        let store = store.clone();
         move |axum::extract::RawQuery(query): axum::extract::RawQuery| {
-            let (store, slots) = (store.clone(), slots.clone());
+            let (store, pages, cache) = (store.clone(), pages.clone(), cache.clone());
             async move {
-                let Ok(_slot) = slots.try_acquire_owned() else {
+                let headers = |kind: &'static str| {
+                    [
+                        (CONTENT_TYPE, kind),
+                        (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                        (
+                            axum::http::header::CONTENT_SECURITY_POLICY,
+                            "default-src 'none'; style-src 'unsafe-inline'",
+                        ),
+                    ]
+                };
+                let text = "text/plain; charset=utf-8";
+                let Ok(_slot) = pages.try_acquire_owned() else {
                     return (
                         StatusCode::SERVICE_UNAVAILABLE,
-                        [(CONTENT_TYPE, "text/plain; charset=utf-8")],
-                        "too many requests at once\n".to_string(),
+                        headers(text),
+                        "too many page loads at once\n".to_string(),
                     );
                 };
-                let hours = match query.as_deref().and_then(|q| q.strip_prefix("hours=")) {
+                let hours = match query
+                    .as_deref()
+                    .into_iter()
+                    .flat_map(|q| q.split('&'))
+                    .find_map(|pair| pair.strip_prefix("hours="))
+                {
                     None => Some(crate::page::HOURS_DEFAULT),
                     Some(n) => n.parse().ok(),
                 };
                 let Some(hours) = hours.filter(|h| (1..=crate::page::HOURS_MAX).contains(h)) else {
                     return (
                         StatusCode::BAD_REQUEST,
-                        [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                        headers(text),
                         "hours must be within 1..=168\n".to_string(),
                     );
                 };
+                let mut cached = cache.lock().await;
+                if let Some((h, at, body)) = cached.as_ref() {
+                    if *h == hours && at.elapsed() < SCRAPE_REFRESH_MIN {
+                        return (StatusCode::OK, headers("text/html; charset=utf-8"), body.clone());
+                    }
+                }
                 let window = Duration::from_secs(hours * 3600);
                 let read = async {
                     let rows = store.status().await?;
                     let slices = store.timeline(window, crate::page::BUCKETS).await?;
-                    let events = store.history(None, window, 200).await?;
+                    let events = store.notable(window, crate::page::EVENTS_MAX).await?;
                     Ok::<_, crate::error::StoreError>((rows, slices, events))
                 };
                 match read.await {
                     Ok((rows, slices, events)) => {
                         let now = rows.first().map_or_else(std::time::SystemTime::now, |r| r.db_now);
-                        (
-                            StatusCode::OK,
-                            [(CONTENT_TYPE, "text/html; charset=utf-8")],
-                            crate::page::render(&rows, &slices, &events, now, window),
-                        )
+                        let body = crate::page::render(&rows, &slices, &events, now, window);
+                        *cached = Some((hours, tokio::time::Instant::now(), body.clone()));
+                        (StatusCode::OK, headers("text/html; charset=utf-8"), body)
                     }
                     Err(error) => (
                         StatusCode::SERVICE_UNAVAILABLE,
-                        [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                        headers(text),
                         format!(
                             "could not read the lease tables: {}\n",
                             crate::error::chain(&error)

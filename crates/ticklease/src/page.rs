@@ -16,6 +16,8 @@ pub(crate) const BUCKETS: u32 = 300;
 /// Default and largest window of the timeline, in hours.
 pub(crate) const HOURS_DEFAULT: u64 = 6;
 pub(crate) const HOURS_MAX: u64 = 168;
+/// Most operator events and unfinished terms listed and marked.
+pub(crate) const EVENTS_MAX: usize = 200;
 
 const LABEL_WIDTH: u32 = 220;
 const PLOT_WIDTH: u32 = 900;
@@ -237,7 +239,10 @@ fn timeline(
 }
 
 fn recent(out: &mut String, events: &[HistoryEntry], now: SystemTime) {
-    out.push_str("<h2>Recent events</h2><ul id=\"events\">");
+    out.push_str(
+        "<h2>Recent events</h2><p class=\"muted\">pauses, unpauses, run-nows and terms that did not complete</p>\
+         <ul id=\"events\">",
+    );
     for e in events {
         let what = match &e.kind {
             HistoryKind::Term {

@@ -5,7 +5,8 @@
 -- lost, pause / unpause / run-now record who did it. Readable by the app and
 -- operator roles, written only through these SECURITY DEFINER functions.
 -- Retention is bounded per role by count and age, pruned by the writers
--- themselves every 16th row (no separate job).
+-- themselves on one write in 16 on average, at most 1,000 rows at a time
+-- (no separate job). Every text is cut to 500 characters.
 
 SET LOCAL lock_timeout = '5s';
 
@@ -21,9 +22,9 @@ CREATE TABLE leader_history (
     outcome     text CHECK (outcome IN ('completed', 'interrupted', 'lost', 'failed', 'panicked')),
     -- Why a term was lost (a LossReason label, or expired / holder_gone when
     -- taken over without a RELEASE); why a role was paused.
-    reason      text,
+    reason      text CHECK (length(reason) <= 500),
     -- Who paused, unpaused or ran it now.
-    by          text,
+    by          text CHECK (length(by) <= 500),
     -- A short summary of the error or panic that failed the tick.
     error       text CHECK (length(error) <= 500),
     CONSTRAINT leader_history_term_fields CHECK ((kind = 'term') = (token IS NOT NULL AND outcome IS NOT NULL))
@@ -37,7 +38,7 @@ CREATE INDEX leader_history_at ON leader_history (at);
 -- Retention, one row; change it with UPDATE as the schema owner.
 CREATE TABLE leader_history_settings (
     singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    keep_per_role integer NOT NULL DEFAULT 10000 CHECK (keep_per_role BETWEEN 10 AND 1000000),
+    keep_per_role integer NOT NULL DEFAULT 10000 CHECK (keep_per_role BETWEEN 10 AND 100000),
     keep_for      interval NOT NULL DEFAULT '30 days' CHECK (keep_for >= interval '1 hour')
 );
 INSERT INTO leader_history_settings DEFAULT VALUES;
@@ -53,27 +54,33 @@ CREATE FUNCTION @schema@.leader_history_add(p_role text, p_kind text, p_token bi
                                              p_by text, p_error text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- Appends one row and, every 16th row, prunes the role's history to its
--- retention: the cost is a few index entries per write, and the history
--- holds at most keep_per_role + 16 rows per role.
+-- Appends one row and, on one write of the role in 16 on average (random:
+-- ids are shared by every role, so a modulo would skip some roles for
+-- good), prunes the role's history to its retention, at most 1,000 rows at
+-- a time so a lowered setting never stalls a lease statement. The history
+-- holds about keep_per_role + 16 rows per role.
 DECLARE
     new_id bigint;
     keep @schema@.leader_history_settings;
 BEGIN
     INSERT INTO @schema@.leader_history (role, kind, token, holder_id, acquired_at, outcome, reason, by, error)
-    VALUES (p_role, p_kind, p_token, p_holder, p_acquired_at, p_outcome, p_reason, p_by, left(p_error, 500))
+    VALUES (p_role, p_kind, p_token, left(p_holder, 500), p_acquired_at, p_outcome, left(p_reason, 500),
+            left(p_by, 500), left(p_error, 500))
     ON CONFLICT DO NOTHING
     RETURNING id INTO new_id;
-    IF new_id IS NULL OR new_id % 16 <> 0 THEN
+    IF new_id IS NULL OR random() >= 1.0 / 16 THEN
         RETURN;
     END IF;
     SELECT * INTO keep FROM @schema@.leader_history_settings;
     DELETE FROM @schema@.leader_history AS h
-     WHERE h.role = p_role
-       AND (h.at < now() - keep.keep_for
-            OR h.id < (SELECT min(r.id) FROM (SELECT k.id FROM @schema@.leader_history AS k
-                                               WHERE k.role = p_role ORDER BY k.id DESC
-                                               LIMIT keep.keep_per_role) AS r));
+     WHERE h.id IN (SELECT o.id FROM @schema@.leader_history AS o
+                     WHERE o.role = p_role
+                       AND (o.at < now() - keep.keep_for
+                            OR o.id < (SELECT min(r.id) FROM (SELECT k.id FROM @schema@.leader_history AS k
+                                                               WHERE k.role = p_role ORDER BY k.id DESC
+                                                               LIMIT keep.keep_per_role) AS r))
+                     ORDER BY o.id
+                     LIMIT 1000);
 END
 $fn$
 $def$,
@@ -90,8 +97,10 @@ DECLARE
     ended @schema@.leader_leases;
 BEGIN
     IF p_stamp IS NULL OR p_outcome IS NULL
-       OR p_outcome NOT IN ('completed', 'interrupted', 'lost', 'failed', 'panicked') THEN
-        RAISE EXCEPTION 'ticklease: leader_release needs p_stamp and an outcome, got % / %', p_stamp, p_outcome
+       OR p_outcome NOT IN ('completed', 'interrupted', 'lost', 'failed', 'panicked')
+       OR p_reason NOT IN ('taken_over', 'paused', 'released', 'heartbeat_timeout') THEN
+        RAISE EXCEPTION 'ticklease: leader_release needs p_stamp, an outcome and a known loss reason, got % / % / %',
+                        p_stamp, p_outcome, left(p_reason, 40)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- The lock RELEASE's UPDATE takes anyway (no key column changes), so it
@@ -215,7 +224,9 @@ BEGIN
     IF changed THEN
         IF ended.holder_id IS NOT NULL THEN
             PERFORM @schema@.leader_history_add(p_role, 'term', ended.holder_token, ended.holder_id,
-                                                ended.acquired_at, 'lost', 'paused', NULL, NULL);
+                                                ended.acquired_at, 'lost',
+                                                CASE WHEN ended.expires_at <= now() THEN 'expired' ELSE 'paused' END,
+                                                NULL, NULL);
         END IF;
         PERFORM @schema@.leader_history_add(p_role, 'pause', NULL, NULL, NULL, NULL,
                                             coalesce(p_reason, ''), p_by, NULL);
