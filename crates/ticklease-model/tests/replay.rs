@@ -3,8 +3,9 @@
 //! promotions, which need processes and a standby) are replayed against the
 //! real Postgres store, statement by statement, and every answer must be the
 //! one the model predicts. A tick of the model is `TICK` of real time; the
-//! real lease is half a tick shorter than the model's, so no statement lands
-//! on an expiry boundary.
+//! real lease is half a tick shorter than the model's, so a statement that
+//! runs less than half a tick into its tick is on the model's side of every
+//! expiry boundary (the test checks that each one did).
 
 use std::time::Duration;
 
@@ -17,7 +18,10 @@ use ticklease::{Acquire, LeaseStore, PgStore, PgStoreOptions, Release, Renew, Ro
 use ticklease_model::{Action, LeaseModel, State};
 use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
 
-const TICK: Duration = Duration::from_millis(300);
+const TICK: Duration = Duration::from_millis(400);
+/// How far into its tick a statement may run: half a tick is the margin the
+/// shorter real lease gives, less a little for clock reads.
+const LATE_MAX: Duration = Duration::from_millis(180);
 const WALKS: u64 = 10;
 const STEPS: usize = 40;
 /// How likely each action is picked, relative to the others: walks that
@@ -284,7 +288,7 @@ async fn walks_of_the_model_replay_on_postgres_with_the_answers_it_predicts() {
             // Every statement of a tick runs well inside it.
             let into_tick = start.elapsed().saturating_sub(TICK * u32::from(after.now));
             assert!(
-                into_tick < TICK / 4,
+                into_tick < LATE_MAX,
                 "a statement ran {into_tick:?} into its tick: {}",
                 trace()
             );
