@@ -155,12 +155,32 @@ fn walk(model: &LeaseModel, seed: u64) -> Vec<(State, Action, State)> {
     steps
 }
 
+/// A statement answered too far into its tick for its answer to be
+/// compared with the model's (a stall of the machine, not of the protocol).
+#[derive(Debug)]
+struct Late;
+
+/// Attempts per walk: a walk that ran late is replayed afresh.
+const ATTEMPTS: usize = 3;
+
 #[tokio::test]
 async fn walks_of_the_model_replay_on_postgres_with_the_answers_it_predicts() {
     let model = model();
+    for seed in 0..WALKS {
+        let mut attempts = 0;
+        while replay(&model, seed).await.is_err() {
+            attempts += 1;
+            assert!(attempts < ATTEMPTS, "walk {seed} ran late {ATTEMPTS} times");
+        }
+    }
+}
+
+/// Replays walk `seed` on a fresh database; every answer that arrived in
+/// time must be the model's.
+async fn replay(model: &LeaseModel, seed: u64) -> Result<(), Late> {
     let billing = Role::new("billing").unwrap();
     let real_ttl = TICK * u32::from(model.ttl) - TICK / 2;
-    for seed in 0..WALKS {
+    {
         let db = migrated_db(PgCluster::shared()).await;
         let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&test_config()))
             .await
@@ -177,8 +197,17 @@ async fn walks_of_the_model_replay_on_postgres_with_the_answers_it_predicts() {
             claimers.push(connect(&db).await.unwrap());
         }
         let mut tokens: Vec<Option<Token>> = vec![None; model.replicas as usize];
-        let steps = walk(&model, seed);
+        let steps = walk(model, seed);
         let start = Instant::now();
+        // Answers that arrive less than LATE_MAX into their tick are on the
+        // model's side of every expiry boundary.
+        let on_time = |now: u8| {
+            if start.elapsed().saturating_sub(TICK * u32::from(now)) < LATE_MAX {
+                Ok(())
+            } else {
+                Err(Late)
+            }
+        };
         for (i, (before, action, after)) in steps.iter().enumerate() {
             let trace = || {
                 let actions: Vec<_> = steps[..=i].iter().map(|(_, a, _)| *a).collect();
@@ -191,6 +220,7 @@ async fn walks_of_the_model_replay_on_postgres_with_the_answers_it_predicts() {
                         .acquire(&billing, &holder(r), real_ttl, Duration::from_millis(1))
                         .await
                         .unwrap();
+                    on_time(after.now)?;
                     let predicted = after.replicas[r as usize].term.is_some();
                     match answer {
                         Acquire::Acquired(term) => {
@@ -211,6 +241,7 @@ async fn walks_of_the_model_replay_on_postgres_with_the_answers_it_predicts() {
                         .renew(&billing, tokens[r as usize].unwrap(), real_ttl)
                         .await
                         .unwrap();
+                    on_time(after.now)?;
                     if *action == Action::Renew(r) {
                         let predicted = after.replicas[r as usize].term.is_some();
                         let renewed = matches!(answer, Renew::Renewed { .. });
@@ -227,6 +258,7 @@ async fn walks_of_the_model_replay_on_postgres_with_the_answers_it_predicts() {
                         )
                         .await
                         .unwrap();
+                    on_time(after.now)?;
                     let predicted = before.db.row.holder.is_some()
                         && before.replicas[r as usize]
                             .term
@@ -243,6 +275,7 @@ async fn walks_of_the_model_replay_on_postgres_with_the_answers_it_predicts() {
                         )
                         .await
                         .unwrap();
+                    on_time(after.now)?;
                     let predicted = after.replicas[r as usize].claim.is_some();
                     assert_eq!(rows == 1, predicted, "the fence: {}", trace());
                     if rows == 0 {
@@ -252,23 +285,24 @@ async fn walks_of_the_model_replay_on_postgres_with_the_answers_it_predicts() {
                 Action::Commit(r) => {
                     let token = before.replicas[r as usize].claim.unwrap();
                     let committed = claimers[r as usize].batch_execute("COMMIT").await.is_ok();
+                    on_time(after.now)?;
                     assert_eq!(
                         committed,
-                        before.fence_passes(&model, token),
+                        before.fence_passes(model, token),
                         "COMMIT: {}",
                         trace()
                     );
                 }
                 Action::Abandon(_) | Action::Die(_) | Action::Freeze(_) | Action::Resume(_) => {}
                 Action::Pause => {
-                    assert!(
-                        store.pause(&billing, "model", "replay").await.unwrap(),
-                        "PAUSE: {}",
-                        trace()
-                    );
+                    let paused = store.pause(&billing, "model", "replay").await.unwrap();
+                    on_time(after.now)?;
+                    assert!(paused, "PAUSE: {}", trace());
                 }
                 Action::Unpause => {
-                    assert!(store.unpause(&billing).await.unwrap(), "UNPAUSE: {}", trace());
+                    let unpaused = store.unpause(&billing).await.unwrap();
+                    on_time(after.now)?;
+                    assert!(unpaused, "UNPAUSE: {}", trace());
                 }
                 Action::Tick => {
                     tokio::time::sleep_until(start + TICK * u32::from(after.now)).await;
@@ -285,13 +319,7 @@ async fn walks_of_the_model_replay_on_postgres_with_the_answers_it_predicts() {
                     claimers[r as usize].batch_execute("ROLLBACK").await.unwrap();
                 }
             }
-            // Every statement of a tick runs well inside it.
-            let into_tick = start.elapsed().saturating_sub(TICK * u32::from(after.now));
-            assert!(
-                into_tick < LATE_MAX,
-                "a statement ran {into_tick:?} into its tick: {}",
-                trace()
-            );
         }
     }
+    Ok(())
 }
