@@ -296,7 +296,9 @@
 //! record who did it. At most one row per term (a RELEASE and a takeover
 //! racing for one term record it once). Retention is bounded per role by
 //! count and age (`leader_history_settings`, default 10,000 rows and 30
-//! days), pruned by the writers every 16th row. The app and operator roles
+//! days), pruned by the writers on one write of the role in 16 on average,
+//! at most 1,000 rows at a time. Every text is cut to 500 characters, and
+//! RELEASE takes only known loss reasons. The app and operator roles
 //! read it ([`HistoryStore`], `ticklease history`); neither can write it
 //! but through the lease functions. `metrics::serve` renders it at `/` as a
 //! read-only status page (server-side HTML and inline SVG, no script,

@@ -326,8 +326,8 @@ async fn the_app_role_reads_history_but_cannot_rewrite_it() {
     }
 }
 
-/// With a full history (10,000 rows for the role, pruned every 16th
-/// write), RELEASE stays far inside the statement timeout.
+/// With a full history (10,000 rows for the role, pruned on one write in
+/// 16 on average), RELEASE stays far inside the statement timeout.
 #[tokio::test]
 async fn history_writes_stay_inside_the_lease_statements_time_budget() {
     let config = test_config();
