@@ -353,6 +353,198 @@ pub async fn run_now_clears_a_cooldown_and_names_unknown_roles<S: LeaseStore>(st
     ));
 }
 
+fn outcomes(answers: Vec<(Role, Acquire)>) -> std::collections::BTreeMap<String, Acquire> {
+    let n = answers.len();
+    let map: std::collections::BTreeMap<String, Acquire> =
+        answers.into_iter().map(|(r, a)| (r.to_string(), a)).collect();
+    assert_eq!(map.len(), n, "one answer per role");
+    map
+}
+
+fn started(a: &Acquire) -> Option<Token> {
+    match a {
+        Acquire::Acquired(term) => Some(term.token),
+        Acquire::Refused(_) => None,
+    }
+}
+
+pub async fn acquire_many_starts_at_most_limit_terms_in_the_order_given<S: LeaseStore>(store: &S) {
+    let roles: Vec<Role> = ["fam:c", "fam:a", "fam:d", "fam:b"].map(role).to_vec();
+    store.seed(&roles).await.expect("seed");
+    let held = acquired(store, &roles[2], "other", HOUR).await;
+    let answers = outcomes(
+        store
+            .acquire_many(&roles, "me", TTL, HOUR, 2)
+            .await
+            .expect("ACQUIRE many"),
+    );
+    assert_eq!(answers.len(), 4);
+    assert!(
+        started(&answers["fam:c"]).is_some(),
+        "first in order: {answers:?}"
+    );
+    assert!(
+        started(&answers["fam:a"]).is_some(),
+        "second in order: {answers:?}"
+    );
+    assert!(
+        matches!(&answers["fam:d"], Acquire::Refused(Refusal::Held { holder, .. }) if holder == "other"),
+        "{answers:?}"
+    );
+    assert_eq!(answers["fam:b"], Acquire::Refused(Refusal::OverLimit));
+    for (name, holder) in [("fam:c", Some("me")), ("fam:a", Some("me")), ("fam:b", None)] {
+        assert_eq!(
+            row(store, &role(name)).await.holder_id.as_deref(),
+            holder,
+            "{name}"
+        );
+    }
+    assert_eq!(
+        row(store, &roles[2]).await.token,
+        held,
+        "a held term is untouched"
+    );
+    let again = outcomes(
+        store
+            .acquire_many(&roles, "third", TTL, HOUR, 0)
+            .await
+            .expect("ACQUIRE many"),
+    );
+    assert_eq!(
+        again["fam:b"],
+        Acquire::Refused(Refusal::OverLimit),
+        "limit 0 starts nothing"
+    );
+    assert!(matches!(again["fam:c"], Acquire::Refused(Refusal::Held { .. })));
+    assert_eq!(row(store, &role("fam:b")).await.holder_id, None);
+}
+
+pub async fn acquire_many_refuses_as_acquire_does_and_recreates_missing_rows<S: LeaseStore>(store: &S) {
+    let (paused, due, fresh) = (role("fam:paused"), role("fam:due"), role("fam:fresh"));
+    store.seed(&[paused.clone(), due.clone()]).await.expect("seed");
+    store.pause(&paused, "ops", "maintenance").await.expect("PAUSE");
+    let t = acquired(store, &due, "a", HOUR).await;
+    assert!(store
+        .release(&due, t, Release::Completed, HOUR)
+        .await
+        .expect("RELEASE"));
+    let answers = outcomes(
+        store
+            .acquire_many(&[paused.clone(), due.clone(), fresh.clone()], "me", TTL, HOUR, 10)
+            .await
+            .expect("ACQUIRE many"),
+    );
+    assert!(
+        matches!(&answers["fam:paused"], Acquire::Refused(Refusal::Paused { by, .. }) if by == "ops"),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(&answers["fam:due"], Acquire::Refused(Refusal::NotDue { remaining, .. }) if *remaining > HOUR / 2),
+        "{answers:?}"
+    );
+    let token = started(&answers["fam:fresh"]).expect("a role without a row is acquired");
+    assert_eq!(row(store, &fresh).await.token, token);
+    assert!(store
+        .acquire_many(&[], "me", TTL, HOUR, 10)
+        .await
+        .expect("an empty batch")
+        .is_empty());
+}
+
+pub async fn renew_many_renews_each_live_term_and_names_each_loss<S: LeaseStore>(store: &S) {
+    let (a, b, c, d) = (role("fam:a"), role("fam:b"), role("fam:c"), role("fam:d"));
+    let ta = acquired(store, &a, "me", HOUR).await;
+    let tb = acquired(store, &b, "me", HOUR).await;
+    let tc = acquired(store, &c, "me", HOUR).await;
+    let td = acquired(store, &d, "me", HOUR).await;
+    store.pause(&b, "ops", "").await.expect("PAUSE");
+    assert!(store
+        .release(&c, tc, Release::Interrupted, HOUR)
+        .await
+        .expect("RELEASE"));
+    let tc2 = acquired(store, &c, "other", HOUR).await;
+    tokio::time::sleep(TTL / 2).await;
+    let answers = store
+        .renew_many(
+            &[(d.clone(), td), (a.clone(), ta), (b.clone(), tb), (c.clone(), tc)],
+            TTL,
+        )
+        .await
+        .expect("RENEW many");
+    assert!(matches!(answers[0], Renew::Renewed { .. }), "{answers:?}");
+    assert!(matches!(answers[1], Renew::Renewed { .. }), "{answers:?}");
+    assert_eq!(answers[2], Renew::Lost(LossReason::Paused));
+    assert_eq!(answers[3], Renew::Lost(LossReason::TakenOver));
+    tokio::time::sleep(TTL * 3 / 4).await;
+    assert!(row(store, &a).await.held, "renewed past its first TTL");
+    assert_eq!(
+        row(store, &c).await.token,
+        tc2,
+        "the other holder's term is untouched"
+    );
+    assert!(store
+        .renew_many(&[], TTL)
+        .await
+        .expect("an empty batch")
+        .is_empty());
+}
+
+pub async fn release_many_ends_each_term_by_its_outcome<S: LeaseStore>(store: &S) {
+    let (a, b, c) = (role("fam:a"), role("fam:b"), role("fam:c"));
+    let ta = acquired(store, &a, "me", HOUR).await;
+    let tb = acquired(store, &b, "me", HOUR).await;
+    let tc = acquired(store, &c, "me", HOUR).await;
+    assert!(store
+        .release(&c, tc, Release::Interrupted, HOUR)
+        .await
+        .expect("RELEASE"));
+    let term = |role: &Role, token, outcome| ticklease::Releasing {
+        role: role.clone(),
+        token,
+        outcome,
+        interval: HOUR,
+        ending: ticklease::Ending::of(outcome),
+    };
+    let released = store
+        .release_many(&[
+            term(&b, tb, Release::Failed),
+            term(&a, ta, Release::Completed),
+            term(&c, tc, Release::Completed),
+        ])
+        .await
+        .expect("RELEASE many");
+    assert_eq!(released, vec![true, true, false], "c was already over");
+    let (sa, sb, sc) = (row(store, &a).await, row(store, &b).await, row(store, &c).await);
+    assert!(!sa.held && !sb.held);
+    assert_eq!(
+        sa.last_tick_holder.as_deref(),
+        Some("me"),
+        "completed stamps the tick"
+    );
+    assert!(
+        sb.last_tick_ended_at.is_none() && sb.not_before.is_some(),
+        "failed cools down"
+    );
+    assert!(sc.last_tick_ended_at.is_none(), "an over term is not stamped");
+}
+
+pub async fn replicas_beat_and_leave_per_family<S: LeaseStore>(store: &S) {
+    assert_eq!(store.beat("fam", "b", TTL).await.expect("beat"), vec!["b"]);
+    assert_eq!(store.beat("fam", "a", TTL).await.expect("beat"), vec!["a", "b"]);
+    assert_eq!(store.beat("other", "c", TTL).await.expect("beat"), vec!["c"]);
+    assert!(store.leave("fam", "b").await.expect("leave"));
+    assert!(!store.leave("fam", "b").await.expect("leave"));
+    assert_eq!(store.beat("fam", "a", TTL).await.expect("beat"), vec!["a"]);
+    tokio::time::sleep(TTL / 2).await;
+    store.beat("fam", "b", TTL).await.expect("beat");
+    tokio::time::sleep(TTL * 3 / 4).await;
+    assert_eq!(
+        store.beat("fam", "b", TTL).await.expect("beat"),
+        vec!["b"],
+        "a replica that stopped beating drops out after a TTL"
+    );
+}
+
 /// Generates one test per conformance case for the store `$make` builds.
 /// Put the test attribute first: `conformance_suite!(#[tokio::test] make_store());`
 #[macro_export]
@@ -375,6 +567,11 @@ macro_rules! conformance_suite {
             acquire_recreates_a_missing_row,
             every_acquire_issues_a_larger_token_never_below_the_clock,
             run_now_clears_a_cooldown_and_names_unknown_roles,
+            acquire_many_starts_at_most_limit_terms_in_the_order_given,
+            acquire_many_refuses_as_acquire_does_and_recreates_missing_rows,
+            renew_many_renews_each_live_term_and_names_each_loss,
+            release_many_ends_each_term_by_its_outcome,
+            replicas_beat_and_leave_per_family,
         );
     };
     (@cases #[$attr:meta] $make:expr; $($case:ident),* $(,)?) => {

@@ -2,7 +2,7 @@
 //! tests of the heartbeat state machine. It passes the same conformance suite
 //! as the Postgres store, and it can be told to hang or fail RENEWs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -10,7 +10,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use ticklease::{
-    Acquire, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Renew, Role, StoreError, Term, Token,
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Role,
+    StoreError, Term, Token, BATCH_MAX,
 };
 
 #[derive(Debug, Clone, Default)]
@@ -39,6 +40,8 @@ struct State {
     renew_sends: Vec<Instant>,
     fail_renews: usize,
     fail_releases: usize,
+    /// `(family, holder)` → when the replica's registration runs out.
+    replicas: BTreeMap<(String, String), SystemTime>,
 }
 
 /// The fake store. Clones share state.
@@ -63,6 +66,7 @@ impl FakeStore {
                 renew_sends: Vec::new(),
                 fail_renews: 0,
                 fail_releases: 0,
+                replicas: BTreeMap::new(),
             })),
             hang: Arc::new(watch::channel(false).0),
             epoch: (Instant::now(), SystemTime::now()),
@@ -105,6 +109,107 @@ fn seed_token(now: SystemTime) -> i64 {
         .unwrap_or_default()
 }
 
+fn check_batch(statement: &'static str, len: usize) -> Result<(), StoreError> {
+    if len > BATCH_MAX {
+        return Err(StoreError::Rejected {
+            statement,
+            problem: "a batch holds at most 1000 roles (BATCH_MAX)",
+        });
+    }
+    Ok(())
+}
+
+/// ACQUIRE of one row; with `start` false an acquirable row is only reported ([`Refusal::OverLimit`]).
+fn acquire_row(
+    s: &mut State,
+    role: &Role,
+    holder: &str,
+    lease_ttl: Duration,
+    interval: Duration,
+    now: SystemTime,
+    start: bool,
+) -> Acquire {
+    if !start && !s.rows.contains_key(role.as_str()) {
+        return Acquire::Refused(Refusal::OverLimit);
+    }
+    let row = s.rows.entry(role.to_string()).or_insert_with(|| Row {
+        token: seed_token(now) - 1,
+        ..Row::default()
+    });
+    if let Some(by) = &row.paused_by {
+        return Acquire::Refused(Refusal::Paused {
+            by: by.clone(),
+            reason: row.pause_reason.clone().unwrap_or_default(),
+        });
+    }
+    if row.live(now) {
+        let expires_at = row.expires_at.unwrap_or(now);
+        return Acquire::Refused(Refusal::Held {
+            holder: row.holder_id.clone().unwrap_or_default(),
+            expires_at,
+            remaining: expires_at.duration_since(now).unwrap_or_default(),
+            // The fake has no coordination session.
+            holder_key: None,
+        });
+    }
+    let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before]
+        .into_iter()
+        .flatten()
+        .max();
+    if let Some(due_at) = due_at.filter(|d| *d > now) {
+        return Acquire::Refused(Refusal::NotDue {
+            due_at,
+            remaining: due_at.duration_since(now).unwrap_or_default(),
+        });
+    }
+    if !start {
+        return Acquire::Refused(Refusal::OverLimit);
+    }
+    row.token = (row.token + 1).max(seed_token(now));
+    row.holder_id = Some(holder.to_string());
+    row.acquired_at = Some(now);
+    row.expires_at = Some(now + lease_ttl);
+    Acquire::Acquired(Term {
+        token: Token(row.token),
+        db_now: now,
+    })
+}
+
+fn renew_row(s: &mut State, role: &Role, token: Token, lease_ttl: Duration, now: SystemTime) -> Renew {
+    let Some(row) = s.rows.get_mut(role.as_str()) else {
+        return Renew::Lost(LossReason::Released);
+    };
+    if row.token == token.0 && row.holder_id.is_some() {
+        row.expires_at = Some(now + lease_ttl);
+        return Renew::Renewed { db_now: now };
+    }
+    Renew::Lost(if row.paused_at.is_some() {
+        LossReason::Paused
+    } else if row.token != token.0 {
+        LossReason::TakenOver
+    } else {
+        LossReason::Released
+    })
+}
+
+fn release_row(s: &mut State, term: &Releasing, now: SystemTime) -> bool {
+    let Some(row) = s.rows.get_mut(term.role.as_str()) else {
+        return false;
+    };
+    if row.token != term.token.0 || row.holder_id.is_none() {
+        return false;
+    }
+    if term.outcome.stamps_last_tick() {
+        row.last_tick_ended_at = Some(now);
+        row.last_tick_holder = row.holder_id.clone();
+    }
+    row.not_before = term.outcome.cooldown(term.interval).map(|d| now + d);
+    row.holder_id = None;
+    row.acquired_at = None;
+    row.expires_at = None;
+    true
+}
+
 impl LeaseStore for FakeStore {
     async fn acquire(
         &self,
@@ -114,49 +219,46 @@ impl LeaseStore for FakeStore {
         interval: Duration,
     ) -> Result<Acquire, StoreError> {
         let now = self.now();
-        self.with(|s| {
-            let row = s.rows.entry(role.to_string()).or_insert_with(|| Row {
-                token: seed_token(now) - 1,
-                ..Row::default()
-            });
-            if let Some(by) = &row.paused_by {
-                return Ok(Acquire::Refused(Refusal::Paused {
-                    by: by.clone(),
-                    reason: row.pause_reason.clone().unwrap_or_default(),
-                }));
-            }
-            if row.live(now) {
-                let expires_at = row.expires_at.unwrap_or(now);
-                return Ok(Acquire::Refused(Refusal::Held {
-                    holder: row.holder_id.clone().unwrap_or_default(),
-                    expires_at,
-                    remaining: expires_at.duration_since(now).unwrap_or_default(),
-                    // The fake has no coordination session.
-                    holder_key: None,
-                }));
-            }
-            let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before]
-                .into_iter()
-                .flatten()
-                .max();
-            if let Some(due_at) = due_at.filter(|d| *d > now) {
-                return Ok(Acquire::Refused(Refusal::NotDue {
-                    due_at,
-                    remaining: due_at.duration_since(now).unwrap_or_default(),
-                }));
-            }
-            row.token = (row.token + 1).max(seed_token(now));
-            row.holder_id = Some(holder.to_string());
-            row.acquired_at = Some(now);
-            row.expires_at = Some(now + lease_ttl);
-            Ok(Acquire::Acquired(Term {
-                token: Token(row.token),
-                db_now: now,
-            }))
-        })
+        Ok(self.with(|s| acquire_row(s, role, holder, lease_ttl, interval, now, true)))
+    }
+
+    async fn acquire_many(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        interval: Duration,
+        limit: usize,
+    ) -> Result<Vec<(Role, Acquire)>, StoreError> {
+        check_batch("ACQUIRE many", roles.len())?;
+        let now = self.now();
+        let mut seen = BTreeSet::new();
+        let mut started = 0;
+        Ok(self.with(|s| {
+            roles
+                .iter()
+                .filter(|role| seen.insert(*role))
+                .map(|role| {
+                    let answer = acquire_row(s, role, holder, lease_ttl, interval, now, started < limit);
+                    if matches!(answer, Acquire::Acquired(_)) {
+                        started += 1;
+                    }
+                    (role.clone(), answer)
+                })
+                .collect()
+        }))
     }
 
     async fn renew(&self, role: &Role, token: Token, lease_ttl: Duration) -> Result<Renew, StoreError> {
+        Ok(self.renew_many(&[(role.clone(), token)], lease_ttl).await?[0])
+    }
+
+    async fn renew_many(
+        &self,
+        terms: &[(Role, Token)],
+        lease_ttl: Duration,
+    ) -> Result<Vec<Renew>, StoreError> {
+        check_batch("RENEW many", terms.len())?;
         self.with(|s| s.renew_sends.push(Instant::now()));
         let mut hang = self.hang.subscribe();
         // The statement waits while hung, and is dropped if the caller times out.
@@ -170,20 +272,10 @@ impl LeaseStore for FakeStore {
                     after: Duration::ZERO,
                 });
             }
-            let Some(row) = s.rows.get_mut(role.as_str()) else {
-                return Ok(Renew::Lost(LossReason::Released));
-            };
-            if row.token == token.0 && row.holder_id.is_some() {
-                row.expires_at = Some(now + lease_ttl);
-                return Ok(Renew::Renewed { db_now: now });
-            }
-            Ok(Renew::Lost(if row.paused_at.is_some() {
-                LossReason::Paused
-            } else if row.token != token.0 {
-                LossReason::TakenOver
-            } else {
-                LossReason::Released
-            }))
+            Ok(terms
+                .iter()
+                .map(|(role, token)| renew_row(s, role, *token, lease_ttl, now))
+                .collect())
         })
     }
 
@@ -194,6 +286,18 @@ impl LeaseStore for FakeStore {
         outcome: Release,
         interval: Duration,
     ) -> Result<bool, StoreError> {
+        let term = Releasing {
+            role: role.clone(),
+            token,
+            outcome,
+            interval,
+            ending: Ending::of(outcome),
+        };
+        Ok(self.release_many(&[term]).await?[0])
+    }
+
+    async fn release_many(&self, terms: &[Releasing]) -> Result<Vec<bool>, StoreError> {
+        check_batch("RELEASE many", terms.len())?;
         let now = self.now();
         self.with(|s| {
             if s.fail_releases > 0 {
@@ -203,22 +307,29 @@ impl LeaseStore for FakeStore {
                     after: Duration::ZERO,
                 });
             }
-            let Some(row) = s.rows.get_mut(role.as_str()) else {
-                return Ok(false);
-            };
-            if row.token != token.0 || row.holder_id.is_none() {
-                return Ok(false);
-            }
-            if outcome.stamps_last_tick() {
-                row.last_tick_ended_at = Some(now);
-                row.last_tick_holder = row.holder_id.clone();
-            }
-            row.not_before = outcome.cooldown(interval).map(|d| now + d);
-            row.holder_id = None;
-            row.acquired_at = None;
-            row.expires_at = None;
-            Ok(true)
+            Ok(terms.iter().map(|t| release_row(s, t, now)).collect())
         })
+    }
+
+    async fn beat(&self, family: &str, holder: &str, lease_ttl: Duration) -> Result<Vec<String>, StoreError> {
+        let now = self.now();
+        Ok(self.with(|s| {
+            s.replicas
+                .insert((family.to_string(), holder.to_string()), now + lease_ttl);
+            s.replicas
+                .iter()
+                .filter(|((f, _), expires_at)| f == family && **expires_at > now)
+                .map(|((_, h), _)| h.clone())
+                .collect()
+        }))
+    }
+
+    async fn leave(&self, family: &str, holder: &str) -> Result<bool, StoreError> {
+        Ok(self.with(|s| {
+            s.replicas
+                .remove(&(family.to_string(), holder.to_string()))
+                .is_some()
+        }))
     }
 
     async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {

@@ -426,8 +426,8 @@ pub use role::{Role, ROLE_NAME_MAX};
 pub use scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use step::Steps;
 pub use store::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Refusal, Release, Renew,
-    Term, ERROR_SUMMARY_MAX, POOL_SIZE_MAX,
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Refusal, Release,
+    Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX, POOL_SIZE_MAX,
 };
 pub use tls::{PgConnect, PgConnectError};
 pub use token::Token;

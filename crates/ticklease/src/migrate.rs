@@ -58,6 +58,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "history",
         sql: include_str!("migrations/0005_history.sql"),
     },
+    Migration {
+        version: 6,
+        name: "families",
+        sql: include_str!("migrations/0006_families.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).

@@ -69,6 +69,9 @@ pub enum Refusal {
     },
     /// Another replica acquired the role during this statement.
     Contended,
+    /// Acquirable, but a batched ACQUIRE ([`LeaseStore::acquire_many`])
+    /// had started its limit of terms before reaching it.
+    OverLimit,
 }
 
 /// What one RENEW did.
@@ -184,6 +187,24 @@ impl Ending {
     }
 }
 
+/// One term of a batched RELEASE ([`LeaseStore::release_many`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Releasing {
+    /// The term's role.
+    pub role: Role,
+    /// The term's token.
+    pub token: Token,
+    /// How its tick ended, which decides what the row gets.
+    pub outcome: Release,
+    /// The role's tick interval (for the cooldown).
+    pub interval: Duration,
+    /// What the role's history records.
+    pub ending: Ending,
+}
+
+/// Most roles in one batched statement; larger batches are split.
+pub const BATCH_MAX: usize = 1000;
+
 /// Longest cooldown after a lost tick.
 pub(crate) const LOST_COOLDOWN_MAX: Duration = Duration::from_secs(60);
 
@@ -264,6 +285,45 @@ pub trait LeaseStore: Send + Sync + 'static {
         let _ = ending;
         self.release(role, token, outcome, interval)
     }
+
+    /// ACQUIRE for many roles of one `interval` in one statement: starts
+    /// terms for `holder` on at most `limit` of them, in the order given
+    /// among those acquirable (the others are [`Refusal::OverLimit`]).
+    /// One answer per distinct role, in no particular order. At most
+    /// [`BATCH_MAX`] roles.
+    fn acquire_many(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        interval: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(Role, Acquire)>, StoreError>> + Send;
+
+    /// RENEW for many terms in one statement, each term-scoped by `(role,
+    /// token)`; the answers in the order given. At most [`BATCH_MAX`] terms.
+    fn renew_many(
+        &self,
+        terms: &[(Role, Token)],
+        lease_ttl: Duration,
+    ) -> impl Future<Output = Result<Vec<Renew>, StoreError>> + Send;
+
+    /// RELEASE for many terms in one statement; per term, `false` when it
+    /// was already over, in the order given. At most [`BATCH_MAX`] terms.
+    fn release_many(&self, terms: &[Releasing])
+        -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+
+    /// Registers `holder` as serving `family` for another `lease_ttl` and
+    /// returns the replicas that do (this one included), sorted.
+    fn beat(
+        &self,
+        family: &str,
+        holder: &str,
+        lease_ttl: Duration,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+
+    /// Removes `holder` from `family`'s replicas; `false` if it was not there.
+    fn leave(&self, family: &str, holder: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// `true` when this call paused the role; `StoreError::UnknownRole` when it has no row.
     fn pause(

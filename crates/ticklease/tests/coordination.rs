@@ -595,6 +595,38 @@ impl LeaseStore for Counting {
     ) -> Result<bool, StoreError> {
         self.inner.release(role, token, outcome, interval).await
     }
+    async fn acquire_many(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        interval: Duration,
+        limit: usize,
+    ) -> Result<Vec<(Role, Acquire)>, StoreError> {
+        let answer = self
+            .inner
+            .acquire_many(roles, holder, lease_ttl, interval, limit)
+            .await;
+        self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        answer
+    }
+    async fn renew_many(
+        &self,
+        terms: &[(Role, Token)],
+        lease_ttl: Duration,
+    ) -> Result<Vec<ticklease::Renew>, StoreError> {
+        self.renews.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.renew_many(terms, lease_ttl).await
+    }
+    async fn release_many(&self, terms: &[ticklease::Releasing]) -> Result<Vec<bool>, StoreError> {
+        self.inner.release_many(terms).await
+    }
+    async fn beat(&self, family: &str, holder: &str, lease_ttl: Duration) -> Result<Vec<String>, StoreError> {
+        self.inner.beat(family, holder, lease_ttl).await
+    }
+    async fn leave(&self, family: &str, holder: &str) -> Result<bool, StoreError> {
+        self.inner.leave(family, holder).await
+    }
     async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
         self.inner.pause(role, by, reason).await
     }

@@ -15,7 +15,8 @@ use tokio_postgres::Row;
 
 use super::cancel::CancelTarget;
 use super::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Renew, Term, ERROR_SUMMARY_MAX,
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Term,
+    BATCH_MAX, ERROR_SUMMARY_MAX,
 };
 use crate::config::Config;
 use crate::coordination::Signals;
@@ -29,6 +30,11 @@ const ACQUIRE: &str = include_str!("acquire.sql");
 const RENEW: &str = include_str!("renew.sql");
 const RELEASE: &str = include_str!("release.sql");
 const STATUS: &str = include_str!("status.sql");
+const ACQUIRE_MANY: &str = include_str!("acquire_many.sql");
+const RENEW_MANY: &str = include_str!("renew_many.sql");
+const RELEASE_MANY: &str = include_str!("release_many.sql");
+const BEAT: &str = "SELECT holder_id FROM leader_replica_beat($1, $2, $3, $4)";
+const LEAVE: &str = "SELECT leader_replica_leave($1, $2)";
 const PAUSE: &str = "SELECT leader_pause($1, $2, $3)";
 const UNPAUSE: &str = "SELECT leader_unpause($1)";
 const SEED: &str = "SELECT leader_seed($1)";
@@ -302,6 +308,72 @@ fn one(statement: &'static str, rows: Vec<Row>) -> Result<Row, StoreError> {
     })
 }
 
+/// A batch larger than [`BATCH_MAX`] is the caller's bug: refused before anything is sent.
+fn check_batch(statement: &'static str, len: usize) -> Result<(), StoreError> {
+    if len > BATCH_MAX {
+        return Err(StoreError::Rejected {
+            statement,
+            problem: "a batch holds at most 1000 roles (BATCH_MAX)",
+        });
+    }
+    Ok(())
+}
+
+fn error_summary(ending: &Ending) -> Option<String> {
+    ending
+        .error
+        .as_deref()
+        .map(|e| e.chars().take(ERROR_SUMMARY_MAX).collect())
+}
+
+/// An ACQUIRE row: the term it started, or why none.
+fn acquired(row: &Row) -> Acquire {
+    let db_now: SystemTime = row.get("db_now");
+    if let Some(token) = row.get::<_, Option<i64>>("holder_token") {
+        return Acquire::Acquired(Term {
+            token: Token(token),
+            db_now,
+        });
+    }
+    let paused_by: Option<String> = row.get("paused_by");
+    let held: Option<bool> = row.get("held");
+    let due_at: Option<SystemTime> = row.get("due_at");
+    if let Some(by) = paused_by {
+        Acquire::Refused(Refusal::Paused {
+            by,
+            reason: row.get::<_, Option<String>>("pause_reason").unwrap_or_default(),
+        })
+    } else if held == Some(true) {
+        let expires_at: SystemTime = row.get("expires_at");
+        Acquire::Refused(Refusal::Held {
+            holder: row.get("holder_id"),
+            expires_at,
+            remaining: expires_at.duration_since(db_now).unwrap_or_default(),
+            holder_key: row.get("holder_key"),
+        })
+    } else if let Some(due_at) = due_at.filter(|d| *d > db_now) {
+        Acquire::Refused(Refusal::NotDue {
+            due_at,
+            remaining: due_at.duration_since(db_now).unwrap_or_default(),
+        })
+    } else {
+        Acquire::Refused(Refusal::Contended)
+    }
+}
+
+/// A RENEW row of the term `token`.
+fn renewed(row: &Row, token: Token) -> Renew {
+    if row.get::<_, bool>("renewed") {
+        return Renew::Renewed {
+            db_now: row.get("db_now"),
+        };
+    }
+    let current: Option<i64> = row.get("holder_token");
+    let holder: Option<String> = row.get("holder_id");
+    let paused: Option<bool> = row.get("paused");
+    Renew::Lost(loss_reason(token, current, holder, paused))
+}
+
 impl LeaseStore for PgStore {
     async fn acquire(
         &self,
@@ -327,38 +399,169 @@ impl LeaseStore for PgStore {
                 ),
             )
             .await?;
-        let row = one("ACQUIRE", rows)?;
-        let db_now: SystemTime = row.get("db_now");
-        if let Some(token) = row.get::<_, Option<i64>>("holder_token") {
-            return Ok(Acquire::Acquired(Term {
-                token: Token(token),
-                db_now,
-            }));
-        }
-        let paused_by: Option<String> = row.get("paused_by");
-        let held: Option<bool> = row.get("held");
-        let due_at: Option<SystemTime> = row.get("due_at");
-        Ok(if let Some(by) = paused_by {
-            Acquire::Refused(Refusal::Paused {
-                by,
-                reason: row.get::<_, Option<String>>("pause_reason").unwrap_or_default(),
+        Ok(acquired(&one("ACQUIRE", rows)?))
+    }
+
+    async fn acquire_many(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        interval: Duration,
+        limit: usize,
+    ) -> Result<Vec<(Role, Acquire)>, StoreError> {
+        check_batch("ACQUIRE many", roles.len())?;
+        let names: Vec<&str> = roles.iter().map(Role::as_str).collect();
+        let (ttl, interval, key) = (millis(lease_ttl), millis(interval), self.holder_key());
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let rows = self
+            .keyed(
+                key,
+                self.query(
+                    "ACQUIRE many",
+                    ACQUIRE_MANY,
+                    &[
+                        (&names, Type::TEXT_ARRAY),
+                        (&holder, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&interval, Type::INT8),
+                        (&key, Type::INT8),
+                        (&limit, Type::INT4),
+                    ],
+                ),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let role = Role(row.get("role"));
+                if row.get::<_, bool>("over_limit") {
+                    (role, Acquire::Refused(Refusal::OverLimit))
+                } else {
+                    (role, acquired(row))
+                }
             })
-        } else if held == Some(true) {
-            let expires_at: SystemTime = row.get("expires_at");
-            Acquire::Refused(Refusal::Held {
-                holder: row.get("holder_id"),
-                expires_at,
-                remaining: expires_at.duration_since(db_now).unwrap_or_default(),
-                holder_key: row.get("holder_key"),
+            .collect())
+    }
+
+    async fn renew_many(
+        &self,
+        terms: &[(Role, Token)],
+        lease_ttl: Duration,
+    ) -> Result<Vec<Renew>, StoreError> {
+        check_batch("RENEW many", terms.len())?;
+        let names: Vec<&str> = terms.iter().map(|(r, _)| r.as_str()).collect();
+        let tokens: Vec<i64> = terms.iter().map(|(_, t)| t.0).collect();
+        let (ttl, key) = (millis(lease_ttl), self.holder_key());
+        let rows = self
+            .keyed(
+                key,
+                self.query(
+                    "RENEW many",
+                    RENEW_MANY,
+                    &[
+                        (&names, Type::TEXT_ARRAY),
+                        (&tokens, Type::INT8_ARRAY),
+                        (&ttl, Type::INT8),
+                        (&key, Type::INT8),
+                    ],
+                ),
+            )
+            .await?;
+        let answers: std::collections::HashMap<(String, i64), Renew> = rows
+            .iter()
+            .map(|row| {
+                (
+                    (row.get("role"), row.get("token")),
+                    renewed(row, Token(row.get("token"))),
+                )
             })
-        } else if let Some(due_at) = due_at.filter(|d| *d > db_now) {
-            Acquire::Refused(Refusal::NotDue {
-                due_at,
-                remaining: due_at.duration_since(db_now).unwrap_or_default(),
+            .collect();
+        terms
+            .iter()
+            .map(|(role, token)| {
+                answers
+                    .get(&(role.0.clone(), token.0))
+                    .copied()
+                    .ok_or(StoreError::NotMigrated {
+                        detail: format!("RENEW many returned no row for {role}"),
+                        command: LIBRARY.command,
+                    })
             })
-        } else {
-            Acquire::Refused(Refusal::Contended)
-        })
+            .collect()
+    }
+
+    async fn release_many(&self, terms: &[Releasing]) -> Result<Vec<bool>, StoreError> {
+        check_batch("RELEASE many", terms.len())?;
+        let names: Vec<&str> = terms.iter().map(|t| t.role.as_str()).collect();
+        let tokens: Vec<i64> = terms.iter().map(|t| t.token.0).collect();
+        let stamps: Vec<bool> = terms.iter().map(|t| t.outcome.stamps_last_tick()).collect();
+        let cooldowns: Vec<Option<i64>> = terms
+            .iter()
+            .map(|t| t.outcome.cooldown(t.interval).map(millis))
+            .collect();
+        let outcomes: Vec<&str> = terms.iter().map(|t| t.ending.outcome).collect();
+        let reasons: Vec<Option<&str>> = terms.iter().map(|t| t.ending.reason).collect();
+        let errors: Vec<Option<String>> = terms.iter().map(|t| error_summary(&t.ending)).collect();
+        let rows = self
+            .query(
+                "RELEASE many",
+                RELEASE_MANY,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&stamps, Type::BOOL_ARRAY),
+                    (&cooldowns, Type::INT8_ARRAY),
+                    (&outcomes, Type::TEXT_ARRAY),
+                    (&reasons, Type::TEXT_ARRAY),
+                    (&errors, Type::TEXT_ARRAY),
+                ],
+            )
+            .await?;
+        let answers: std::collections::HashMap<(String, i64), bool> = rows
+            .iter()
+            .map(|row| ((row.get("role"), row.get("token")), row.get("released")))
+            .collect();
+        Ok(terms
+            .iter()
+            .map(|t| {
+                answers
+                    .get(&(t.role.0.clone(), t.token.0))
+                    .copied()
+                    .unwrap_or(false)
+            })
+            .collect())
+    }
+
+    async fn beat(&self, family: &str, holder: &str, lease_ttl: Duration) -> Result<Vec<String>, StoreError> {
+        let (ttl, key) = (millis(lease_ttl), self.holder_key());
+        let rows = self
+            .keyed(
+                key,
+                self.query(
+                    "REPLICA BEAT",
+                    BEAT,
+                    &[
+                        (&family, Type::TEXT),
+                        (&holder, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&key, Type::INT8),
+                    ],
+                ),
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn leave(&self, family: &str, holder: &str) -> Result<bool, StoreError> {
+        let rows = self
+            .query(
+                "REPLICA LEAVE",
+                LEAVE,
+                &[(&family, Type::TEXT), (&holder, Type::TEXT)],
+            )
+            .await?;
+        Ok(one("REPLICA LEAVE", rows)?.get(0))
     }
 
     async fn renew(&self, role: &Role, token: Token, lease_ttl: Duration) -> Result<Renew, StoreError> {
@@ -378,16 +581,7 @@ impl LeaseStore for PgStore {
                 ),
             )
             .await?;
-        let row = one("RENEW", rows)?;
-        if row.get::<_, bool>("renewed") {
-            return Ok(Renew::Renewed {
-                db_now: row.get("db_now"),
-            });
-        }
-        let current: Option<i64> = row.get("holder_token");
-        let holder: Option<String> = row.get("holder_id");
-        let paused: Option<bool> = row.get("paused");
-        Ok(Renew::Lost(loss_reason(token, current, holder, paused)))
+        Ok(renewed(&one("RENEW", rows)?, token))
     }
 
     async fn release(
@@ -411,10 +605,7 @@ impl LeaseStore for PgStore {
     ) -> Result<bool, StoreError> {
         let stamp = outcome.stamps_last_tick();
         let cooldown = outcome.cooldown(interval).map(millis);
-        let error: Option<String> = ending
-            .error
-            .as_deref()
-            .map(|e| e.chars().take(ERROR_SUMMARY_MAX).collect());
+        let error = error_summary(ending);
         let rows = self
             .query(
                 "RELEASE",

@@ -1,0 +1,267 @@
+-- ticklease 0006: role families at scale (issue 13). Batched lease
+-- statements, one per replica per wake-up or heartbeat whatever the number
+-- of roles: each row is still term-scoped by (role, token) and goes through
+-- the one-row functions' rules, rows are locked in role order (no two batches
+-- deadlock), and a batch holds at most 10,000 roles. A replica registry per
+-- family tells each replica how many share the family's keys.
+
+SET LOCAL lock_timeout = '5s';
+
+-- One row per replica serving a family, renewed once per heartbeat. A
+-- replica counts while its row is unexpired and, when it has a coordination
+-- session, while that session holds its key (a killed replica drops out at once).
+CREATE TABLE leader_replicas (
+    family     text NOT NULL CHECK (family ~ '^[a-z][a-z0-9_]*$' AND length(family) <= 63),
+    holder_id  text NOT NULL CHECK (length(holder_id) <= 200),
+    holder_key bigint,
+    seen_at    timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (family, holder_id)
+);
+REVOKE ALL ON leader_replicas FROM PUBLIC;
+
+DO $migration$
+DECLARE
+    def text;
+BEGIN
+    FOREACH def IN ARRAY ARRAY[
+$def$
+CREATE FUNCTION @schema@.leader_check_batch(p_name text, p_roles text[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $fn$
+BEGIN
+    IF p_roles IS NULL OR cardinality(p_roles) > 10000 THEN
+        RAISE EXCEPTION 'ticklease: % takes 0 to 10000 roles, got %', p_name, cardinality(p_roles)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$
+$def$,
+$def$
+CREATE FUNCTION @schema@.leader_acquire_many(p_roles text[], p_holder text, p_ttl_ms bigint,
+                                              p_interval_ms bigint, p_key bigint, p_limit integer)
+RETURNS TABLE (role text, holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
+               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
+               over_limit boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- ACQUIRE for many roles of one interval: starts terms on at most p_limit
+-- of them, taken in the caller's order (its preferred roles first) among
+-- those that look acquirable. Each start is the one-row ACQUIRE of 0005
+-- (checked again under the row lock, history of a taken-over term
+-- recorded), in role order; the other rows are read without a lock, so a
+-- batch never waits on terms held elsewhere. over_limit: acquirable, but
+-- past the limit.
+#variable_conflict use_column
+DECLARE
+    picked text[];
+    r text;
+    every_interval interval := @schema@.leader_check_ms('interval', p_interval_ms);
+BEGIN
+    PERFORM @schema@.leader_check_batch('leader_acquire_many', p_roles);
+    IF p_limit IS NULL OR p_limit < 0 THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_many needs a limit of 0 or more, got %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
+    PERFORM @schema@.leader_require_key(p_key);
+    SELECT coalesce(array_agg(c.role ORDER BY c.ord), '{}') INTO picked
+      FROM (SELECT u.role, u.ord
+              FROM unnest(p_roles) WITH ORDINALITY AS u(role, ord)
+              LEFT JOIN @schema@.leader_leases AS l ON l.role = u.role
+             WHERE l.role IS NULL
+                OR (l.paused_at IS NULL
+                    AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
+                    AND (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - every_interval)
+                    AND (l.not_before IS NULL OR l.not_before <= now()))
+             ORDER BY u.ord
+             LIMIT p_limit) AS c;
+    FOR r IN SELECT DISTINCT p.role FROM unnest(picked) AS p(role) ORDER BY 1 LOOP
+        RETURN QUERY SELECT r, a.*, false
+                       FROM @schema@.leader_acquire(r, p_holder, p_ttl_ms, p_interval_ms, p_key) AS a;
+    END LOOP;
+    RETURN QUERY
+        SELECT DISTINCT ON (u.role)
+               u.role, NULL::bigint, now(), s.holder_id, s.expires_at,
+               coalesce(@schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now()), false),
+               s.paused_by, s.pause_reason,
+               greatest(s.last_tick_ended_at + every_interval, s.not_before),
+               s.holder_key,
+               s.role IS NULL
+               OR (s.paused_at IS NULL
+                   AND NOT @schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now())
+                   AND (s.last_tick_ended_at IS NULL OR s.last_tick_ended_at <= now() - every_interval)
+                   AND (s.not_before IS NULL OR s.not_before <= now()))
+          FROM unnest(p_roles) AS u(role)
+          LEFT JOIN @schema@.leader_leases AS s ON s.role = u.role
+         WHERE u.role <> ALL (picked)
+         ORDER BY u.role;
+END
+$fn$
+$def$,
+$def$
+CREATE FUNCTION @schema@.leader_renew_many(p_roles text[], p_tokens bigint[], p_ttl_ms bigint, p_key bigint)
+RETURNS TABLE (role text, token bigint, renewed boolean, db_now timestamptz, holder_token bigint,
+               holder_id text, paused boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- RENEW for many terms, each the one-row RENEW of 0004 on (role, token), in
+-- role order: renewed = false is that term's definitive loss, and the
+-- other columns name the reason.
+#variable_conflict use_column
+DECLARE
+    r text;
+    t bigint;
+    ttl interval := @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
+BEGIN
+    PERFORM @schema@.leader_check_batch('leader_renew_many', p_roles);
+    IF p_tokens IS NULL OR cardinality(p_tokens) <> cardinality(p_roles) THEN
+        RAISE EXCEPTION 'ticklease: leader_renew_many needs one token per role'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @schema@.leader_require_key(p_key);
+    FOR r, t IN SELECT u.role, u.token FROM unnest(p_roles, p_tokens) AS u(role, token) ORDER BY 1, 2 LOOP
+        UPDATE @schema@.leader_leases AS l
+           SET expires_at = now() + ttl,
+               holder_key = p_key
+         WHERE l.role = r AND l.holder_token = t AND l.holder_id IS NOT NULL;
+        IF FOUND THEN
+            RETURN QUERY SELECT r, t, true, now(), t, NULL::text, false;
+        ELSE
+            RETURN QUERY SELECT r, t, false, now(), s.holder_token, s.holder_id, s.paused_at IS NOT NULL
+                           FROM (SELECT 1) AS one
+                           LEFT JOIN @schema@.leader_leases AS s ON s.role = r;
+        END IF;
+    END LOOP;
+END
+$fn$
+$def$,
+$def$
+CREATE FUNCTION @schema@.leader_release_many(p_roles text[], p_tokens bigint[], p_stamps boolean[],
+                                              p_cooldowns_ms bigint[], p_outcomes text[], p_reasons text[],
+                                              p_errors text[])
+RETURNS TABLE (role text, token bigint, released boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- RELEASE for many terms, each the one-row RELEASE of 0005 (history,
+-- notification), in role order.
+#variable_conflict use_column
+DECLARE
+    n integer := cardinality(p_roles);
+    i integer;
+BEGIN
+    PERFORM @schema@.leader_check_batch('leader_release_many', p_roles);
+    IF cardinality(p_tokens) IS DISTINCT FROM n OR cardinality(p_stamps) IS DISTINCT FROM n
+       OR cardinality(p_cooldowns_ms) IS DISTINCT FROM n OR cardinality(p_outcomes) IS DISTINCT FROM n
+       OR cardinality(p_reasons) IS DISTINCT FROM n OR cardinality(p_errors) IS DISTINCT FROM n THEN
+        RAISE EXCEPTION 'ticklease: leader_release_many needs one entry per role in every array'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN SELECT o.i FROM generate_subscripts(p_roles, 1) AS o(i) ORDER BY p_roles[o.i], p_tokens[o.i] LOOP
+        RETURN QUERY SELECT p_roles[i], p_tokens[i],
+                            @schema@.leader_release(p_roles[i], p_tokens[i], p_stamps[i], p_cooldowns_ms[i],
+                                                    p_outcomes[i], p_reasons[i], p_errors[i]);
+    END LOOP;
+END
+$fn$
+$def$,
+$def$
+CREATE FUNCTION @schema@.leader_replica_beat(p_family text, p_holder text, p_ttl_ms bigint, p_key bigint)
+RETURNS TABLE (holder_id text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- Registers this replica as serving the family for another lease TTL and
+-- returns the replicas that do, ordered by holder id (this one included).
+-- Rows dead for a minute are deleted (a family has a handful).
+#variable_conflict use_column
+BEGIN
+    PERFORM @schema@.leader_require_key(p_key);
+    INSERT INTO @schema@.leader_replicas AS x (family, holder_id, holder_key, seen_at, expires_at)
+    VALUES (p_family, p_holder, p_key, now(), now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms))
+    ON CONFLICT (family, holder_id) DO UPDATE
+       SET holder_key = EXCLUDED.holder_key, seen_at = EXCLUDED.seen_at, expires_at = EXCLUDED.expires_at;
+    DELETE FROM @schema@.leader_replicas AS x
+     WHERE x.family = p_family AND x.expires_at < now() - interval '1 minute';
+    RETURN QUERY
+        SELECT x.holder_id FROM @schema@.leader_replicas AS x
+         WHERE x.family = p_family AND x.expires_at > now()
+           AND (x.holder_key IS NULL OR @schema@.leader_key_alive(x.holder_key))
+         ORDER BY x.holder_id;
+END
+$fn$
+$def$,
+$def$
+CREATE FUNCTION @schema@.leader_replica_leave(p_family text, p_holder text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- A replica stopping: the others count without it at once.
+BEGIN
+    DELETE FROM @schema@.leader_replicas AS x WHERE x.family = p_family AND x.holder_id = p_holder;
+    RETURN FOUND;
+END
+$fn$
+$def$
+    ] LOOP
+        EXECUTE replace(def, '@schema@', quote_ident(current_schema()));
+    END LOOP;
+END
+$migration$;
+
+SELECT leader_secure_functions();
+
+-- leader_grant of 0005, granting the batched statements and the registry too.
+CREATE OR REPLACE FUNCTION leader_grant(p_app text, p_operator text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY array_remove(ARRAY[p_app, p_operator], NULL) LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL; -- created concurrently by a migration of another database
+            END;
+        END IF;
+        EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', current_schema(), r);
+        EXECUTE format('GRANT SELECT ON leader_status, leader_history, leader_replicas,
+                        ticklease_schema_migrations TO %I', r);
+        -- leader_status calls them with the reader's rights.
+        EXECUTE format('GRANT EXECUTE ON FUNCTION leader_lease_live(text, timestamptz, timestamptz),
+                        leader_key_alive(bigint), leader_term_live(text, timestamptz, bigint, timestamptz)
+                        TO %I', r);
+    END LOOP;
+    IF p_app IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_roles r, pg_class c
+                    WHERE r.rolname = p_app AND c.oid = 'leader_leases'::regclass
+                      AND (r.rolsuper OR pg_has_role(r.oid, c.relowner, 'USAGE'))) THEN
+            RAISE EXCEPTION 'ticklease: % owns the schema (or is a superuser): it cannot be the application role', p_app
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Create a separate login role for the application, a member of the app role.';
+        END IF;
+        -- The app reads the tables and writes them only through these functions.
+        EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leader_leases, leader_history, leader_replicas
+                        FROM %I', p_app);
+        EXECUTE format('GRANT SELECT ON leader_leases TO %I', p_app);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION leader_acquire(text, text, bigint, bigint),
+                        leader_acquire(text, text, bigint, bigint, bigint),
+                        leader_renew(text, bigint, bigint), leader_renew(text, bigint, bigint, bigint),
+                        leader_release(text, bigint, boolean, bigint),
+                        leader_release(text, bigint, boolean, bigint, text, text, text),
+                        leader_acquire_many(text[], text, bigint, bigint, bigint, integer),
+                        leader_renew_many(text[], bigint[], bigint, bigint),
+                        leader_release_many(text[], bigint[], boolean[], bigint[], text[], text[], text[]),
+                        leader_replica_beat(text, text, bigint, bigint), leader_replica_leave(text, text),
+                        leader_seed(text[]), leader_fence(text, bigint), leader_fence_lock(text, bigint)
+                        TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION leader_pause(text, text, text), leader_unpause(text),
+                        leader_run_now(text) TO %I', p_operator);
+    END IF;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION leader_grant(text, text) FROM PUBLIC;
+
+SELECT leader_regrant();
