@@ -7,6 +7,7 @@
 
 pub mod bouncer;
 pub mod conformance;
+pub mod counting;
 pub mod fake;
 pub mod proxy;
 pub mod tls;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 pub use bouncer::PgBouncer;
 pub use conformance::lease_row;
+pub use counting::Counting;
 pub use fake::FakeStore;
 pub use proxy::{Fault, FaultProxy};
 pub use ticklease_sandbox::{audit, cluster, peers, standby};

@@ -31,7 +31,7 @@ const CHANNEL: &str = "ticklease";
 
 /// Most holder keys one replica waits on at once, one direct connection each
 /// (at most one per other replica that holds a role this one wants).
-pub const KEY_WAITERS_MAX: usize = 8;
+pub const KEY_WAITERS_MAX: usize = 16;
 
 /// Server-side keepalives on the session: a peer whose link drops packets is
 /// found dead in about idle + interval × count (or the user timeout, with
@@ -77,6 +77,8 @@ struct Events {
     /// This replica's holder key; `None` while the session is down.
     key: watch::Sender<Option<i64>>,
     roles: Mutex<HashMap<String, Arc<RoleSignals>>>,
+    /// Family loops, by family name: one wake-up for any of their keys.
+    families: Mutex<HashMap<String, Arc<FamilySignals>>>,
     /// The database refused the key as held by no session: the session is
     /// dead though its client has not noticed (a cut link whose end the
     /// server's keepalives found first).
@@ -95,6 +97,60 @@ pub(crate) struct RoleSignals {
     pub(crate) holder: Notify,
 }
 
+/// Wake-ups of a family loop: the keys released, unpaused or run now since
+/// it last looked (at most [`FAMILY_TOLD_MAX`]; past that, or after a
+/// reconnect, every key).
+#[derive(Debug, Default)]
+pub(crate) struct FamilySignals {
+    pub(crate) notify: Notify,
+    told: Mutex<Told>,
+}
+
+#[derive(Debug, Default)]
+struct Told {
+    keys: std::collections::BTreeSet<String>,
+    all: bool,
+}
+
+/// Keys a family remembers being told of between two looks; a flood of
+/// forged notifications beyond it costs one look at every key.
+const FAMILY_TOLD_MAX: usize = 1024;
+
+/// What a family loop was told since it last looked.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Heard {
+    Keys(Vec<String>),
+    All,
+}
+
+impl FamilySignals {
+    fn tell(&self, key: &str) {
+        let mut told = self.told.lock().expect("not poisoned");
+        if told.keys.len() >= FAMILY_TOLD_MAX {
+            told.all = true;
+        } else {
+            told.keys.insert(key.to_string());
+        }
+        drop(told);
+        self.notify.notify_one();
+    }
+
+    fn tell_all(&self) {
+        self.told.lock().expect("not poisoned").all = true;
+        self.notify.notify_one();
+    }
+
+    /// Takes what was told.
+    pub(crate) fn take(&self) -> Heard {
+        let told = std::mem::take(&mut *self.told.lock().expect("not poisoned"));
+        if told.all {
+            Heard::All
+        } else {
+            Heard::Keys(told.keys.into_iter().collect())
+        }
+    }
+}
+
 impl Events {
     fn role(&self, role: &str) -> Arc<RoleSignals> {
         let mut roles = self.roles.lock().expect("not poisoned");
@@ -108,6 +164,13 @@ impl Events {
         if event == "probe" {
             self.probe.send_replace(role.to_string());
             return;
+        }
+        if matches!(event, "release" | "unpause" | "run_now") {
+            if let Some((family, key)) = role.split_once(':') {
+                if let Some(signals) = self.families.lock().expect("not poisoned").get(family) {
+                    signals.tell(key);
+                }
+            }
         }
         let roles = self.roles.lock().expect("not poisoned");
         let Some(signals) = roles.get(role) else {
@@ -127,6 +190,9 @@ impl Events {
             signals.follower.notify_one();
             signals.holder.notify_one();
         }
+        for signals in self.families.lock().expect("not poisoned").values() {
+            signals.tell_all();
+        }
     }
 }
 
@@ -138,6 +204,7 @@ impl Signals {
         let events = Arc::new(Events {
             key: watch::Sender::new(None),
             roles: Mutex::default(),
+            families: Mutex::default(),
             refused: Notify::new(),
             probe: watch::Sender::new(String::new()),
         });
@@ -198,6 +265,12 @@ impl Signals {
     /// The wake-ups of `role` (registered on first use).
     pub(crate) fn role(&self, role: &str) -> Arc<RoleSignals> {
         self.inner.events.role(role)
+    }
+
+    /// The wake-ups of the family `name`'s loop (registered on first use).
+    pub(crate) fn family(&self, name: &str) -> Arc<FamilySignals> {
+        let mut families = self.inner.events.families.lock().expect("not poisoned");
+        families.entry(name.to_string()).or_default().clone()
     }
 
     /// Resolves when no session holds `key` any more (its holder died or

@@ -2,6 +2,7 @@
 //! these are failures. Display texts name the value at fault and leave the
 //! cause to `source()`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A role name that fails the naming rule.
@@ -15,6 +16,22 @@ pub enum RoleError {
         name: String,
         /// Which part of the rule it breaks.
         problem: &'static str,
+    },
+    /// A family name with a key (`tenant_sync:acme` is a role; its family is `tenant_sync`).
+    #[error("invalid family name {name:?}: a family is a role name without ':key'")]
+    FamilyWithKey {
+        /// The name given.
+        name: String,
+    },
+    /// A family would hold more keys than it may.
+    #[error("family {family:?} would hold {keys} keys; at most {max}")]
+    TooManyKeys {
+        /// The family.
+        family: String,
+        /// How many it would hold.
+        keys: usize,
+        /// The most it may hold.
+        max: usize,
     },
 }
 
@@ -130,6 +147,15 @@ pub enum StoreError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The batched statement that carried this one failed.
+    #[error("{statement} failed")]
+    Batch {
+        /// The batched statement.
+        statement: &'static str,
+        /// Its error, shared by every statement it carried.
+        #[source]
+        source: Arc<StoreError>,
+    },
     /// Refused before anything was sent.
     #[error("{statement} refused: {problem}")]
     Rejected {
@@ -209,6 +235,16 @@ pub enum Error {
     DuplicateJob {
         /// The role.
         role: String,
+    },
+    /// A family's cap on concurrent terms is zero or above the most it may hold.
+    #[error("family {family:?}: max_terms must be within 1..={max}, got {max_terms}")]
+    FamilyTermsOutOfRange {
+        /// The family.
+        family: String,
+        /// The cap given.
+        max_terms: usize,
+        /// The largest cap allowed.
+        max: usize,
     },
     /// A zero tick interval.
     #[error("tick interval for role {role:?} must be greater than zero")]

@@ -18,6 +18,7 @@ use std::time::SystemTime;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
+use crate::batch::{align_down, Batcher};
 use crate::config::Config;
 use crate::coordination::{told, RoleSignals};
 use crate::drift::Drift;
@@ -37,6 +38,10 @@ pub(crate) struct Heartbeat<S> {
     pub(crate) metrics: Option<Metrics>,
     /// The role's wake-ups, with a coordination session.
     pub(crate) signals: Option<Arc<RoleSignals>>,
+    /// A family term's RENEWs go through the replica's batcher…
+    pub(crate) batch: Option<Batcher>,
+    /// …on the grid of `heartbeat_every` from this instant, so they leave together.
+    pub(crate) grid: Option<Instant>,
 }
 
 impl<S: LeaseStore> Heartbeat<S> {
@@ -49,15 +54,17 @@ impl<S: LeaseStore> Heartbeat<S> {
         let mut missed = false;
         let mut told_at = None;
         loop {
-            let wait = if missed {
-                cfg.heartbeat_every() / 2
-            } else {
-                cfg.heartbeat_every()
+            let beat_at = match (missed, self.grid) {
+                (true, _) => last_sent + cfg.heartbeat_every() / 2,
+                (false, None) => last_sent + cfg.heartbeat_every(),
+                (false, Some(epoch)) => {
+                    align_down(last_sent + cfg.heartbeat_every(), epoch, cfg.heartbeat_every())
+                }
             };
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => return None,
-                _ = sleep_until((last_sent + wait).min(last_ack + cfg.abandon_after())) => {}
+                _ = sleep_until(beat_at.min(last_ack + cfg.abandon_after())) => {}
                 _ = told(self.signals.as_ref().map(|s| &s.holder), told_at) => {
                     told_at = Some(Instant::now());
                     tracing::debug!(role = %self.role, token = %self.token, "told of a pause; renewing now");
@@ -74,12 +81,13 @@ impl<S: LeaseStore> Heartbeat<S> {
             let wall = SystemTime::now();
             let deadline = (sent + cfg.statement_timeout()).min(abandon_at);
             missed = true;
-            match timeout_at(
-                deadline,
-                self.store.renew(&self.role, self.token, cfg.lease_ttl()),
-            )
-            .await
-            {
+            let renew = async {
+                match &self.batch {
+                    Some(batch) => batch.renew(&self.role, self.token).await,
+                    None => self.store.renew(&self.role, self.token, cfg.lease_ttl()).await,
+                }
+            };
+            match timeout_at(deadline, renew).await {
                 Ok(Ok(Renew::Renewed { db_now })) => {
                     last_ack = sent;
                     missed = false;

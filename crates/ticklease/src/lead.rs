@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::batch::Batcher;
 use crate::config::{Config, DURATION_MAX};
 use crate::drift::Drift;
 use crate::error::Error;
@@ -21,7 +22,7 @@ use crate::holder::HolderId;
 use crate::metrics::{LostReason, Metrics, TickOutcome};
 use crate::role::Role;
 use crate::step::panic_message;
-use crate::store::{Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release};
+use crate::store::{Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing};
 use crate::token::Token;
 
 /// The error type work may return.
@@ -35,6 +36,9 @@ pub enum Cancel {
     LeaseLost(LossReason),
     /// The manager is shutting down; the work should return soon.
     Shutdown,
+    /// The role's key was removed from its [`Family`](crate::Family); the
+    /// work should return soon (released as interrupted).
+    Removed,
 }
 
 /// What work receives: the fence of its term and a cancellation with a cause.
@@ -43,6 +47,8 @@ pub struct Tick {
     fence: Fence,
     cancel: CancellationToken,
     lost: Arc<OnceLock<LossReason>>,
+    /// Set when a family key is removed.
+    removed: Option<Arc<AtomicBool>>,
 }
 
 impl Tick {
@@ -62,6 +68,8 @@ impl Tick {
     pub fn cause(&self) -> Option<Cancel> {
         if let Some(reason) = self.lost.get() {
             Some(Cancel::LeaseLost(*reason))
+        } else if self.removed.as_ref().is_some_and(|r| r.load(Ordering::Relaxed)) {
+            Some(Cancel::Removed)
         } else if self.cancel.is_cancelled() {
             Some(Cancel::Shutdown)
         } else {
@@ -143,6 +151,52 @@ struct Inner<S> {
     /// RELEASEs that failed or did not answer after shutdown was requested:
     /// those terms stay held until their lease runs out.
     unreleased: AtomicUsize,
+    /// Carries the RENEWs and RELEASEs of family terms.
+    batcher: Batcher,
+    /// The origin of the heartbeat grid family terms beat on.
+    epoch: Instant,
+}
+
+/// How a term is run: a declared role's, or a family key's.
+#[derive(Clone, Default)]
+pub(crate) struct TermScope {
+    /// The family, for its aggregate metrics and its batched statements.
+    pub(crate) family: Option<FamilyScope>,
+    /// A family key's cancellation: on removal, or with the manager's shutdown.
+    pub(crate) removed: Option<KeyCancel>,
+}
+
+/// Cancels a family key's term, on its removal or with the manager's shutdown.
+#[derive(Clone)]
+pub(crate) struct KeyCancel {
+    token: CancellationToken,
+    removed: Arc<AtomicBool>,
+}
+
+impl KeyCancel {
+    /// The key was removed: its work is cancelled with [`Cancel::Removed`].
+    pub(crate) fn remove(&self) {
+        self.removed.store(true, Ordering::Relaxed);
+        self.token.cancel();
+    }
+
+    /// Whether [`KeyCancel::remove`] was called.
+    pub(crate) fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct FamilyScope {
+    pub(crate) name: Arc<str>,
+    /// Per-role series too (opt-in: thousands of keys are thousands of series).
+    pub(crate) per_role_metrics: bool,
+}
+
+impl TermScope {
+    fn per_role_metrics(&self) -> bool {
+        self.family.as_ref().is_none_or(|f| f.per_role_metrics)
+    }
 }
 
 /// Leads the roles an application declares, one tick at a time.
@@ -190,9 +244,12 @@ impl<S: LeaseStore> Manager<S> {
         let declared: Vec<Role> = roles.iter().cloned().collect();
         store.seed(&declared).await?;
         let holder = HolderId::new();
+        let store = Arc::new(store);
         let manager = Manager {
             inner: Arc::new(Inner {
-                store: Arc::new(store),
+                batcher: Batcher::start(store.clone(), config.lease_ttl(), config.statement_timeout()),
+                epoch: Instant::now(),
+                store,
                 config,
                 holder_id: holder.to_string(),
                 holder,
@@ -293,23 +350,78 @@ impl<S: LeaseStore> Manager<S> {
 
     /// Refuses a role this manager does not declare and an interval out of range.
     pub(crate) fn check_tick(&self, role: &Role, interval: Duration) -> Result<(), Error> {
-        let role_name = || role.to_string();
         if !self.inner.roles.contains(role) {
-            return Err(Error::UnknownRole { role: role_name() });
-        }
-        if interval.is_zero() {
-            return Err(Error::ZeroInterval { role: role_name() });
-        }
-        if interval > DURATION_MAX {
-            return Err(Error::IntervalTooLong {
-                role: role_name(),
-                interval,
-                max: DURATION_MAX,
+            return Err(Error::UnknownRole {
+                role: role.to_string(),
             });
         }
-        Ok(())
+        check_interval(role.as_str(), interval)
     }
 
+    /// The metrics this manager records into, with or without the feature.
+    pub(crate) fn metrics_handle(&self) -> Option<&Metrics> {
+        self.inner.metrics.as_ref()
+    }
+
+    /// A family key's cancellation, fired by the manager's shutdown too.
+    pub(crate) fn key_cancel(&self) -> KeyCancel {
+        KeyCancel {
+            token: self.inner.shutdown.child_token(),
+            removed: Arc::default(),
+        }
+    }
+
+    /// The shared store, for the scheduler's loops.
+    pub(crate) fn store_arc(&self) -> &Arc<S> {
+        &self.inner.store
+    }
+
+    /// ACQUIRE of many roles of one family in one statement; the instant it
+    /// was sent is each new term's first heartbeat anchor.
+    pub(crate) async fn acquire_many(
+        &self,
+        roles: &[Role],
+        interval: Duration,
+        limit: usize,
+    ) -> Result<(Vec<(Role, Acquire)>, Instant), Error> {
+        let inner = &self.inner;
+        if let (Some(m), Some(signals)) = (&inner.metrics, inner.store.signals()) {
+            m.coordination_up(signals.key().is_some());
+        }
+        let sent = Instant::now();
+        let sent_wall = SystemTime::now();
+        let answers = inner
+            .store
+            .acquire_many(roles, &inner.holder_id, inner.config.lease_ttl(), interval, limit)
+            .await?;
+        if let Some(Acquire::Acquired(term)) = answers
+            .iter()
+            .map(|(_, a)| a)
+            .find(|a| matches!(a, Acquire::Acquired(_)))
+        {
+            inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
+        }
+        Ok((answers, sent))
+    }
+}
+
+/// Refuses an interval out of range.
+pub(crate) fn check_interval(role: &str, interval: Duration) -> Result<(), Error> {
+    let role_name = || role.to_string();
+    if interval.is_zero() {
+        return Err(Error::ZeroInterval { role: role_name() });
+    }
+    if interval > DURATION_MAX {
+        return Err(Error::IntervalTooLong {
+            role: role_name(),
+            interval,
+            max: DURATION_MAX,
+        });
+    }
+    Ok(())
+}
+
+impl<S: LeaseStore> Manager<S> {
     /// ACQUIRE: the new term's token and when the statement was sent (the
     /// heartbeat's first anchor), or why no term started.
     async fn acquire(
@@ -332,17 +444,15 @@ impl<S: LeaseStore> Manager<S> {
             Acquire::Refused(refusal) => return Ok(Err(refusal)),
         };
         inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
-        tracing::debug!(%role, token = %term.token, holder = %inner.holder_id, "acquired");
-        if let Some(m) = &inner.metrics {
-            m.interval(role, interval);
-            m.leading(role, true);
-        }
         Ok(Ok((term.token, sent)))
     }
 
-    fn heartbeat(&self, role: &Role, token: Token, acquire_sent: Instant) -> Heartbeat<S> {
+    fn heartbeat(&self, role: &Role, token: Token, acquire_sent: Instant, scope: &TermScope) -> Heartbeat<S> {
         let inner = &self.inner;
+        let batched = scope.family.is_some();
         Heartbeat {
+            batch: batched.then(|| inner.batcher.clone()),
+            grid: batched.then_some(inner.epoch),
             store: inner.store.clone(),
             role: role.clone(),
             token,
@@ -374,22 +484,60 @@ impl<S: LeaseStore> Manager<S> {
             Ok(started) => started,
             Err(refusal) => return Ok(Lead::Refused(refusal)),
         };
+        self.run_term(role, interval, token, sent, work, TermScope::default())
+            .await
+    }
 
+    /// The term `(role, token)` that an ACQUIRE sent at `sent` started: runs
+    /// `work` under a heartbeat, then RELEASEs it with the outcome.
+    pub(crate) async fn run_term<F, Fut, T, E>(
+        &self,
+        role: &Role,
+        interval: Duration,
+        token: Token,
+        sent: Instant,
+        work: F,
+        scope: TermScope,
+    ) -> Result<Lead<T>, Error>
+    where
+        F: FnOnce(Tick) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<BoxError>,
+    {
+        let inner = &self.inner;
+        tracing::debug!(%role, %token, holder = %inner.holder_id, "acquired");
+        if let Some(m) = &inner.metrics {
+            if scope.per_role_metrics() {
+                m.interval(role, interval);
+                m.leading(role, true);
+            }
+            if let Some(family) = &scope.family {
+                m.family_leading(&family.name, true);
+            }
+        }
         let mut guard = TermGuard {
             inner: inner.clone(),
             role: role.clone(),
             token,
             interval,
             armed: true,
+            scope: scope.clone(),
         };
         let tick = Tick {
             fence: Fence::new(role.clone(), token),
-            cancel: inner.shutdown.child_token(),
+            cancel: match &scope.removed {
+                Some(key) => key.token.clone(),
+                None => inner.shutdown.child_token(),
+            },
             lost: Arc::default(),
+            removed: scope.removed.as_ref().map(|key| key.removed.clone()),
         };
         let stop_heartbeat = CancellationToken::new();
         let _stop_on_drop = stop_heartbeat.clone().drop_guard();
-        let mut heartbeat = tokio::spawn(self.heartbeat(role, token, sent).run(stop_heartbeat.clone()));
+        let mut heartbeat = tokio::spawn(
+            self.heartbeat(role, token, sent, &scope)
+                .run(stop_heartbeat.clone()),
+        );
 
         let mut work = Box::pin(AssertUnwindSafe(work(tick.clone())).catch_unwind());
         let ended = tokio::select! {
@@ -430,7 +578,12 @@ impl<S: LeaseStore> Manager<S> {
             },
         };
         if let Some(m) = &inner.metrics {
-            m.tick_ended(role, outcome, sent.elapsed(), lost);
+            if scope.per_role_metrics() {
+                m.tick_ended(role, outcome, sent.elapsed(), lost);
+            }
+            if let Some(family) = &scope.family {
+                m.family_tick_ended(&family.name, outcome, lost);
+            }
         }
         guard.armed = false;
         let released = guard.release(release, ending).await;
@@ -521,6 +674,7 @@ struct TermGuard<S: LeaseStore> {
     token: Token,
     interval: Duration,
     armed: bool,
+    scope: TermScope,
 }
 
 impl<S: LeaseStore> TermGuard<S> {
@@ -528,16 +682,27 @@ impl<S: LeaseStore> TermGuard<S> {
     fn spawn_release(&self, outcome: Release, ending: Ending) -> tokio::task::JoinHandle<bool> {
         let (inner, role, token, interval) =
             (self.inner.clone(), self.role.clone(), self.token, self.interval);
+        let batched = self.scope.family.is_some();
         self.inner.releases.spawn(async move {
             let bound = inner.config.statement_timeout();
-            let released = match tokio::time::timeout(
-                bound,
-                inner
-                    .store
-                    .release_ending(&role, token, outcome, interval, &ending),
-            )
-            .await
-            {
+            let release = async {
+                if batched {
+                    let term = Releasing {
+                        role: role.clone(),
+                        token,
+                        outcome,
+                        interval,
+                        ending,
+                    };
+                    inner.batcher.release(term).await
+                } else {
+                    inner
+                        .store
+                        .release_ending(&role, token, outcome, interval, &ending)
+                        .await
+                }
+            };
+            let released = match tokio::time::timeout(bound, release).await {
                 Ok(Ok(released)) => return released,
                 Ok(Err(error)) => {
                     tracing::warn!(%role, %token, error = &error as &dyn std::error::Error,
@@ -564,7 +729,12 @@ impl<S: LeaseStore> TermGuard<S> {
 impl<S: LeaseStore> Drop for TermGuard<S> {
     fn drop(&mut self) {
         if let Some(m) = &self.inner.metrics {
-            m.leading(&self.role, false);
+            if self.scope.per_role_metrics() {
+                m.leading(&self.role, false);
+            }
+            if let Some(family) = &self.scope.family {
+                m.family_leading(&family.name, false);
+            }
         }
         if self.armed && tokio::runtime::Handle::try_current().is_ok() {
             drop(self.spawn_release(Release::Interrupted, Ending::of(Release::Interrupted)));

@@ -385,10 +385,12 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod batch;
 mod config;
 mod coordination;
 mod drift;
 pub mod error;
+mod family;
 mod fence;
 mod heartbeat;
 mod history;
@@ -413,6 +415,7 @@ mod token;
 pub use config::{Config, ConfigBuilder, DURATION_MAX};
 pub use coordination::{Signals, KEY_WAITERS_MAX};
 pub use error::{ConfigError, Error, HolderIdError, MigrateError, RoleError, StoreError};
+pub use family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT};
 pub use fence::Fence;
 pub use history::{
     HistoryEntry, HistoryKind, HistoryStore, TimelineSlice, HISTORY_LIMIT_MAX, TIMELINE_BUCKETS_MAX,

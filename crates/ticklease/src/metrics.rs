@@ -54,6 +54,29 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FamilyLabel {
+    family: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FamilyOutcomeLabels {
+    family: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FamilyReasonLabels {
+    family: String,
+    reason: &'static str,
+}
+
+fn family_label(family: &str) -> FamilyLabel {
+    FamilyLabel {
+        family: family.to_string(),
+    }
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 struct Inner {
@@ -71,6 +94,15 @@ struct Inner {
     token_lead: FloatGauge,
     /// Absent without a coordination session: a family with no labels.
     coordination_up: Family<Vec<(String, String)>, Gauge>,
+    /// The role families this replica runs, for their aggregates.
+    families: std::sync::Mutex<Vec<crate::Family>>,
+    family_leading: Family<FamilyLabel, Gauge>,
+    family_ticks: Family<FamilyOutcomeLabels, Counter>,
+    family_lost: Family<FamilyReasonLabels, Counter>,
+    family_interval: Family<FamilyLabel, FloatGauge>,
+    family_age_max: Family<FamilyLabel, FloatGauge>,
+    family_never_ran: Family<FamilyLabel, Gauge>,
+    family_paused: Family<FamilyLabel, Gauge>,
 }
 
 /// The metric handles. Cheap to clone.
@@ -172,6 +204,42 @@ impl Inner {
              without one): while down, a dead holder is replaced only when its lease runs out",
             self.coordination_up.clone(),
         );
+        r.register(
+            "leader_family_leading",
+            "Terms of the family's keys this replica runs",
+            self.family_leading.clone(),
+        );
+        r.register(
+            "leader_family_ticks",
+            "Ticks of the family's keys this replica ran, by outcome",
+            self.family_ticks.clone(),
+        );
+        r.register(
+            "leader_family_lease_lost",
+            "Ticks of the family's keys that ended without completing, by reason",
+            self.family_lost.clone(),
+        );
+        r.register(
+            "leader_family_tick_interval_seconds",
+            "The family's tick interval",
+            self.family_interval.clone(),
+        );
+        r.register(
+            "leader_family_last_tick_age_max_seconds",
+            "Seconds since the last completed tick of the family's key that waited longest, among \
+             keys that ever completed one (cluster fact)",
+            self.family_age_max.clone(),
+        );
+        r.register(
+            "leader_family_never_ran",
+            "The family's keys with no completed tick yet (cluster fact)",
+            self.family_never_ran.clone(),
+        );
+        r.register(
+            "leader_family_paused",
+            "The family's keys an operator has paused (cluster fact)",
+            self.family_paused.clone(),
+        );
     }
 }
 
@@ -192,6 +260,14 @@ impl Metrics {
             drift: FloatGauge::default(),
             token_lead: FloatGauge::default(),
             coordination_up: Family::default(),
+            families: Default::default(),
+            family_leading: Family::default(),
+            family_ticks: Family::default(),
+            family_lost: Family::default(),
+            family_interval: Family::default(),
+            family_age_max: Family::default(),
+            family_never_ran: Family::default(),
+            family_paused: Family::default(),
         };
         inner.register_into(registry);
         for role in &inner.roles {
@@ -238,18 +314,119 @@ impl Metrics {
                     let paused = row.is_some_and(|s| s.paused_at.is_some());
                     inner.paused.get_or_create(&label(role)).set(i64::from(paused));
                 }
+                for family in self.families() {
+                    self.refresh_family(&family, &rows);
+                }
             }
             Err(error) => {
                 tracing::warn!(
                     error = &error as &dyn std::error::Error,
                     "could not read leader_leases for metrics"
                 );
+                for family in self.families() {
+                    let label = family_label(family.name());
+                    inner.family_age_max.remove(&label);
+                    inner.family_never_ran.remove(&label);
+                    inner.family_paused.remove(&label);
+                }
                 for role in &inner.roles {
                     inner.last_tick_age.remove(&label(role));
                     inner.paused.remove(&label(role));
                     self.state(role, "error");
                 }
             }
+        }
+    }
+
+    fn families(&self) -> Vec<crate::Family> {
+        self.inner.families.lock().expect("not poisoned").clone()
+    }
+
+    /// A family's cluster facts over its current keys (a removed key's row
+    /// stays in the table, and must not look stalled).
+    fn refresh_family(&self, family: &crate::Family, rows: &[LeaseStatus]) {
+        let keys = family.key_list();
+        let prefix = format!("{}:", family.name());
+        let (mut age_max, mut never_ran, mut paused) = (None::<Duration>, keys.len(), 0);
+        for row in rows {
+            let Some(key) = row.role.strip_prefix(&prefix) else {
+                continue;
+            };
+            if keys.binary_search_by(|k| k.as_str().cmp(key)).is_err() {
+                continue;
+            }
+            if let Some(ended) = row.last_tick_ended_at {
+                never_ran -= 1;
+                let age = row.db_now.duration_since(ended).unwrap_or_default();
+                age_max = Some(age_max.map_or(age, |m| m.max(age)));
+            }
+            paused += usize::from(row.paused_at.is_some());
+        }
+        let label = family_label(family.name());
+        match age_max {
+            Some(age) => {
+                self.inner
+                    .family_age_max
+                    .get_or_create(&label)
+                    .set(age.as_secs_f64());
+            }
+            None => {
+                self.inner.family_age_max.remove(&label);
+            }
+        }
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.inner
+            .family_never_ran
+            .get_or_create(&label)
+            .set(count(never_ran));
+        self.inner.family_paused.get_or_create(&label).set(count(paused));
+    }
+
+    /// Exports `family`'s aggregates (the scheduler calls this for each family it runs).
+    pub(crate) fn family(&self, family: &crate::Family, interval: Duration) {
+        let label = family_label(family.name());
+        self.inner
+            .family_interval
+            .get_or_create(&label)
+            .set(interval.as_secs_f64());
+        self.inner.family_leading.get_or_create(&label).set(0);
+        // Exists at 0 from the start: the first panic is then an increase.
+        drop(self.inner.family_lost.get_or_create(&FamilyReasonLabels {
+            family: family.name().to_string(),
+            reason: "panicked",
+        }));
+        self.inner
+            .families
+            .lock()
+            .expect("not poisoned")
+            .push(family.clone());
+    }
+
+    pub(crate) fn family_leading(&self, family: &str, leading: bool) {
+        let gauge = self.inner.family_leading.get_or_create(&family_label(family));
+        if leading {
+            gauge.inc();
+        } else {
+            gauge.dec();
+        }
+    }
+
+    pub(crate) fn family_tick_ended(&self, family: &str, outcome: TickOutcome, lost: Option<LostReason>) {
+        self.inner
+            .family_ticks
+            .get_or_create(&FamilyOutcomeLabels {
+                family: family.to_string(),
+                outcome: outcome.as_str(),
+            })
+            .inc();
+        if let Some(reason) = lost {
+            self.inner
+                .family_lost
+                .get_or_create(&FamilyReasonLabels {
+                    family: family.to_string(),
+                    reason: reason.as_str(),
+                })
+                .inc();
         }
     }
 

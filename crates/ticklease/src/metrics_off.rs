@@ -29,4 +29,13 @@ impl Metrics {
     pub(crate) fn coordination_up(&self, _: bool) {
         match *self {}
     }
+    pub(crate) fn family(&self, _: &crate::Family, _: Duration) {
+        match *self {}
+    }
+    pub(crate) fn family_leading(&self, _: &str, _: bool) {
+        match *self {}
+    }
+    pub(crate) fn family_tick_ended(&self, _: &str, _: TickOutcome, _: Option<LostReason>) {
+        match *self {}
+    }
 }

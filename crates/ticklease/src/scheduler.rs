@@ -24,12 +24,13 @@ use crate::config::Config;
 use crate::coordination::told;
 use crate::error::chain;
 use crate::error::Error;
-use crate::lead::{BoxError, Lead, Manager, Tick};
+use crate::family::{family_loop, Family, FamilyJob};
+use crate::lead::{check_interval, BoxError, Lead, Manager, Tick};
 use crate::role::Role;
 use crate::step::panic_message;
 use crate::store::{LeaseStore, Refusal};
 
-type Work = Arc<dyn Fn(Tick) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
+pub(crate) type Work = Arc<dyn Fn(Tick) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
 
 struct Job {
     role: Role,
@@ -81,6 +82,7 @@ impl std::fmt::Display for Stopped {
 pub struct Scheduler<S> {
     manager: Manager<S>,
     jobs: Vec<Job>,
+    families: Vec<FamilyJob>,
     shutdown_timeout: Duration,
 }
 
@@ -91,6 +93,7 @@ impl<S: LeaseStore> Scheduler<S> {
         Scheduler {
             manager,
             jobs: Vec::new(),
+            families: Vec::new(),
             shutdown_timeout,
         }
     }
@@ -114,14 +117,36 @@ impl<S: LeaseStore> Scheduler<S> {
                 role: role.to_string(),
             });
         }
-        let work: Work = Arc::new(move |tick| {
-            let fut = work(tick);
-            async move { fut.await.map_err(Into::into) }.boxed()
-        });
         self.jobs.push(Job {
             role: role.clone(),
             interval,
-            work,
+            work: boxed(work),
+        });
+        Ok(self)
+    }
+
+    /// Adds the job of every key of `family`, as it changes: `work` runs
+    /// once per tick of each key (its role is [`Tick::role`]), at most once
+    /// per `interval` each, spread over the replicas that run the family.
+    pub fn family<F, Fut, E>(mut self, family: &Family, interval: Duration, work: F) -> Result<Self, Error>
+    where
+        F: Fn(Tick) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        check_interval(family.name(), interval)?;
+        if self.families.iter().any(|j| j.family.name() == family.name()) {
+            return Err(Error::DuplicateJob {
+                role: family.name().to_string(),
+            });
+        }
+        if let Some(metrics) = self.manager.metrics_handle() {
+            metrics.family(family, interval);
+        }
+        self.families.push(FamilyJob {
+            family: family.clone(),
+            interval,
+            work: boxed(work),
         });
         Ok(self)
     }
@@ -131,6 +156,9 @@ impl<S: LeaseStore> Scheduler<S> {
         let mut loops = JoinSet::new();
         for job in self.jobs {
             loops.spawn(role_loop(self.manager.clone(), job, shutdown.clone()));
+        }
+        for job in self.families {
+            loops.spawn(family_loop(self.manager.clone(), job, shutdown.clone()));
         }
         shutdown.cancelled().await;
         self.manager.shutdown();
@@ -155,6 +183,18 @@ impl<S: LeaseStore> Scheduler<S> {
             unreleased: self.manager.unreleased(),
         }
     }
+}
+
+fn boxed<F, Fut, E>(work: F) -> Work
+where
+    F: Fn(Tick) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    Arc::new(move |tick| {
+        let fut = work(tick);
+        async move { fut.await.map_err(Into::into) }.boxed()
+    })
 }
 
 async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: CancellationToken) {
@@ -211,7 +251,7 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
 
 /// What the last poll of a role loop found.
 #[derive(Debug)]
-enum Polled<'a> {
+pub(crate) enum Polled<'a> {
     /// ACQUIRE started no term.
     Refused(&'a Refusal),
     /// A term ran and ended: the database knows when the role is due next.
@@ -222,9 +262,9 @@ enum Polled<'a> {
 
 /// When a role loop asks the database next, and whose session's end wakes it earlier.
 #[derive(Debug, PartialEq, Eq)]
-struct Wake {
-    after: Duration,
-    holder_key: Option<i64>,
+pub(crate) struct Wake {
+    pub(crate) after: Duration,
+    pub(crate) holder_key: Option<i64>,
 }
 
 /// Retry after losing a race to another replica's ACQUIRE: the next answer
@@ -241,7 +281,7 @@ const SIGNALLED_SLEEP_MAX: Duration = Duration::from_secs(60);
 /// from the answer's arrival, so a follower never wakes before them. Without
 /// a coordination session (`signalled` false) the wait is capped at
 /// `max_poll`, the bound on noticing a release or an unpause.
-fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -> Wake {
+pub(crate) fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -> Wake {
     let cap = |d: Duration| {
         if signalled {
             d.min(SIGNALLED_SLEEP_MAX)

@@ -16,7 +16,7 @@ use ticklease::{
     Acquire, Config, HistoryStore, Lead, LeaseStore, LossReason, Manager, PgStore, PgStoreOptions, Role,
     Scheduler, StoreError, Token,
 };
-use ticklease_testkit::{connect, direct, migrated_db, scalar, Fault, FaultProxy, PgCluster};
+use ticklease_testkit::{connect, direct, migrated_db, scalar, Counting, Fault, FaultProxy, PgCluster};
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// Far inside every lease-based bound below, far above a fast signal on a
@@ -291,7 +291,7 @@ async fn pause_unpause_and_release_are_heard_at_once() {
     );
     stop_b.cancel();
     until("B released", || async {
-        !b.store().inner.status().await.unwrap()[0].held
+        !b.store().status().await.unwrap()[0].held
     })
     .await;
 
@@ -540,111 +540,6 @@ async fn renewed_at(owner: &tokio_postgres::Client) -> (std::time::SystemTime, O
         .await
         .unwrap();
     (row.get(0), row.get(1))
-}
-
-/// A store that counts the ACQUIREs and RENEWs it forwards.
-#[derive(Debug)]
-struct Counting {
-    inner: PgStore,
-    acquires: std::sync::atomic::AtomicUsize,
-    renews: std::sync::atomic::AtomicUsize,
-}
-
-impl Counting {
-    fn new(inner: PgStore) -> Self {
-        Counting {
-            inner,
-            acquires: Default::default(),
-            renews: Default::default(),
-        }
-    }
-    fn counts(&self) -> (usize, usize) {
-        use std::sync::atomic::Ordering::Relaxed;
-        (self.acquires.load(Relaxed), self.renews.load(Relaxed))
-    }
-}
-
-impl LeaseStore for Counting {
-    async fn acquire(
-        &self,
-        role: &Role,
-        holder: &str,
-        lease_ttl: Duration,
-        interval: Duration,
-    ) -> Result<Acquire, StoreError> {
-        let answer = self.inner.acquire(role, holder, lease_ttl, interval).await;
-        // Counted once answered: a count means the caller has its answer.
-        self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        answer
-    }
-    async fn renew(
-        &self,
-        role: &Role,
-        token: Token,
-        lease_ttl: Duration,
-    ) -> Result<ticklease::Renew, StoreError> {
-        self.renews.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.renew(role, token, lease_ttl).await
-    }
-    async fn release(
-        &self,
-        role: &Role,
-        token: Token,
-        outcome: ticklease::Release,
-        interval: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.release(role, token, outcome, interval).await
-    }
-    async fn acquire_many(
-        &self,
-        roles: &[Role],
-        holder: &str,
-        lease_ttl: Duration,
-        interval: Duration,
-        limit: usize,
-    ) -> Result<Vec<(Role, Acquire)>, StoreError> {
-        let answer = self
-            .inner
-            .acquire_many(roles, holder, lease_ttl, interval, limit)
-            .await;
-        self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        answer
-    }
-    async fn renew_many(
-        &self,
-        terms: &[(Role, Token)],
-        lease_ttl: Duration,
-    ) -> Result<Vec<ticklease::Renew>, StoreError> {
-        self.renews.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.renew_many(terms, lease_ttl).await
-    }
-    async fn release_many(&self, terms: &[ticklease::Releasing]) -> Result<Vec<bool>, StoreError> {
-        self.inner.release_many(terms).await
-    }
-    async fn beat(&self, family: &str, holder: &str, lease_ttl: Duration) -> Result<Vec<String>, StoreError> {
-        self.inner.beat(family, holder, lease_ttl).await
-    }
-    async fn leave(&self, family: &str, holder: &str) -> Result<bool, StoreError> {
-        self.inner.leave(family, holder).await
-    }
-    async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
-        self.inner.pause(role, by, reason).await
-    }
-    async fn unpause(&self, role: &Role) -> Result<bool, StoreError> {
-        self.inner.unpause(role).await
-    }
-    async fn run_now(&self, role: &Role) -> Result<bool, StoreError> {
-        self.inner.run_now(role).await
-    }
-    async fn seed(&self, roles: &[Role]) -> Result<(), StoreError> {
-        self.inner.seed(roles).await
-    }
-    async fn status(&self) -> Result<Vec<ticklease::LeaseStatus>, StoreError> {
-        self.inner.status().await
-    }
-    fn signals(&self) -> Option<&ticklease::Signals> {
-        self.inner.signals()
-    }
 }
 
 /// Anyone who can connect can NOTIFY: a storm of forged pause and release

@@ -1,0 +1,551 @@
+//! Role families: many roles of one kind (`tenant_sync:acme`,
+//! `tenant_sync:globex`), one row and one independent term per key, led by
+//! one loop per family and replica with statements that grow with replicas,
+//! not keys.
+//!
+//! Each wake-up, a family loop sends one ACQUIRE for every key that is due
+//! (its preferred keys first, at most its fair share of terms); each term
+//! beats on the replica's shared heartbeat grid, so one RENEW carries all of
+//! them; terms that end together are released in one RELEASE.
+//!
+//! **Spread.** Replicas learn how many serve the family from the replica
+//! registry (`leader_replicas`): each loop registers itself once per
+//! heartbeat and reads who else did. A replica counts while its
+//! registration is younger than a lease TTL and, with a coordination
+//! session, while its session holds its key (a killed replica drops out at
+//! once). With N replicas and K keys, a replica prefers the keys whose rank
+//! in the sorted key list is its own rank among the replicas modulo N
+//! (K/N each, exactly, when all declare the same keys), takes other keys
+//! only once they have stayed due for a grace of a third of a heartbeat,
+//! and never holds more than `ceil(K/N)` plus a tenth (at least one) at
+//! once, nor more than its `max_terms`.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::coordination::{told, Heard};
+use crate::error::{chain, RoleError};
+use crate::lead::{FamilyScope, KeyCancel, Lead, Manager, TermScope};
+use crate::role::Role;
+use crate::scheduler::{next_wake, Polled, Work};
+use crate::step::panic_message;
+use crate::store::{Acquire, LeaseStore, BATCH_MAX};
+
+/// Most keys a family holds (each costs its loop about 200 bytes while no
+/// term of it runs here).
+pub const FAMILY_KEYS_MAX: usize = 100_000;
+
+/// The default cap on a family's concurrent terms on one replica.
+pub const FAMILY_TERMS_DEFAULT: usize = 1_000;
+
+/// Wake-ups are rounded up to this grid, so keys due within it share one ACQUIRE.
+const WAKE_GRID: Duration = Duration::from_millis(50);
+
+/// A set of roles `name:key` that can change at run time. Cheap to clone:
+/// clones share the keys, so the application adds and removes keys on the
+/// clone it keeps while the scheduler leads them.
+#[derive(Clone)]
+pub struct Family {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: Arc<str>,
+    keys: Mutex<BTreeSet<String>>,
+    /// Bumped on every change, to wake the family loop.
+    version: watch::Sender<u64>,
+    max_terms: std::sync::atomic::AtomicUsize,
+    per_role_metrics: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Family")
+            .field("name", &self.name())
+            .field("keys", &self.len())
+            .finish()
+    }
+}
+
+impl Family {
+    /// A family with no keys. `name` follows the role rule without a key
+    /// (`[a-z][a-z0-9_]*`, so that `name:key` is a role name).
+    pub fn new(name: &str) -> Result<Family, RoleError> {
+        if name.contains(':') {
+            return Err(RoleError::FamilyWithKey {
+                name: name.to_string(),
+            });
+        }
+        Role::new(format!("{name}:k"))?;
+        Ok(Family {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                keys: Mutex::default(),
+                version: watch::Sender::new(0),
+                max_terms: FAMILY_TERMS_DEFAULT.into(),
+                per_role_metrics: false.into(),
+            }),
+        })
+    }
+
+    /// The family's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The role of `key`: `name:key`, checked against the role rule.
+    pub fn role(&self, key: &str) -> Result<Role, RoleError> {
+        Role::new(format!("{}:{key}", self.name()))
+    }
+
+    /// Adds `key`; `Ok` also when it was there already.
+    pub fn add(&self, key: &str) -> Result<Role, RoleError> {
+        let role = self.role(key)?;
+        let mut keys = self.keys();
+        if !keys.contains(key) {
+            self.check_len(keys.len() + 1)?;
+            keys.insert(key.to_string());
+            drop(keys);
+            self.changed();
+        }
+        Ok(role)
+    }
+
+    /// Removes `key`; a term of it running here is cancelled
+    /// ([`Cancel::Removed`](crate::Cancel::Removed)) and released as
+    /// interrupted. `false` when it was not there.
+    pub fn remove(&self, key: &str) -> bool {
+        let removed = self.keys().remove(key);
+        if removed {
+            self.changed();
+        }
+        removed
+    }
+
+    /// Replaces the keys with `keys`, all or nothing: one invalid key (or
+    /// too many) changes nothing.
+    pub fn set<K: AsRef<str>>(&self, keys: impl IntoIterator<Item = K>) -> Result<(), RoleError> {
+        let mut next = BTreeSet::new();
+        for key in keys {
+            let key = key.as_ref();
+            self.role(key)?;
+            next.insert(key.to_string());
+            self.check_len(next.len())?;
+        }
+        *self.keys() = next;
+        self.changed();
+        Ok(())
+    }
+
+    /// The keys, sorted.
+    pub fn key_list(&self) -> Vec<String> {
+        self.keys().iter().cloned().collect()
+    }
+
+    /// How many keys the family holds.
+    pub fn len(&self) -> usize {
+        self.keys().len()
+    }
+
+    /// Whether the family holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Caps the family's concurrent terms on each replica (default
+    /// [`FAMILY_TERMS_DEFAULT`], at most [`FAMILY_KEYS_MAX`]).
+    pub fn set_max_terms(&self, max_terms: usize) -> Result<(), crate::Error> {
+        if !(1..=FAMILY_KEYS_MAX).contains(&max_terms) {
+            return Err(crate::Error::FamilyTermsOutOfRange {
+                family: self.name().to_string(),
+                max_terms,
+                max: FAMILY_KEYS_MAX,
+            });
+        }
+        self.inner
+            .max_terms
+            .store(max_terms, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The cap on the family's concurrent terms on each replica.
+    pub fn max_terms(&self) -> usize {
+        self.inner.max_terms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Exports the per-role series for every key too (default off: a
+    /// family exports aggregates, since thousands of keys would be
+    /// thousands of series). Takes effect for terms started afterwards.
+    pub fn set_per_role_metrics(&self, on: bool) {
+        self.inner
+            .per_role_metrics
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn keys(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.inner.keys.lock().expect("not poisoned")
+    }
+
+    fn check_len(&self, keys: usize) -> Result<(), RoleError> {
+        if keys > FAMILY_KEYS_MAX {
+            return Err(RoleError::TooManyKeys {
+                family: self.name().to_string(),
+                keys,
+                max: FAMILY_KEYS_MAX,
+            });
+        }
+        Ok(())
+    }
+
+    fn changed(&self) {
+        self.inner.version.send_modify(|v| *v += 1);
+    }
+
+    fn scope(&self, removed: KeyCancel) -> TermScope {
+        TermScope {
+            family: Some(FamilyScope {
+                name: self.inner.name.clone(),
+                per_role_metrics: self
+                    .inner
+                    .per_role_metrics
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            }),
+            removed: Some(removed),
+        }
+    }
+}
+
+/// A family's job in a scheduler.
+pub(crate) struct FamilyJob {
+    pub(crate) family: Family,
+    pub(crate) interval: Duration,
+    pub(crate) work: Work,
+}
+
+/// One key as its family loop sees it.
+struct Key {
+    role: Role,
+    /// When to ask the database about it next.
+    wake_at: Instant,
+    /// Whose coordination session's end makes it acquirable at once.
+    holder_key: Option<i64>,
+    /// Set while a term of it runs here; fired when the key is removed.
+    term: Option<KeyCancel>,
+}
+
+/// The fair share and its slack: how many terms a replica may hold.
+pub(crate) fn fair_cap(keys: usize, replicas: usize) -> usize {
+    let share = keys.div_ceil(replicas.max(1));
+    share + (share / 10).max(1)
+}
+
+/// Whether this replica (`rank` among `replicas`) prefers the key at `index` in the sorted key list.
+fn preferred(index: usize, rank: Option<usize>, replicas: usize) -> bool {
+    rank.is_none_or(|rank| index % replicas.max(1) == rank)
+}
+
+fn on_grid(at: Instant, epoch: Instant) -> Instant {
+    let since = at.saturating_duration_since(epoch);
+    let steps = since.as_nanos().div_ceil(WAKE_GRID.as_nanos());
+    epoch + WAKE_GRID * u32::try_from(steps).unwrap_or(u32::MAX)
+}
+
+/// Leads the keys of one family until `shutdown`, then leaves the replica
+/// registry and waits for its terms to end.
+pub(crate) async fn family_loop<S: LeaseStore>(
+    manager: Manager<S>,
+    job: FamilyJob,
+    shutdown: CancellationToken,
+) {
+    let FamilyJob {
+        family,
+        interval,
+        work,
+    } = job;
+    let config = *manager.config();
+    let store = manager.store_arc().clone();
+    let holder = manager.holder_id().to_string();
+    let signals = store.signals().cloned();
+    let heard = signals.as_ref().map(|s| s.family(family.name()));
+    let mut version = family.inner.version.subscribe();
+    let epoch = Instant::now();
+    let grace = config.heartbeat_every() / 3;
+    let mut keys: BTreeMap<String, Key> = BTreeMap::new();
+    let mut terms: JoinSet<(String, Duration)> = JoinSet::new();
+    let mut gone: FuturesUnordered<BoxFuture<'static, i64>> = FuturesUnordered::new();
+    let mut waited: HashSet<i64> = HashSet::new();
+    let mut replicas: Vec<String> = Vec::new();
+    let mut beat_at = Instant::now();
+    let mut told_at = None;
+    loop {
+        let now = Instant::now();
+        sync_keys(&family, &mut keys, now);
+        if now >= beat_at {
+            beat_at = now + config.heartbeat_every();
+            match tokio::time::timeout(
+                config.statement_timeout(),
+                store.beat(family.name(), &holder, config.lease_ttl()),
+            )
+            .await
+            {
+                Ok(Ok(live)) => replicas = live,
+                Ok(Err(error)) => {
+                    tracing::warn!(family = family.name(), error = %chain(&error), "replica beat failed")
+                }
+                Err(_) => tracing::warn!(family = family.name(), "replica beat did not answer"),
+            }
+        }
+        let n = replicas.len().max(1);
+        let rank = replicas.iter().position(|r| *r == holder);
+        let led = keys.values().filter(|k| k.term.is_some()).count();
+        let cap = fair_cap(keys.len(), n).min(family.max_terms());
+        let limit = cap.saturating_sub(led);
+        let now = Instant::now();
+        let eligible_at = |index: usize, key: &Key| {
+            if preferred(index, rank, n) {
+                key.wake_at
+            } else {
+                key.wake_at + grace
+            }
+        };
+        let mut candidates: Vec<(bool, &Role)> = keys
+            .values()
+            .enumerate()
+            .filter(|(i, k)| k.term.is_none() && eligible_at(*i, k) <= now)
+            .map(|(i, k)| (!preferred(i, rank, n), &k.role))
+            .collect();
+        // Preferred keys first; stable, so each group stays in key order.
+        candidates.sort_by_key(|(other, _)| *other);
+        let candidates: Vec<Role> = candidates
+            .into_iter()
+            .take(BATCH_MAX)
+            .map(|(_, r)| r.clone())
+            .collect();
+        if limit > 0 && !candidates.is_empty() && !shutdown.is_cancelled() {
+            match manager.acquire_many(&candidates, interval, limit).await {
+                Ok((answers, sent)) => {
+                    let now = Instant::now();
+                    for (role, answer) in answers {
+                        let Some(key) = role.as_str().split_once(':').and_then(|(_, k)| keys.get_mut(k))
+                        else {
+                            continue;
+                        };
+                        match answer {
+                            Acquire::Acquired(term) => {
+                                let removed = manager.key_cancel();
+                                key.term = Some(removed.clone());
+                                key.holder_key = None;
+                                let (manager, work, name) =
+                                    (manager.clone(), work.clone(), role.as_str().to_string());
+                                let scope = family.scope(removed);
+                                terms.spawn(async move {
+                                    let lead = AssertUnwindSafe(manager.run_term(
+                                        &role,
+                                        interval,
+                                        term.token,
+                                        sent,
+                                        |tick| work(tick),
+                                        scope,
+                                    ))
+                                    .catch_unwind()
+                                    .await;
+                                    let key =
+                                        name.split_once(':').map_or(name.clone(), |(_, k)| k.to_string());
+                                    (key, ended(&role, interval, &config, lead))
+                                });
+                            }
+                            Acquire::Refused(refusal) => {
+                                let wake = next_wake(&Polled::Refused(&refusal), &config, signals.is_some());
+                                key.wake_at = on_grid(now + wake.after, epoch);
+                                key.holder_key = wake.holder_key;
+                            }
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(family = family.name(), error = %chain(&error), "ACQUIRE many failed");
+                    let retry = Instant::now() + config.max_poll();
+                    for role in &candidates {
+                        if let Some(key) = role.as_str().split_once(':').and_then(|(_, k)| keys.get_mut(k)) {
+                            key.wake_at = retry;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(signals) = &signals {
+            for key in keys.values().filter_map(|k| k.holder_key) {
+                if waited.len() < crate::KEY_WAITERS_MAX && waited.insert(key) {
+                    if let Some(wait) = signals.holder_gone(key) {
+                        gone.push(wait.map(move |()| key).boxed());
+                    }
+                }
+            }
+        }
+        let next = if limit > 0 {
+            keys.values()
+                .enumerate()
+                .filter(|(_, k)| k.term.is_none())
+                .map(|(i, k)| eligible_at(i, k))
+                .min()
+        } else {
+            None
+        };
+        let sleep = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at.min(beat_at)).await,
+                None => tokio::time::sleep_until(beat_at).await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = sleep => {}
+            _ = version.changed() => {}
+            Some(done) = terms.join_next(), if !terms.is_empty() => term_done(&mut keys, done),
+            Some(dead) = gone.next(), if !gone.is_empty() => {
+                tracing::debug!(family = family.name(), key = dead, "a holder's coordination session ended");
+                waited.remove(&dead);
+                beat_at = Instant::now();
+                for key in keys.values_mut().filter(|k| k.holder_key == Some(dead)) {
+                    key.holder_key = None;
+                    key.wake_at = Instant::now();
+                }
+            }
+            _ = told(heard.as_ref().map(|h| &h.notify), told_at) => {
+                told_at = Some(Instant::now());
+                let now = Instant::now();
+                let heard = heard.as_ref().map(|h| h.take());
+                for (name, key) in keys.iter_mut() {
+                    let wake = match &heard {
+                        Some(Heard::All) => true,
+                        Some(Heard::Keys(told)) => told.binary_search(name).is_ok(),
+                        None => false,
+                    };
+                    if wake {
+                        key.wake_at = key.wake_at.min(now);
+                    }
+                }
+            }
+        }
+    }
+    // The others count without this replica at once; its terms are
+    // cancelled by the manager's shutdown and release as interrupted.
+    let _ = tokio::time::timeout(config.statement_timeout(), store.leave(family.name(), &holder)).await;
+    while let Some(done) = terms.join_next().await {
+        term_done(&mut keys, done);
+    }
+}
+
+/// Adds new keys (due at once) and drops removed ones, cancelling a term of
+/// a removed key (its entry goes when the term ends).
+fn sync_keys(family: &Family, keys: &mut BTreeMap<String, Key>, now: Instant) {
+    let current = family.keys().clone();
+    keys.retain(|name, key| {
+        if current.contains(name) {
+            return true;
+        }
+        match &key.term {
+            Some(removed) => {
+                removed.remove();
+                true
+            }
+            None => false,
+        }
+    });
+    for name in current {
+        if let std::collections::btree_map::Entry::Vacant(slot) = keys.entry(name) {
+            let role = family.role(slot.key()).expect("checked when added");
+            slot.insert(Key {
+                role,
+                wake_at: now,
+                holder_key: None,
+                term: None,
+            });
+        }
+    }
+}
+
+/// How long after its term's task ended a key is asked about again.
+fn ended(
+    role: &Role,
+    interval: Duration,
+    config: &crate::Config,
+    lead: std::thread::Result<Result<Lead<()>, crate::Error>>,
+) -> Duration {
+    match lead {
+        // RELEASE stamped the tick or set a cooldown of one interval (a lost
+        // term's is at most that): not due before.
+        Ok(Ok(Lead::Completed { .. } | Lead::Failed { .. } | Lead::Lost { .. })) => interval,
+        Ok(Ok(_)) => Duration::ZERO,
+        Ok(Err(error)) => {
+            tracing::warn!(%role, error = %chain(&error), "term failed");
+            config.max_poll()
+        }
+        Err(panic) => {
+            tracing::error!(%role, panic = panic_message(&*panic), "tick panicked");
+            interval
+        }
+    }
+}
+
+fn term_done(keys: &mut BTreeMap<String, Key>, done: Result<(String, Duration), tokio::task::JoinError>) {
+    let Ok((name, after)) = done else {
+        return;
+    };
+    let Some(key) = keys.get_mut(&name) else {
+        return;
+    };
+    if key.term.take().is_some_and(|removed| removed.is_removed()) {
+        keys.remove(&name);
+        return;
+    }
+    key.wake_at = Instant::now() + after;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fair_cap_is_the_share_plus_a_tenth_at_least_one() {
+        assert_eq!(fair_cap(1000, 10), 110);
+        assert_eq!(fair_cap(1000, 8), 137);
+        assert_eq!(fair_cap(200, 3), 74);
+        assert_eq!(fair_cap(5, 10), 2);
+        assert_eq!(fair_cap(7, 0), 8);
+    }
+
+    #[test]
+    fn each_replica_prefers_every_nth_key_by_its_rank() {
+        let mine: Vec<usize> = (0..10).filter(|i| preferred(*i, Some(1), 3)).collect();
+        assert_eq!(mine, [1, 4, 7]);
+        assert!(preferred(5, None, 3), "unregistered: every key");
+    }
+
+    #[test]
+    fn family_names_and_keys_follow_the_role_rule_and_set_is_all_or_nothing() {
+        assert!(matches!(
+            Family::new("tenant_sync:acme"),
+            Err(RoleError::FamilyWithKey { .. })
+        ));
+        assert!(Family::new("Tenant").is_err());
+        let family = Family::new("tenant_sync").unwrap();
+        assert_eq!(family.add("acme").unwrap().as_str(), "tenant_sync:acme");
+        assert!(family.add("Bad Key").is_err());
+        assert!(family.set(["a", "b", "no way"]).is_err());
+        assert_eq!(family.key_list(), ["acme"], "nothing changed");
+        assert!(family.remove("acme"));
+        assert!(!family.remove("acme"));
+        assert!(family.set_max_terms(0).is_err());
+    }
+}

@@ -1,0 +1,400 @@
+//! Role families (issue 13): keys spread over replicas, batched statements,
+//! keys added and removed at run time, a stopped replica's keys taken over,
+//! aggregate metrics. Real Postgres, except the statement counts under
+//! paused time, which use the fake.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use ticklease::{
+    Cancel, Config, Family, LeaseStatus, LeaseStore, Manager, Metrics, PgStore, PgStoreOptions, Role,
+    Scheduler, Tick, Token,
+};
+use ticklease_testkit::{direct, migrated_db, test_config, Counting, FakeStore, PgCluster};
+
+/// A tick's start or end, as its work reports it.
+#[derive(Debug)]
+enum Seen {
+    Started(Role, Token),
+    Ended(Role, Option<Cancel>),
+}
+
+struct EndReport(mpsc::UnboundedSender<Seen>, Tick);
+
+impl Drop for EndReport {
+    fn drop(&mut self) {
+        let _ = self.0.send(Seen::Ended(self.1.role().clone(), self.1.cause()));
+    }
+}
+
+/// Runs `family` on `manager`: each tick reports its start, holds its term
+/// for `hold` (or until cancelled), and reports its end.
+fn run_family<S: LeaseStore>(
+    manager: Manager<S>,
+    family: &Family,
+    interval: Duration,
+    hold: Duration,
+) -> (mpsc::UnboundedReceiver<Seen>, CancellationToken) {
+    let (seen, rx) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::new(manager)
+        .family(family, interval, move |tick| {
+            let seen = seen.clone();
+            async move {
+                let _ = seen.send(Seen::Started(tick.role().clone(), tick.token()));
+                // Reports when the work returns or is dropped (a lost term's is).
+                let _report = EndReport(seen, tick.clone());
+                tokio::select! {
+                    _ = tokio::time::sleep(hold) => {}
+                    _ = tick.cancelled() => {}
+                }
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .unwrap();
+    tokio::spawn(scheduler.run(stop.clone()));
+    (rx, stop)
+}
+
+/// Waits for `n` tick starts.
+async fn started(rx: &mut mpsc::UnboundedReceiver<Seen>, n: usize) -> Vec<(Role, Token)> {
+    let mut terms = Vec::new();
+    while terms.len() < n {
+        match rx.recv().await.expect("the scheduler runs") {
+            Seen::Started(role, token) => terms.push((role, token)),
+            Seen::Ended(..) => {}
+        }
+    }
+    terms
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("k{i:03}")).collect()
+}
+
+fn family(n: usize) -> Family {
+    let family = Family::new("fam").unwrap();
+    family.set(keys(n)).unwrap();
+    family
+}
+
+async fn pg(db: &tokio_postgres::Config, config: &Config) -> PgStore {
+    PgStore::connect(db.clone(), PgStoreOptions::from_config(config))
+        .await
+        .unwrap()
+}
+
+async fn rows(store: &impl LeaseStore) -> Vec<LeaseStatus> {
+    store.status().await.unwrap()
+}
+
+/// Live terms per holder.
+fn held_by(rows: &[LeaseStatus]) -> BTreeMap<String, usize> {
+    let mut by = BTreeMap::new();
+    for row in rows.iter().filter(|r| r.held) {
+        *by.entry(row.holder_id.clone().unwrap()).or_default() += 1;
+    }
+    by
+}
+
+/// Family terms started at different times still renew together: one
+/// RENEW statement per heartbeat for all of them, not one per term.
+#[tokio::test(start_paused = true)]
+async fn family_terms_renew_in_one_statement_per_heartbeat() {
+    let config = Config::default();
+    let store = FakeStore::new();
+    let manager = Manager::start(Counting::new(store.clone()), config, Vec::<Role>::new())
+        .await
+        .unwrap();
+    let family = Family::new("fam").unwrap();
+    let (mut seen, stop) = run_family(manager.clone(), &family, Duration::from_secs(3600), Duration::MAX);
+    // Twenty keys added 700 ms apart: twenty different ACQUIRE instants.
+    for key in keys(20) {
+        family.add(&key).unwrap();
+        started(&mut seen, 1).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let before = store.renew_sends().len();
+    let beats = 10;
+    tokio::time::sleep(config.heartbeat_every() * beats).await;
+    let renews = store.renew_sends().len() - before;
+    assert!(
+        (beats as usize..=beats as usize + 1).contains(&renews),
+        "{renews} RENEW statements in {beats} heartbeats for 20 terms"
+    );
+    assert_eq!(held_by(&rows(&store).await).values().sum::<usize>(), 20);
+    stop.cancel();
+}
+
+/// A family's ACQUIREs are batched too: 200 keys due at once cost one
+/// statement, and a replica holds at most its cap.
+#[tokio::test(start_paused = true)]
+async fn due_keys_are_acquired_in_one_statement_up_to_max_terms() {
+    let config = Config::default();
+    let store = Counting::new(FakeStore::new());
+    let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+    let family = family(200);
+    family.set_max_terms(150).unwrap();
+    let (mut seen, stop) = run_family(manager.clone(), &family, Duration::from_secs(3600), Duration::MAX);
+    started(&mut seen, 150).await;
+    tokio::time::sleep(config.lease_ttl() * 3).await;
+    let held = held_by(&rows(manager.store()).await);
+    assert_eq!(
+        held.values().sum::<usize>(),
+        150,
+        "max_terms caps the terms: {held:?}"
+    );
+    let (acquires, _) = manager.store().counts();
+    assert!(acquires <= 3, "{acquires} ACQUIRE statements for 200 keys");
+    stop.cancel();
+}
+
+/// Three replicas share thirty keys: each leads about ten (its preferred
+/// keys), not whichever it reached first.
+#[tokio::test]
+async fn three_replicas_share_a_familys_keys_evenly() {
+    let config = test_config();
+    let db = migrated_db(PgCluster::shared()).await;
+    let interval = Duration::from_millis(800);
+    let mut stops = Vec::new();
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let manager = Manager::start(pg(&db, &config).await, config, Vec::<Role>::new())
+            .await
+            .unwrap();
+        let (seen, stop) = run_family(manager, &family(30), interval, Duration::from_millis(200));
+        runs.push(seen);
+        stops.push(stop);
+    }
+    let observer = pg(&db, &config).await;
+    // Enough ticks that every key was due several times with all three registered.
+    let mut ticks = 0;
+    while ticks < 30 * 5 {
+        for run in &mut runs {
+            while let Ok(seen) = run.try_recv() {
+                ticks += usize::from(matches!(seen, Seen::Started(..)));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut owners: BTreeMap<String, usize> = BTreeMap::new();
+    for row in rows(&observer)
+        .await
+        .iter()
+        .filter(|r| r.role.starts_with("fam:"))
+    {
+        let owner = row.holder_id.clone().or(row.last_tick_holder.clone()).unwrap();
+        *owners.entry(owner).or_default() += 1;
+    }
+    assert_eq!(owners.len(), 3, "{owners:?}");
+    assert!(
+        owners.values().all(|n| (8..=12).contains(n)),
+        "each replica leads about 10 of 30: {owners:?}"
+    );
+    for stop in stops {
+        stop.cancel();
+    }
+}
+
+/// A replica that dies (its runtime stops: no RELEASE, its connections
+/// close) has its keys led again by the others within a second and a half,
+/// far inside its 10 s leases: its coordination session's end is heard.
+#[tokio::test]
+async fn a_dead_replicas_keys_are_taken_over_at_once_by_the_others() {
+    let config = Config::builder()
+        .lease_ttl(Duration::from_secs(10))
+        .heartbeat_every(Duration::from_secs(3))
+        .statement_timeout(Duration::from_secs(2))
+        .abandon_after(Duration::from_secs(6))
+        .max_poll(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let db = migrated_db(PgCluster::shared()).await;
+    let coordinated = |db: tokio_postgres::Config| async move {
+        pg(&db, &config).await.with_direct(direct(&db)).await.unwrap()
+    };
+    let hour = Duration::from_secs(3600);
+    let victim_db = db.clone();
+    let (victim_tx, victim_rx) = std::sync::mpsc::channel::<tokio::runtime::Runtime>();
+    let (victim_up, mut victim_seen) = mpsc::unbounded_channel();
+    // The victim runs on a runtime of its own, so it can be stopped dead.
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let store = pg(&victim_db, &config)
+                .await
+                .with_direct(direct(&victim_db))
+                .await
+                .unwrap();
+            let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+            let (mut seen, stop) = run_family(manager, &family(30), hour, hour);
+            std::mem::forget(stop);
+            tokio::spawn(async move {
+                while let Some(s) = seen.recv().await {
+                    let _ = victim_up.send(s);
+                }
+            });
+        });
+        victim_tx.send(runtime).unwrap();
+    });
+    let runtime = victim_rx.recv().unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let manager = Manager::start(coordinated(db.clone()).await, config, Vec::<Role>::new())
+            .await
+            .unwrap();
+        runs.push(run_family(manager, &family(30), hour, hour));
+    }
+    let observer = pg(&db, &config).await;
+    let all_held = |rows: &[LeaseStatus]| rows.iter().filter(|r| r.held).count() == 30;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !all_held(&rows(&observer).await) {
+        assert!(
+            Instant::now() < deadline,
+            "30 keys led: {:?}",
+            held_by(&rows(&observer).await)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut victim_terms = 0;
+    while let Ok(seen) = victim_seen.try_recv() {
+        victim_terms += usize::from(matches!(seen, Seen::Started(..)));
+    }
+    assert!(victim_terms > 0, "the victim leads some keys");
+    let killed = Instant::now();
+    runtime.shutdown_background();
+    let mut taken = 0;
+    while taken < victim_terms {
+        for (seen, _) in &mut runs {
+            while let Ok(s) = seen.try_recv() {
+                taken += usize::from(matches!(s, Seen::Started(..)));
+            }
+        }
+        assert!(
+            killed.elapsed() < Duration::from_millis(1500),
+            "{taken} of the dead replica's {victim_terms} keys led again after {:?}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = held_by(&rows(&observer).await);
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(
+        held.values().all(|n| (14..=16).contains(n)),
+        "the survivors share 30: {held:?}"
+    );
+    for (_, stop) in runs {
+        stop.cancel();
+    }
+}
+
+/// A key removed at run time has its work cancelled with `Cancel::Removed`
+/// and its term released (as interrupted); a key added is led.
+#[tokio::test]
+async fn a_removed_key_ends_its_term_cleanly_and_an_added_key_is_led() {
+    let config = test_config();
+    let (store, _) = ticklease_testkit::pg_store(&config).await;
+    let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+    let family = family(2);
+    let hour = Duration::from_secs(3600);
+    let (mut seen, stop) = run_family(manager.clone(), &family, hour, hour);
+    started(&mut seen, 2).await;
+    assert!(family.remove("k000"));
+    let cause = loop {
+        if let Seen::Ended(role, cause) = seen.recv().await.unwrap() {
+            assert_eq!(role.as_str(), "fam:k000");
+            break cause;
+        }
+    };
+    assert_eq!(cause, Some(Cancel::Removed));
+    family.add("k002").unwrap();
+    let (role, _) = started(&mut seen, 1).await.remove(0);
+    assert_eq!(role.as_str(), "fam:k002");
+    // The RELEASE follows the work's return.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let removed = loop {
+        let removed = rows(manager.store())
+            .await
+            .into_iter()
+            .find(|r| r.role == "fam:k000")
+            .unwrap();
+        if !removed.held || Instant::now() > deadline {
+            break removed;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!removed.held, "the removed key's term was released");
+    assert_eq!(removed.last_outcome.as_deref(), Some("interrupted"));
+    let rows = rows(manager.store()).await;
+    assert!(rows.iter().find(|r| r.role == "fam:k001").unwrap().held);
+    stop.cancel();
+}
+
+/// Pausing one key ends that key's term only; the batch RENEW goes on for the others.
+#[tokio::test]
+async fn pausing_one_key_ends_only_its_term() {
+    let config = test_config();
+    let (store, _) = ticklease_testkit::pg_store(&config).await;
+    let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+    let hour = Duration::from_secs(3600);
+    let (mut seen, stop) = run_family(manager.clone(), &family(3), hour, hour);
+    let terms = started(&mut seen, 3).await;
+    let paused = Role::new("fam:k001").unwrap();
+    assert!(manager.store().pause(&paused, "ops", "test").await.unwrap());
+    let cause = loop {
+        if let Seen::Ended(role, cause) = seen.recv().await.unwrap() {
+            assert_eq!(role, paused, "only the paused key's tick ends");
+            break cause;
+        }
+    };
+    assert_eq!(cause, Some(Cancel::LeaseLost(ticklease::LossReason::Paused)));
+    // Two more heartbeats: the others' terms are renewed, tokens unchanged.
+    tokio::time::sleep(config.heartbeat_every() * 2).await;
+    let rows = rows(manager.store()).await;
+    for (role, token) in terms.iter().filter(|(r, _)| *r != paused) {
+        let row = rows.iter().find(|r| r.role == role.as_str()).unwrap();
+        assert!(row.held && row.token == *token, "{role} still led in its term");
+    }
+    assert!(seen.try_recv().is_err(), "no other tick ended");
+    stop.cancel();
+}
+
+/// By default a family exports aggregates, not one series per key.
+#[tokio::test]
+async fn a_family_exports_aggregates_not_per_key_series() {
+    let config = test_config();
+    let (store, _) = ticklease_testkit::pg_store(&config).await;
+    let mut registry = Registry::with_prefix("ticklease");
+    let metrics = Metrics::register(&mut registry, Vec::<Role>::new());
+    let manager = Manager::start_with_metrics(store, config, Vec::<Role>::new(), metrics.clone())
+        .await
+        .unwrap();
+    let interval = Duration::from_millis(500);
+    let (mut seen, stop) = run_family(manager.clone(), &family(4), interval, Duration::from_secs(3600));
+    started(&mut seen, 4).await;
+    metrics.refresh(manager.store()).await;
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("ticklease_leader_family_leading{family=\"fam\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ticklease_leader_family_never_ran{family=\"fam\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ticklease_leader_family_tick_interval_seconds{family=\"fam\"} 0.5"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("role=\"fam:"),
+        "no per-key series by default: {text}"
+    );
+    stop.cancel();
+}
