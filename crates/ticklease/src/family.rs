@@ -287,9 +287,14 @@ pub(crate) async fn family_loop<S: LeaseStore>(
     let mut replicas: Vec<String> = Vec::new();
     let mut beat_at = Instant::now();
     let mut told_at = None;
+    let mut synced = None;
     loop {
         let now = Instant::now();
-        sync_keys(&family, &mut keys, now);
+        let current = *version.borrow_and_update();
+        if synced != Some(current) {
+            sync_keys(&family, &mut keys, now);
+            synced = Some(current);
+        }
         if now >= beat_at {
             beat_at = now + config.heartbeat_every();
             match tokio::time::timeout(
@@ -366,7 +371,8 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                             }
                             Acquire::Refused(refusal) => {
                                 let wake = next_wake(&Polled::Refused(&refusal), &config, signals.is_some());
-                                key.wake_at = on_grid(now + wake.after, epoch);
+                                // Never at once: a refusal is asked again on a later grid step.
+                                key.wake_at = on_grid(now + wake.after.max(Duration::from_millis(1)), epoch);
                                 key.holder_key = wake.holder_key;
                             }
                         }
@@ -385,10 +391,13 @@ pub(crate) async fn family_loop<S: LeaseStore>(
         }
         if let Some(signals) = &signals {
             for key in keys.values().filter_map(|k| k.holder_key) {
-                if waited.len() < crate::KEY_WAITERS_MAX && waited.insert(key) {
-                    if let Some(wait) = signals.holder_gone(key) {
-                        gone.push(wait.map(move |()| key).boxed());
-                    }
+                if waited.contains(&key) {
+                    continue;
+                }
+                // None past KEY_WAITERS_MAX: that holder is then waited for by its lease alone.
+                if let Some(wait) = signals.holder_gone(key) {
+                    waited.insert(key);
+                    gone.push(wait.map(move |()| key).boxed());
                 }
             }
         }
@@ -520,7 +529,7 @@ mod tests {
     fn the_fair_cap_is_the_share_plus_a_tenth_at_least_one() {
         assert_eq!(fair_cap(1000, 10), 110);
         assert_eq!(fair_cap(1000, 8), 137);
-        assert_eq!(fair_cap(200, 3), 74);
+        assert_eq!(fair_cap(200, 3), 73);
         assert_eq!(fair_cap(5, 10), 2);
         assert_eq!(fair_cap(7, 0), 8);
     }

@@ -373,6 +373,99 @@
 //! interval, 2 probes, 4 s user timeout), so a link that drops packets ends
 //! the session in about 4 s rather than the kernel's two hours.
 //!
+//! ## Role families
+//!
+//! Per-tenant or per-shard singletons (`tenant_sync:acme`, `billing:shard-3`)
+//! are a [`Family`]: a name and a set of keys that changes at run time
+//! ([`Family::add`], [`Family::remove`], [`Family::set`]). Each key is one
+//! role row `name:key` with its own independent term, token, fence, history
+//! and pause; removing a key cancels its running tick
+//! ([`Cancel::Removed`]) and releases it as interrupted.
+//! [`Scheduler::family`] runs one loop per family and replica:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ticklease::{Config, Family, Manager, PgStore, PgStoreOptions, Role, Scheduler};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example(pg: tokio_postgres::Config, direct: tokio_postgres::Config) -> anyhow::Result<()> {
+//! let config = Config::default();
+//! let store = PgStore::connect(pg, PgStoreOptions::from_config(&config)).await?.with_direct(direct).await?;
+//! let tenants = Family::new("tenant_sync")?;
+//! tenants.set(["acme", "globex", "initech"])?;
+//! let manager = Manager::start(store, config, Vec::<Role>::new()).await?;
+//! let scheduler = Scheduler::new(manager).family(&tenants, Duration::from_secs(60), |tick| async move {
+//!     let tenant = tick.role().as_str().trim_start_matches("tenant_sync:").to_owned();
+//!     // sync `tenant`, claiming its rows with tick.fence()
+//!     let _ = tenant;
+//!     Ok::<_, std::io::Error>(())
+//! })?;
+//! tenants.add("umbrella")?; // led from the loop's next wake-up
+//! let stopped = scheduler.run(CancellationToken::new()).await;
+//! # let _ = stopped;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! **Statements grow with replicas, not keys.** Per replica: one ACQUIRE
+//! (`leader_acquire_many`) per wake-up for every key that is due, returning
+//! the subset it won; one RENEW (`leader_renew_many`) per heartbeat for all
+//! its family terms, answering per term renewed or the reason it is over
+//! (family terms beat on one grid of `heartbeat_every`, so terms started at
+//! different times still leave in one statement; each term's heartbeat
+//! still keeps its own `last_ack` and abandon instant); one RELEASE
+//! (`leader_release_many`) for the terms that end within the same 2 ms; and
+//! one registry beat (`leader_replica_beat`) per family per heartbeat. Each
+//! is an unnamed `query_typed` statement (PgBouncer-safe), each row goes
+//! through the one-row statement's rules, so every RENEW and RELEASE is still
+//! term-scoped by `(role, token)` and a role still has at most one live term;
+//! rows are locked in role order, so batches never deadlock each other, and
+//! ACQUIRE reads rows held elsewhere without locking them. A batch holds at
+//! most [`BATCH_MAX`] (1,000) roles, larger ones are split. Wake-ups are
+//! rounded up to a 50 ms grid, so keys due together share a statement.
+//!
+//! **How a replica knows N, and the spread.** Each family loop registers its
+//! replica in `leader_replicas` once per heartbeat and reads back the
+//! replicas that are alive: registered within a lease TTL and, with a
+//! coordination session, holding their key (a killed replica drops out at
+//! once; one that stops cleanly leaves at once). With N replicas and K keys,
+//! a replica *prefers* the keys whose index in the sorted key list, modulo N,
+//! is its rank among the sorted replica ids: exactly K/N each when every
+//! replica declares the same keys. It acquires a preferred key when it is
+//! due, any other key only once it has been due for a third of a heartbeat
+//! (the preferred replica did not take it: slow, at its cap, or gone), and
+//! it never holds more than `ceil(K/N) + max(1, ceil(K/N)/10)` terms at once
+//! while others are alive ([`Family::set_max_terms`] caps it further).
+//! When N changes, preferences move at the next tick of each key (terms are
+//! tick-scoped, so nothing is handed over mid-tick). A dead replica's keys
+//! are taken over as its single roles are: at once with coordination
+//! sessions (every follower waits on the holder's key, so each dead replica
+//! costs one waiter connection per surviving replica), else when the leases
+//! run out. Replicas started at once may briefly hold more than their share
+//! (the first alone counts N = 1); the spread settles as the terms end.
+//!
+//! **Bounds per replica.** Concurrent terms: the fair cap above and
+//! `max_terms` (default [`FAMILY_TERMS_DEFAULT`] = 1,000 per family).
+//! Connections: the pool ([`PgStoreOptions::pool_size`], 8 by default, never
+//! sized by keys: the batched statements need one connection each, at most 4
+//! batches in flight) plus, with a direct URL, one coordination session and
+//! at most [`KEY_WAITERS_MAX`] (16) waiter connections, one per other
+//! replica whose death it waits for. Memory: about 200 bytes per key the
+//! replica does not lead and a few kilobytes per live term (its tasks); at
+//! most [`FAMILY_KEYS_MAX`] (100,000) keys per family; the batcher's queue
+//! holds at most 4,000 requests. `docs/benchmarks/scale.md` measures 10
+//! replicas × 1,000 keys.
+//!
+//! **Metrics.** By default a family exports aggregates, never a series per
+//! key: `leader_family_leading{family}` (this replica's terms),
+//! `leader_family_ticks_total{family,outcome}`,
+//! `leader_family_lease_lost_total{family,reason}`,
+//! `leader_family_tick_interval_seconds{family}` and the cluster facts
+//! `leader_family_last_tick_age_max_seconds{family}` (the key that waited
+//! longest, among the family's current keys),
+//! `leader_family_never_ran{family}` and `leader_family_paused{family}`.
+//! [`Family::set_per_role_metrics`] adds the per-role series for each key.
+//!
 //! ## TLS
 //!
 //! [`PgConnect`] parses a connection URL with libpq's `sslmode` (`disable`,

@@ -306,6 +306,9 @@ pub(crate) fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -
         },
         Polled::Refused(Refusal::NotDue { remaining, .. }) => after(cap(*remaining)),
         Polled::Refused(Refusal::Contended) => after(CONTENDED_RETRY),
+        // A family key past its replica's limit: asked again once the
+        // replica has room (its family loop waits for a term to end).
+        Polled::Refused(Refusal::OverLimit) => after(Duration::ZERO),
         Polled::Refused(_) => after(cap(SIGNALLED_SLEEP_MAX)),
     }
 }
