@@ -1,7 +1,8 @@
 //! Failure-correctness drills for ticklease: the failover benchmark and the
-//! chaos run, on real processes, a real Postgres and a TCP fault proxy. The
-//! numbers come from the database's own record (`lease_history`, written by
-//! a trigger on `leader_leases`, and the journals written by fenced claims).
+//! chaos run, on real processes, a real Postgres and a TCP fault proxy, and
+//! the scale bench of role families (`scale`). The numbers come from the
+//! database's own record (`lease_history`, written by a trigger on
+//! `leader_leases`, and the journals written by fenced claims).
 
 pub mod chaos;
 pub mod drill;
@@ -10,6 +11,8 @@ pub mod failover;
 pub mod idle;
 pub mod plot;
 pub mod promotion;
+pub mod scale;
+pub mod scale_replica;
 pub mod stats;
 
 /// A progress bar of `len` steps on stderr (trials done, ETA), drawn only

@@ -6,6 +6,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use ticklease_bench::chaos::{self, ChaosOptions, WorkerFlags};
 use ticklease_bench::failover::{self, Env, Mode, Scenario};
+use ticklease_bench::scale::{self, ScaleOptions};
+use ticklease_bench::scale_replica::{self, ReplicaFlags};
 use ticklease_bench::{drill, idle, promotion, Timing};
 
 #[derive(Parser)]
@@ -86,6 +88,40 @@ enum Cmd {
         #[arg(long, default_value = "docs/benchmarks")]
         dir: PathBuf,
     },
+    /// Role families at scale: replicas sharing one family of keys (statements/s,
+    /// ACQUIRE/RENEW latency, lost terms, spread, CPU), a SIGKILL of some of
+    /// them, then the same load with one role per key as the baseline.
+    Scale {
+        #[arg(long, default_value_t = 10)]
+        replicas: usize,
+        #[arg(long, default_value_t = 1000)]
+        keys: usize,
+        /// The family window, after a warm-up of two tick cycles.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+        over: Duration,
+        /// Replicas to SIGKILL after the window (0: none).
+        #[arg(long, default_value_t = 2)]
+        kill: usize,
+        /// The per-role baseline's window (0s: no baseline).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
+        baseline_over: Duration,
+        #[arg(long, value_enum, default_value = "default")]
+        timing: Timing,
+        /// Each family replica's pool.
+        #[arg(long, default_value_t = scale::DEFAULT_POOL)]
+        pool: usize,
+        /// Each per-role replica's pool (default: the most the sandbox's connections allow, at most 64).
+        #[arg(long)]
+        baseline_pool: Option<usize>,
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+        /// Exit non-zero unless no term was lost and the spread stayed within ±20 %.
+        #[arg(long)]
+        assert: bool,
+    },
+    /// (child process) One replica of the scale bench.
+    #[command(hide = true)]
+    ScaleReplica(ReplicaFlags),
     /// (child process) A drill leader writing fenced rows while it leads.
     #[command(hide = true)]
     Leader {
@@ -202,6 +238,32 @@ async fn main() -> anyhow::Result<()> {
                 anyhow::bail!("no failover-<timing>-<mode>.csv in {}", dir.display());
             }
         }
+        Cmd::Scale {
+            replicas,
+            keys,
+            over,
+            kill,
+            baseline_over,
+            timing,
+            pool,
+            baseline_pool,
+            out,
+            assert,
+        } => {
+            let options = ScaleOptions {
+                replicas,
+                keys,
+                over,
+                kill,
+                baseline_over,
+                timing,
+                pool,
+                baseline_pool: baseline_pool.unwrap_or_else(|| scale::baseline_pool(replicas)),
+                exe: std::env::current_exe()?,
+            };
+            cmd_scale(options, &out, assert).await?;
+        }
+        Cmd::ScaleReplica(flags) => scale_replica::run(flags).await?,
         Cmd::Leader {
             url,
             direct_url,
@@ -267,6 +329,34 @@ async fn cmd_failover(
     println!("raw trials: {}", csv.display());
     if let Some(svg) = svg {
         println!("plot: {}", svg.display());
+    }
+    Ok(())
+}
+
+/// Runs the scale bench, writes its reports to `out`, and with `assert`
+/// fails unless no term was lost and the spread stayed within bounds.
+async fn cmd_scale(options: ScaleOptions, out: &std::path::Path, assert: bool) -> anyhow::Result<()> {
+    let report = scale::run(options).await?;
+    for path in scale::write_reports(out, &report)? {
+        println!("{}", path.display());
+    }
+    println!("{}", report.command());
+    println!("{}", report.table());
+    print!("{}", report.takeover_and_ratio());
+    for goal in report.goals() {
+        let met = if goal.met { "met" } else { "MISSED" };
+        println!("{met}: {}: {}", goal.what, goal.measured);
+    }
+    println!(
+        "took {}",
+        humantime::format_duration(Duration::from_secs(report.took.as_secs()))
+    );
+    if assert && !report.assert_ok() {
+        anyhow::bail!(
+            "scale: {} lost terms, spread {:?} (must be 0 and within ±20 %)",
+            report.family.window.lost(),
+            report.family.window.spread
+        );
     }
     Ok(())
 }
