@@ -274,6 +274,9 @@ pub struct Window {
     pub pg_cpu_pct: f64,
     /// The counted replicas' CPU together, as a % of one core.
     pub replica_cpu_pct: f64,
+    /// Every process of the machine (this bench's and anyone else's), as a %
+    /// of one core: what else loaded the machine during the window.
+    pub machine_cpu_pct: f64,
     /// Largest VmRSS seen, per counted replica (kB).
     pub rss_max_kb: Vec<u64>,
     pub spread_samples: Vec<SpreadSample>,
@@ -446,6 +449,17 @@ fn replica_ticks(replicas: &[Replica], which: &[usize]) -> u64 {
         .sum()
 }
 
+/// Busy (not idle, not waiting for I/O) clock ticks of all CPUs, from `/proc/stat`.
+fn machine_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().next().and_then(|l| l.strip_prefix("cpu ")) else {
+        return 0;
+    };
+    let n: Vec<u64> = cpu.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    n.iter().take(8).sum::<u64>() - n.get(3).unwrap_or(&0) - n.get(4).unwrap_or(&0)
+}
+
 fn ticks_per_second() -> f64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
@@ -483,6 +497,7 @@ async fn measure(
     let calls_before = statement_calls(db).await?;
     let pg_before = postgres_ticks(postmaster);
     let replicas_before = replica_ticks(replicas, counted);
+    let machine_before = machine_ticks();
     let from = SystemTime::now();
     let started = Instant::now();
     let mut spread_samples = Vec::new();
@@ -502,6 +517,7 @@ async fn measure(
     }
     let pg_after = postgres_ticks(postmaster);
     let replicas_after = replica_ticks(replicas, counted);
+    let machine_after = machine_ticks();
     let to = SystemTime::now();
     let seconds = started.elapsed().as_secs_f64();
     let calls_after = statement_calls(db).await?;
@@ -523,6 +539,7 @@ async fn measure(
         statements,
         pg_cpu_pct: cpu(pg_after.saturating_sub(pg_before)),
         replica_cpu_pct: cpu(replicas_after.saturating_sub(replicas_before)),
+        machine_cpu_pct: cpu(machine_after.saturating_sub(machine_before)),
         rss_max_kb: counted.iter().map(|&i| rss_max_kb[i]).collect(),
         spread_samples,
         spread,
@@ -1023,6 +1040,9 @@ impl Report {
         row("replicas' CPU together (% of one core)", &|p| {
             format!("{:.0} %", p.window.replica_cpu_pct)
         });
+        row("whole machine CPU busy (% of one core, of 200 %)", &|p| {
+            format!("{:.0} %", p.window.machine_cpu_pct)
+        });
         row("replica RSS max (MB)", &|p| {
             let max = p.window.rss_max_kb.iter().max().copied().unwrap_or(0);
             format!("{:.1}", max as f64 / 1024.0)
@@ -1317,6 +1337,8 @@ fn markdown(r: &Report) -> String {
   `-takeover.csv` has every term.
 - **Postgres CPU**: utime + stime of the postmaster and every process it started (those that exited
   included), from `/proc/<pid>/stat`, over the window, as a % of one core (the machine has two).
+- **whole machine CPU**: busy time of both cores from `/proc/stat` over the window (Postgres, the
+  replicas, the bench, and anything else that ran on the machine meanwhile), as a % of one core.
 - **replica RSS**: the largest `VmRSS` seen in any replica during the window.
 ",
     );
