@@ -83,9 +83,13 @@ struct Events {
     /// dead though its client has not noticed (a cut link whose end the
     /// server's keepalives found first).
     refused: Notify,
-    /// The last `probe` payload heard.
-    probe: watch::Sender<String>,
+    /// The last [`PROBES_KEPT`] `probe` payloads heard: every session hears
+    /// every replica's probe, and replicas starting together probe at once.
+    probe: watch::Sender<std::collections::VecDeque<String>>,
 }
+
+/// Probes a session remembers, so one started among many still finds its own.
+const PROBES_KEPT: usize = 64;
 
 /// Wake-ups of one role.
 #[derive(Debug, Default)]
@@ -162,7 +166,12 @@ impl Events {
             return;
         };
         if event == "probe" {
-            self.probe.send_replace(role.to_string());
+            self.probe.send_modify(|heard| {
+                if heard.len() == PROBES_KEPT {
+                    heard.pop_front();
+                }
+                heard.push_back(role.to_string());
+            });
             return;
         }
         if matches!(event, "release" | "unpause" | "run_now") {
@@ -206,7 +215,7 @@ impl Signals {
             roles: Mutex::default(),
             families: Mutex::default(),
             refused: Notify::new(),
-            probe: watch::Sender::new(String::new()),
+            probe: watch::Sender::new(std::collections::VecDeque::new()),
         });
         let direct = with_client_keepalives(direct);
         let session = Session::open(&direct, connect_timeout, &events)
@@ -259,7 +268,7 @@ impl Signals {
     /// pooled path by [`crate::PgStore::with_direct`]).
     pub(crate) async fn heard_probe(&self, nonce: &str) {
         let mut probe = self.inner.events.probe.subscribe();
-        let _ = probe.wait_for(|heard| heard == nonce).await;
+        let _ = probe.wait_for(|heard| heard.iter().any(|h| h == nonce)).await;
     }
 
     /// The wake-ups of `role` (registered on first use).

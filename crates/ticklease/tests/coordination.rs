@@ -635,3 +635,24 @@ async fn a_direct_url_through_a_transaction_pooler_is_refused() {
         "{err}"
     );
 }
+
+/// Replicas that open their coordination sessions at the same moment each
+/// hear their own probe, though every session hears all of them.
+#[tokio::test]
+async fn replicas_starting_together_each_pass_the_coordination_check() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let starts = (0..8).map(|_| async {
+        PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+            .await
+            .unwrap()
+            .with_direct(direct(&db))
+            .await
+    });
+    let stores = futures::future::join_all(starts).await;
+    let refused: Vec<String> = stores
+        .iter()
+        .filter_map(|s| s.as_ref().err().map(|e| ticklease::error::chain(e)))
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
+}
