@@ -483,12 +483,21 @@ pub(crate) const SIGNAL_SPACING: Duration = Duration::from_millis(200);
 /// Resolves when `notify` fires, but no sooner than [`SIGNAL_SPACING`] after
 /// `last` (the previous signal acted on); never without signals.
 pub(crate) async fn told(notify: Option<&Notify>, last: Option<tokio::time::Instant>) {
+    told_spaced(notify, last, SIGNAL_SPACING).await;
+}
+
+/// [`told`] with a spacing of `spacing`.
+pub(crate) async fn told_spaced(
+    notify: Option<&Notify>,
+    last: Option<tokio::time::Instant>,
+    spacing: Duration,
+) {
     let Some(notify) = notify else {
         return std::future::pending().await;
     };
     notify.notified().await;
     if let Some(last) = last {
-        tokio::time::sleep_until(last + SIGNAL_SPACING).await;
+        tokio::time::sleep_until(last + spacing).await;
     }
 }
 

@@ -33,7 +33,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::coordination::{told, Heard};
+use crate::coordination::{told_spaced, Heard};
 use crate::error::{chain, RoleError};
 use crate::lead::{FamilyScope, KeyCancel, Lead, Manager, TermScope};
 use crate::role::Role;
@@ -50,6 +50,12 @@ pub const FAMILY_TERMS_DEFAULT: usize = 1_000;
 
 /// Wake-ups are rounded up to this grid, so keys due within it share one ACQUIRE.
 const WAKE_GRID: Duration = Duration::from_millis(50);
+
+/// The least time between two ACQUIREs a family loop runs because it was
+/// told of releases: every completed tick of every replica notifies, so a
+/// family of thousands of keys would otherwise ask after each; the keys
+/// told of within it share one statement (the first after a quiet spell acts at once).
+const TOLD_SPACING: Duration = Duration::from_secs(1);
 
 /// A set of roles `name:key` that can change at run time. Cheap to clone:
 /// clones share the keys, so the application adds and removes keys on the
@@ -430,7 +436,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                     key.wake_at = Instant::now();
                 }
             }
-            _ = told(heard.as_ref().map(|h| &h.notify), told_at) => {
+            _ = told_spaced(heard.as_ref().map(|h| &h.notify), told_at, TOLD_SPACING) => {
                 told_at = Some(Instant::now());
                 let now = Instant::now();
                 let heard = heard.as_ref().map(|h| h.take());

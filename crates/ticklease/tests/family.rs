@@ -154,6 +154,34 @@ async fn due_keys_are_acquired_in_one_statement_up_to_max_terms() {
     stop.cancel();
 }
 
+/// While another replica is registered, one takes no more than its fair
+/// share plus a tenth, though every key is free and due.
+#[tokio::test(start_paused = true)]
+async fn a_replica_takes_no_more_than_its_fair_share_while_others_are_alive() {
+    let config = Config::default();
+    let store = FakeStore::new();
+    let other = store.clone();
+    tokio::spawn(async move {
+        loop {
+            other.beat("fam", "zz-other", config.lease_ttl()).await.unwrap();
+            tokio::time::sleep(config.heartbeat_every()).await;
+        }
+    });
+    let manager = Manager::start(store.clone(), config, Vec::<Role>::new())
+        .await
+        .unwrap();
+    let (mut seen, stop) = run_family(manager, &family(40), Duration::from_secs(3600), Duration::MAX);
+    started(&mut seen, 22).await;
+    tokio::time::sleep(config.lease_ttl() * 3).await;
+    let held = held_by(&rows(&store).await);
+    assert_eq!(
+        held.values().sum::<usize>(),
+        22,
+        "40 keys, 2 replicas: 20 + 2 at most: {held:?}"
+    );
+    stop.cancel();
+}
+
 /// Three replicas share thirty keys: each leads about ten (its preferred
 /// keys), not whichever it reached first.
 #[tokio::test]
@@ -163,10 +191,12 @@ async fn three_replicas_share_a_familys_keys_evenly() {
     let interval = Duration::from_millis(800);
     let mut stops = Vec::new();
     let mut runs = Vec::new();
+    let mut holders = Vec::new();
     for _ in 0..3 {
         let manager = Manager::start(pg(&db, &config).await, config, Vec::<Role>::new())
             .await
             .unwrap();
+        holders.push(manager.holder_id().to_string());
         let (seen, stop) = run_family(manager, &family(30), interval, Duration::from_millis(200));
         runs.push(seen);
         stops.push(stop);
@@ -183,18 +213,27 @@ async fn three_replicas_share_a_familys_keys_evenly() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut owners: BTreeMap<String, usize> = BTreeMap::new();
+    let mut elsewhere = 0;
+    holders.sort();
     for row in rows(&observer)
         .await
         .iter()
         .filter(|r| r.role.starts_with("fam:"))
     {
         let owner = row.holder_id.clone().or(row.last_tick_holder.clone()).unwrap();
+        // Key i is preferred by the replica of rank i mod 3 among the sorted holder ids.
+        let index: usize = row.role["fam:k".len()..].parse().unwrap();
+        elsewhere += usize::from(owner != holders[index % 3]);
         *owners.entry(owner).or_default() += 1;
     }
     assert_eq!(owners.len(), 3, "{owners:?}");
     assert!(
         owners.values().all(|n| (8..=12).contains(n)),
         "each replica leads about 10 of 30: {owners:?}"
+    );
+    assert!(
+        elsewhere <= 3,
+        "{elsewhere} of 30 keys last led by a replica that does not prefer them"
     );
     for stop in stops {
         stop.cancel();
@@ -305,12 +344,16 @@ async fn a_removed_key_ends_its_term_cleanly_and_an_added_key_is_led() {
     let (mut seen, stop) = run_family(manager.clone(), &family, hour, hour);
     started(&mut seen, 2).await;
     assert!(family.remove("k000"));
-    let cause = loop {
-        if let Seen::Ended(role, cause) = seen.recv().await.unwrap() {
-            assert_eq!(role.as_str(), "fam:k000");
-            break cause;
+    let cause = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Seen::Ended(role, cause) = seen.recv().await.unwrap() {
+                assert_eq!(role.as_str(), "fam:k000");
+                break cause;
+            }
         }
-    };
+    })
+    .await
+    .expect("the removed key's work is cancelled");
     assert_eq!(cause, Some(Cancel::Removed));
     family.add("k002").unwrap();
     let (role, _) = started(&mut seen, 1).await.remove(0);
