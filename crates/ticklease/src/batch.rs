@@ -102,9 +102,9 @@ pub(crate) fn align_down(at: Instant, epoch: Instant, step: Duration) -> Instant
     if at <= epoch || step.is_zero() {
         return at;
     }
-    let since = at - epoch;
-    let steps = since.as_nanos() / step.as_nanos();
-    epoch + step * u32::try_from(steps).unwrap_or(u32::MAX)
+    let step = step.as_nanos();
+    let nanos = (at - epoch).as_nanos() / step * step;
+    epoch + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
 async fn run<S: LeaseStore>(
@@ -121,6 +121,8 @@ async fn run<S: LeaseStore>(
         let mut next = Some(first);
         while let Some(request) = next.take().or_else(|| queue.try_recv().ok()) {
             match request {
+                // Its heartbeat gave up waiting: renewing now would only delay a takeover.
+                Request::Renew { reply, .. } if reply.is_closed() => {}
                 Request::Renew { role, token, reply } => renews.push(((role, token), reply)),
                 Request::Release { term, reply } => releases.push((term, reply)),
             }
@@ -144,10 +146,40 @@ async fn run<S: LeaseStore>(
             let store = store.clone();
             tokio::spawn(async move {
                 let answer = tokio::time::timeout(statement_timeout, store.release_many(&terms)).await;
-                answer_each("RELEASE many", statement_timeout, answer, replies);
+                if let Ok(Err(error)) = &answer {
+                    // One bad term must not cost the others their RELEASE
+                    // (an unstamped completion would run again early).
+                    tracing::warn!(error = %crate::error::chain(error), terms = terms.len(),
+                        "RELEASE many failed; releasing its terms one by one");
+                    release_each(&*store, statement_timeout, terms, replies).await;
+                } else {
+                    answer_each("RELEASE many", statement_timeout, answer, replies);
+                }
                 drop(permit);
             });
         }
+    }
+}
+
+/// RELEASE of each term alone, after its batch failed.
+async fn release_each<S: LeaseStore>(
+    store: &S,
+    statement_timeout: Duration,
+    terms: Vec<Releasing>,
+    replies: Vec<oneshot::Sender<Result<bool, StoreError>>>,
+) {
+    let each = terms.iter().map(|t| {
+        tokio::time::timeout(
+            statement_timeout,
+            store.release_ending(&t.role, t.token, t.outcome, t.interval, &t.ending),
+        )
+    });
+    let answers = futures::future::join_all(each).await;
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        let _ = reply.send(answer.unwrap_or(Err(StoreError::Timeout {
+            statement: "RELEASE",
+            after: statement_timeout,
+        })));
     }
 }
 

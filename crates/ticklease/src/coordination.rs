@@ -88,6 +88,9 @@ struct Events {
     probe: watch::Sender<std::collections::VecDeque<String>>,
 }
 
+/// Past this many roles' wake-ups, unused ones are dropped before another is added.
+const ROLE_SIGNALS_PRUNE: usize = 1024;
+
 /// Probes a session remembers, so one started among many still finds its own.
 const PROBES_KEPT: usize = 64;
 
@@ -158,6 +161,10 @@ impl FamilySignals {
 impl Events {
     fn role(&self, role: &str) -> Arc<RoleSignals> {
         let mut roles = self.roles.lock().expect("not poisoned");
+        if roles.len() >= ROLE_SIGNALS_PRUNE && !roles.contains_key(role) {
+            // Family keys come and go: drop the entries no term or loop uses any more.
+            roles.retain(|_, signals| Arc::strong_count(signals) > 1);
+        }
         roles.entry(role.to_string()).or_default().clone()
     }
 
@@ -483,21 +490,12 @@ pub(crate) const SIGNAL_SPACING: Duration = Duration::from_millis(200);
 /// Resolves when `notify` fires, but no sooner than [`SIGNAL_SPACING`] after
 /// `last` (the previous signal acted on); never without signals.
 pub(crate) async fn told(notify: Option<&Notify>, last: Option<tokio::time::Instant>) {
-    told_spaced(notify, last, SIGNAL_SPACING).await;
-}
-
-/// [`told`] with a spacing of `spacing`.
-pub(crate) async fn told_spaced(
-    notify: Option<&Notify>,
-    last: Option<tokio::time::Instant>,
-    spacing: Duration,
-) {
     let Some(notify) = notify else {
         return std::future::pending().await;
     };
     notify.notified().await;
     if let Some(last) = last {
-        tokio::time::sleep_until(last + spacing).await;
+        tokio::time::sleep_until(last + SIGNAL_SPACING).await;
     }
 }
 

@@ -33,7 +33,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::coordination::{told_spaced, Heard};
+use crate::coordination::{FamilySignals, Heard};
 use crate::error::{chain, RoleError};
 use crate::lead::{FamilyScope, KeyCancel, Lead, Manager, TermScope};
 use crate::role::Role;
@@ -261,17 +261,19 @@ fn preferred(index: usize, rank: Option<usize>, replicas: usize) -> bool {
 }
 
 fn on_grid(at: Instant, epoch: Instant) -> Instant {
-    let since = at.saturating_duration_since(epoch);
-    let steps = since.as_nanos().div_ceil(WAKE_GRID.as_nanos());
-    epoch + WAKE_GRID * u32::try_from(steps).unwrap_or(u32::MAX)
+    let since = at.saturating_duration_since(epoch).as_nanos();
+    let step = WAKE_GRID.as_nanos();
+    let nanos = since.div_ceil(step) * step;
+    epoch + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
 /// Leads the keys of one family until `shutdown`, then leaves the replica
-/// registry and waits for its terms to end.
+/// registry and waits for its terms to end (or, once `abandon` fires, drops them).
 pub(crate) async fn family_loop<S: LeaseStore>(
     manager: Manager<S>,
     job: FamilyJob,
     shutdown: CancellationToken,
+    abandon: CancellationToken,
 ) {
     let FamilyJob {
         family,
@@ -292,7 +294,8 @@ pub(crate) async fn family_loop<S: LeaseStore>(
     let mut waited: HashSet<i64> = HashSet::new();
     let mut replicas: Vec<String> = Vec::new();
     let mut beat_at = Instant::now();
-    let mut told_at = None;
+    let mut told_at: Option<Instant> = None;
+    let mut told_pending = false;
     let mut synced = None;
     loop {
         let now = Instant::now();
@@ -315,6 +318,11 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                 }
                 Err(_) => tracing::warn!(family = family.name(), "replica beat did not answer"),
             }
+        }
+        if told_pending && told_at.is_none_or(|at| at + TOLD_SPACING <= Instant::now()) {
+            told_pending = false;
+            told_at = Some(Instant::now());
+            wake_told(heard.as_deref(), &mut keys, Instant::now());
         }
         let n = replicas.len().max(1);
         let rank = replicas.iter().position(|r| *r == holder);
@@ -342,7 +350,8 @@ pub(crate) async fn family_loop<S: LeaseStore>(
             .take(BATCH_MAX)
             .map(|(_, r)| r.clone())
             .collect();
-        if limit > 0 && !candidates.is_empty() && !shutdown.is_cancelled() {
+        // Not before the registry answered once: alone, a replica would count N = 1.
+        if limit > 0 && !candidates.is_empty() && !replicas.is_empty() && !shutdown.is_cancelled() {
             match manager.acquire_many(&candidates, interval, limit).await {
                 Ok((answers, sent)) => {
                     let now = Instant::now();
@@ -416,17 +425,18 @@ pub(crate) async fn family_loop<S: LeaseStore>(
         } else {
             None
         };
-        let sleep = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at.min(beat_at)).await,
-                None => tokio::time::sleep_until(beat_at).await,
-            }
-        };
+        let told_due = told_at.filter(|_| told_pending).map(|at| at + TOLD_SPACING);
+        let wake = [next, told_due, Some(beat_at)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(beat_at);
+        let sleep = tokio::time::sleep_until(wake);
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = sleep => {}
             _ = version.changed() => {}
-            Some(done) = terms.join_next(), if !terms.is_empty() => term_done(&mut keys, done),
+            Some(done) = terms.join_next(), if !terms.is_empty() => term_done(&family, &mut keys, done),
             Some(dead) = gone.next(), if !gone.is_empty() => {
                 tracing::debug!(family = family.name(), key = dead, "a holder's coordination session ended");
                 waited.remove(&dead);
@@ -436,28 +446,50 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                     key.wake_at = Instant::now();
                 }
             }
-            _ = told_spaced(heard.as_ref().map(|h| &h.notify), told_at, TOLD_SPACING) => {
-                told_at = Some(Instant::now());
-                let now = Instant::now();
-                let heard = heard.as_ref().map(|h| h.take());
-                for (name, key) in keys.iter_mut() {
-                    let wake = match &heard {
-                        Some(Heard::All) => true,
-                        Some(Heard::Keys(told)) => told.binary_search(name).is_ok(),
-                        None => false,
-                    };
-                    if wake {
-                        key.wake_at = key.wake_at.min(now);
-                    }
-                }
-            }
+            // Acted on at the loop's top, at most once per TOLD_SPACING.
+            _ = heard_notified(heard.as_deref()), if !told_pending => told_pending = true,
         }
     }
     // The others count without this replica at once; its terms are
     // cancelled by the manager's shutdown and release as interrupted.
     let _ = tokio::time::timeout(config.statement_timeout(), store.leave(family.name(), &holder)).await;
-    while let Some(done) = terms.join_next().await {
-        term_done(&mut keys, done);
+    loop {
+        tokio::select! {
+            done = terms.join_next() => match done {
+                Some(done) => term_done(&family, &mut keys, done),
+                None => break,
+            },
+            _ = abandon.cancelled() => {
+                // Dropping a term's task releases it as interrupted.
+                terms.shutdown().await;
+                break;
+            }
+        }
+    }
+}
+
+/// Resolves when the family is told of a release, unpause or run-now; never without signals.
+async fn heard_notified(heard: Option<&FamilySignals>) {
+    match heard {
+        Some(heard) => heard.notify.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Makes the keys the family was told of due now.
+fn wake_told(heard: Option<&FamilySignals>, keys: &mut BTreeMap<String, Key>, now: Instant) {
+    let Some(heard) = heard else {
+        return;
+    };
+    let told = heard.take();
+    for (name, key) in keys.iter_mut() {
+        let wake = match &told {
+            Heard::All => true,
+            Heard::Keys(told) => told.binary_search(name).is_ok(),
+        };
+        if wake {
+            key.wake_at = key.wake_at.min(now);
+        }
     }
 }
 
@@ -513,7 +545,11 @@ fn ended(
     }
 }
 
-fn term_done(keys: &mut BTreeMap<String, Key>, done: Result<(String, Duration), tokio::task::JoinError>) {
+fn term_done(
+    family: &Family,
+    keys: &mut BTreeMap<String, Key>,
+    done: Result<(String, Duration), tokio::task::JoinError>,
+) {
     let Ok((name, after)) = done else {
         return;
     };
@@ -521,7 +557,12 @@ fn term_done(keys: &mut BTreeMap<String, Key>, done: Result<(String, Duration), 
         return;
     };
     if key.term.take().is_some_and(|removed| removed.is_removed()) {
-        keys.remove(&name);
+        if family.keys().contains(&name) {
+            // Removed and added again while its term ran: a key like any other.
+            key.wake_at = Instant::now();
+        } else {
+            keys.remove(&name);
+        }
         return;
     }
     key.wake_at = Instant::now() + after;

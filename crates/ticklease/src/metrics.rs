@@ -395,11 +395,10 @@ impl Metrics {
             family: family.name().to_string(),
             reason: "panicked",
         }));
-        self.inner
-            .families
-            .lock()
-            .expect("not poisoned")
-            .push(family.clone());
+        let mut families = self.inner.families.lock().expect("not poisoned");
+        if !families.iter().any(|f| f.name() == family.name()) {
+            families.push(family.clone());
+        }
     }
 
     pub(crate) fn family_leading(&self, family: &str, leading: bool) {

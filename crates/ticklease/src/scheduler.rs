@@ -157,8 +157,14 @@ impl<S: LeaseStore> Scheduler<S> {
         for job in self.jobs {
             loops.spawn(role_loop(self.manager.clone(), job, shutdown.clone()));
         }
+        let abandon = CancellationToken::new();
         for job in self.families {
-            loops.spawn(family_loop(self.manager.clone(), job, shutdown.clone()));
+            loops.spawn(family_loop(
+                self.manager.clone(),
+                job,
+                shutdown.clone(),
+                abandon.clone(),
+            ));
         }
         shutdown.cancelled().await;
         self.manager.shutdown();
@@ -169,6 +175,13 @@ impl<S: LeaseStore> Scheduler<S> {
         .is_ok();
         if !loops_finished {
             tracing::warn!(after = ?self.shutdown_timeout, "work did not return after shutdown; dropping it");
+            // Family loops drop their terms' work and wait for it to be
+            // dropped, so each RELEASE is started before they return.
+            abandon.cancel();
+            let _ = tokio::time::timeout(self.manager.config().statement_timeout(), async {
+                while loops.join_next().await.is_some() {}
+            })
+            .await;
             // Dropping a lead future releases its term as interrupted.
             loops.shutdown().await;
         }

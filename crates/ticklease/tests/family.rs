@@ -202,15 +202,25 @@ async fn three_replicas_share_a_familys_keys_evenly() {
         stops.push(stop);
     }
     let observer = pg(&db, &config).await;
-    // Enough ticks that every key was due several times with all three registered.
+    // Enough ticks that every key was due several times with all three
+    // registered; no key's ticks overlap, whichever replica runs them.
     let mut ticks = 0;
+    let mut running: BTreeMap<Role, usize> = BTreeMap::new();
     while ticks < 30 * 5 {
         for run in &mut runs {
             while let Ok(seen) = run.try_recv() {
-                ticks += usize::from(matches!(seen, Seen::Started(..)));
+                match seen {
+                    Seen::Started(role, _) => {
+                        ticks += 1;
+                        let n = running.entry(role.clone()).or_default();
+                        *n += 1;
+                        assert_eq!(*n, 1, "two ticks of {role} at once");
+                    }
+                    Seen::Ended(role, _) => *running.get_mut(&role).unwrap() -= 1,
+                }
             }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut owners: BTreeMap<String, usize> = BTreeMap::new();
     let mut elsewhere = 0;
@@ -376,6 +386,126 @@ async fn a_removed_key_ends_its_term_cleanly_and_an_added_key_is_led() {
     let rows = rows(manager.store()).await;
     assert!(rows.iter().find(|r| r.role == "fam:k001").unwrap().held);
     stop.cancel();
+}
+
+/// A key removed and added again while its cancelled term still runs is
+/// led again once that term ends.
+#[tokio::test]
+async fn a_key_removed_and_added_again_is_led_again() {
+    let config = test_config();
+    let (store, _) = ticklease_testkit::pg_store(&config).await;
+    let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+    let family = family(1);
+    let (seen, mut rx) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::new(manager)
+        .family(&family, Duration::from_secs(3600), move |tick| {
+            let seen = seen.clone();
+            async move {
+                let _ = seen.send(Seen::Started(tick.role().clone(), tick.token()));
+                let cause = tick.cancelled().await;
+                let _ = seen.send(Seen::Ended(tick.role().clone(), Some(cause)));
+                // Still running when the key comes back.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .unwrap();
+    tokio::spawn(scheduler.run(stop.clone()));
+    let (_, first) = started(&mut rx, 1).await.remove(0);
+    family.remove("k000");
+    match rx.recv().await.unwrap() {
+        Seen::Ended(_, cause) => assert_eq!(cause, Some(Cancel::Removed)),
+        other => panic!("{other:?}"),
+    }
+    family.add("k000").unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(10), started(&mut rx, 1))
+        .await
+        .expect("the key is led again");
+    assert!(again[0].1 > first, "a new term: {again:?}");
+    stop.cancel();
+}
+
+/// A tick whose error text holds a NUL (Postgres text refuses it) is still
+/// released, and so are the terms released in the same batch.
+#[tokio::test]
+async fn a_tick_error_with_a_nul_byte_does_not_cost_any_release() {
+    let config = test_config();
+    let (store, _) = ticklease_testkit::pg_store(&config).await;
+    let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+    let family = family(3);
+    let stop = CancellationToken::new();
+    let (done, mut finished) = mpsc::unbounded_channel();
+    let scheduler = Scheduler::new(manager.clone())
+        .family(&family, Duration::from_secs(3600), move |tick| {
+            let done = done.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = done.send(());
+                if tick.role().as_str() == "fam:k001" {
+                    return Err(std::io::Error::other("bad \0 byte"));
+                }
+                Ok(())
+            }
+        })
+        .unwrap();
+    tokio::spawn(scheduler.run(stop.clone()));
+    for _ in 0..3 {
+        finished.recv().await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let rows = loop {
+        let rows = rows(manager.store()).await;
+        if rows.iter().all(|r| !r.held) || Instant::now() > deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for row in &rows {
+        assert!(!row.held, "{} released", row.role);
+        let failed = row.role == "fam:k001";
+        assert_eq!(row.last_tick_ended_at.is_some(), !failed, "{}", row.role);
+        assert_eq!(
+            row.last_outcome.as_deref(),
+            Some(if failed { "failed" } else { "completed" })
+        );
+    }
+    stop.cancel();
+}
+
+/// Work that ignores its cancellation is dropped after the shutdown grace,
+/// and every term is released before `run` returns.
+#[tokio::test]
+async fn shutdown_releases_every_family_term_before_run_returns_even_when_work_hangs() {
+    let config = test_config();
+    let (store, _) = ticklease_testkit::pg_store(&config).await;
+    let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+    let (up, mut started_work) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::new(manager.clone())
+        .shutdown_timeout(Duration::from_millis(100))
+        .family(&family(5), Duration::from_secs(3600), move |_tick| {
+            let _ = up.send(());
+            std::future::pending::<Result<(), std::io::Error>>()
+        })
+        .unwrap();
+    let run = tokio::spawn(scheduler.run(stop.clone()));
+    for _ in 0..5 {
+        started_work.recv().await.unwrap();
+    }
+    stop.cancel();
+    let stopped = run.await.unwrap();
+    assert!(!stopped.loops_finished);
+    let held: Vec<String> = rows(manager.store())
+        .await
+        .into_iter()
+        .filter(|r| r.held)
+        .map(|r| r.role)
+        .collect();
+    assert!(
+        held.is_empty() && stopped.all_released(),
+        "{stopped}: still held {held:?}"
+    );
 }
 
 /// Pausing one key ends that key's term only; the batch RENEW goes on for the others.

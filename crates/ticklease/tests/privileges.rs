@@ -105,6 +105,18 @@ async fn the_app_role_leads_but_cannot_insert_delete_truncate_alter_pause_or_tak
     denied(&client, "SELECT leader_unpause('billing')").await;
     denied(&client, "SELECT leader_run_now('billing')").await;
     denied(&client, "SELECT leader_grant('a', 'b')").await;
+    allowed(
+        &client,
+        "SELECT * FROM leader_replica_beat('fam', 'app', 1000, NULL)",
+    )
+    .await;
+    denied(
+        &client,
+        "INSERT INTO leader_replicas (family, holder_id, expires_at) VALUES ('fam', 'ghost', 'infinity')",
+    )
+    .await;
+    denied(&client, "UPDATE leader_replicas SET expires_at = 'infinity'").await;
+    denied(&client, "DELETE FROM leader_replicas").await;
     denied(&client, "CREATE TABLE t (x int)").await;
     for sql in [
         "ALTER TABLE leader_leases ADD COLUMN x int",
@@ -365,6 +377,17 @@ async fn lease_functions_refuse_out_of_range_durations_and_outcomes() {
         "SELECT * FROM leader_renew('billing', 1, 9223372036854775807)",
         "SELECT leader_release('billing', 1, false, 0)",
         "SELECT leader_release('billing', 1, NULL, 1000)",
+        "SELECT * FROM leader_acquire_many(ARRAY['billing'], 'x', 1000, 1000, NULL, -1)",
+        "SELECT * FROM leader_acquire_many(ARRAY['billing'], 'x', 1000, 1000, NULL, NULL)",
+        "SELECT * FROM leader_acquire_many(ARRAY['billing', NULL], 'x', 1000, 1000, NULL, 5)",
+        "SELECT * FROM leader_acquire_many(array_fill('billing'::text, ARRAY[10001]), 'x', 1000, 1000, NULL, 5)",
+        "SELECT * FROM leader_acquire_many(ARRAY['billing'], 'x', 0, 1000, NULL, 5)",
+        "SELECT * FROM leader_renew_many(ARRAY['billing', 'other'], ARRAY[1]::bigint[], 1000, NULL)",
+        "SELECT * FROM leader_renew_many(ARRAY['billing'], ARRAY[NULL]::bigint[], 1000, NULL)",
+        "SELECT * FROM leader_renew_many(ARRAY[['billing']], ARRAY[[1]]::bigint[], 1000, NULL)",
+        "SELECT * FROM leader_release_many(ARRAY['billing'], ARRAY[1]::bigint[], ARRAY[true], \
+         ARRAY[]::bigint[], ARRAY['completed'], ARRAY[NULL]::text[], ARRAY[NULL]::text[])",
+        "SELECT * FROM leader_replica_beat('fam', 'x', 0, NULL)",
     ] {
         let err = client.batch_execute(sql).await.expect_err(sql);
         assert_eq!(

@@ -30,9 +30,12 @@ CREATE FUNCTION @schema@.leader_check_batch(p_name text, p_roles text[]) RETURNS
 LANGUAGE plpgsql IMMUTABLE
 AS $fn$
 BEGIN
-    IF p_roles IS NULL OR cardinality(p_roles) > 10000 THEN
-        RAISE EXCEPTION 'ticklease: % takes 0 to 10000 roles, got %', p_name, cardinality(p_roles)
+    IF p_roles IS NULL OR cardinality(p_roles) > 10000 OR array_ndims(p_roles) > 1 THEN
+        RAISE EXCEPTION 'ticklease: % takes a list of 0 to 10000 roles, got %', p_name, cardinality(p_roles)
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(p_roles, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'ticklease: % got a NULL role', p_name USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END
 $fn$
@@ -49,9 +52,10 @@ AS $fn$
 -- of them, taken in the caller's order (its preferred roles first) among
 -- those that look acquirable. Each start is the one-row ACQUIRE of 0005
 -- (checked again under the row lock, history of a taken-over term
--- recorded), in role order; the other rows are read without a lock, so a
--- batch never waits on terms held elsewhere. over_limit: acquirable, but
--- past the limit.
+-- recorded), in role order; the rows it does not pick are read without a
+-- lock, so a batch never waits on terms held elsewhere (a picked row it
+-- lost in a race stays locked until the statement ends). over_limit:
+-- acquirable, but past the limit.
 #variable_conflict use_column
 DECLARE
     picked text[];
@@ -115,7 +119,8 @@ DECLARE
     ttl interval := @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
 BEGIN
     PERFORM @schema@.leader_check_batch('leader_renew_many', p_roles);
-    IF p_tokens IS NULL OR cardinality(p_tokens) <> cardinality(p_roles) THEN
+    IF p_tokens IS NULL OR cardinality(p_tokens) <> cardinality(p_roles) OR array_ndims(p_tokens) > 1
+       OR array_position(p_tokens, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'ticklease: leader_renew_many needs one token per role'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -153,7 +158,8 @@ BEGIN
     PERFORM @schema@.leader_check_batch('leader_release_many', p_roles);
     IF cardinality(p_tokens) IS DISTINCT FROM n OR cardinality(p_stamps) IS DISTINCT FROM n
        OR cardinality(p_cooldowns_ms) IS DISTINCT FROM n OR cardinality(p_outcomes) IS DISTINCT FROM n
-       OR cardinality(p_reasons) IS DISTINCT FROM n OR cardinality(p_errors) IS DISTINCT FROM n THEN
+       OR cardinality(p_reasons) IS DISTINCT FROM n OR cardinality(p_errors) IS DISTINCT FROM n
+       OR array_position(p_tokens, NULL) IS NOT NULL OR array_ndims(p_tokens) > 1 THEN
         RAISE EXCEPTION 'ticklease: leader_release_many needs one entry per role in every array'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -180,8 +186,11 @@ BEGIN
     VALUES (p_family, p_holder, p_key, now(), now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms))
     ON CONFLICT (family, holder_id) DO UPDATE
        SET holder_key = EXCLUDED.holder_key, seen_at = EXCLUDED.seen_at, expires_at = EXCLUDED.expires_at;
+    -- Rows another beat is deleting are skipped: two beats never wait on each other.
     DELETE FROM @schema@.leader_replicas AS x
-     WHERE x.family = p_family AND x.expires_at < now() - interval '1 minute';
+     WHERE x.ctid IN (SELECT d.ctid FROM @schema@.leader_replicas AS d
+                       WHERE d.family = p_family AND d.expires_at < now() - interval '1 minute'
+                       FOR UPDATE SKIP LOCKED);
     RETURN QUERY
         SELECT x.holder_id FROM @schema@.leader_replicas AS x
          WHERE x.family = p_family AND x.expires_at > now()

@@ -319,11 +319,13 @@ fn check_batch(statement: &'static str, len: usize) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The error text the history keeps: cut, and without NUL, which Postgres
+/// text refuses (a panic message may hold one; the RELEASE must not fail on it).
 fn error_summary(ending: &Ending) -> Option<String> {
     ending
         .error
         .as_deref()
-        .map(|e| e.chars().take(ERROR_SUMMARY_MAX).collect())
+        .map(|e| e.chars().filter(|c| *c != '\0').take(ERROR_SUMMARY_MAX).collect())
 }
 
 /// An ACQUIRE row: the term it started, or why none.
