@@ -420,7 +420,8 @@
 //! through the one-row statement's rules, so every RENEW and RELEASE is still
 //! term-scoped by `(role, token)` and a role still has at most one live term;
 //! rows are locked in role order, so batches never deadlock each other, and
-//! ACQUIRE reads rows held elsewhere without locking them. A batch holds at
+//! ACQUIRE locks only the rows it picked as acquirable (rows held elsewhere
+//! are read without a lock). A batch holds at
 //! most [`BATCH_MAX`] (1,000) roles, larger ones are split. Wake-ups are
 //! rounded up to a 50 ms grid, so keys due together share a statement.
 //!
@@ -442,7 +443,10 @@
 //! sessions (every follower waits on the holder's key, so each dead replica
 //! costs one waiter connection per surviving replica), else when the leases
 //! run out. Replicas started at once may briefly hold more than their share
-//! (the first alone counts N = 1); the spread settles as the terms end.
+//! (the first alone counts N = 1); the spread settles as the terms end. The
+//! registry trusts a replica's holder id as ACQUIRE does: any holder of the
+//! app role can register, and every registration lowers the others' caps
+//! (a phantom replica leaves its share of keys to the grace path).
 //!
 //! **Bounds per replica.** Concurrent terms: the fair cap above and
 //! `max_terms` (default [`FAMILY_TERMS_DEFAULT`] = 1,000 per family).
