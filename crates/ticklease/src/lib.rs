@@ -445,8 +445,11 @@
 //! run out. Replicas started at once may briefly hold more than their share
 //! (the first alone counts N = 1); the spread settles as the terms end. The
 //! registry trusts a replica's holder id as ACQUIRE does: any holder of the
-//! app role can register, and every registration lowers the others' caps
-//! (a phantom replica leaves its share of keys to the grace path).
+//! app role can register, and every registration lowers the others' caps:
+//! while a registered replica leads none of its share (a phantom, or one
+//! with a small `max_terms`), the others hold at most their capped shares
+//! at once, so with ticks that hold their terms most of the interval some
+//! keys wait for room.
 //!
 //! **Bounds per replica.** Concurrent terms: the fair cap above and
 //! `max_terms` (default [`FAMILY_TERMS_DEFAULT`] = 1,000 per family).
