@@ -463,6 +463,7 @@ pub async fn renew_many_renews_each_live_term_and_names_each_loss<S: LeaseStore>
         .await
         .expect("RELEASE"));
     let tc2 = acquired(store, &c, "other", HOUR).await;
+    let other_expires = row(store, &c).await.expires_at;
     tokio::time::sleep(TTL / 2).await;
     let answers = store
         .renew_many(
@@ -477,10 +478,11 @@ pub async fn renew_many_renews_each_live_term_and_names_each_loss<S: LeaseStore>
     assert_eq!(answers[3], Renew::Lost(LossReason::TakenOver));
     tokio::time::sleep(TTL * 3 / 4).await;
     assert!(row(store, &a).await.held, "renewed past its first TTL");
+    let other = row(store, &c).await;
     assert_eq!(
-        row(store, &c).await.token,
-        tc2,
-        "the other holder's term is untouched"
+        (other.token, other.expires_at),
+        (tc2, other_expires),
+        "the other holder's term is untouched, not renewed"
     );
     assert!(store
         .renew_many(&[], TTL)

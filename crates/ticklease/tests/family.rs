@@ -571,3 +571,53 @@ async fn a_family_exports_aggregates_not_per_key_series() {
     );
     stop.cancel();
 }
+
+/// A batched ACQUIRE that takes over a term never released records that
+/// term as lost (expired), as the one-row ACQUIRE does, and only once.
+#[tokio::test]
+async fn a_batched_takeover_records_the_old_term_as_expired() {
+    use ticklease::{Acquire, HistoryKind, HistoryStore};
+    let config = test_config();
+    let (store, _) = ticklease_testkit::pg_store(&config).await;
+    let roles: Vec<Role> = ["fam:a", "fam:b"].map(|r| Role::new(r).unwrap()).to_vec();
+    let ttl = Duration::from_millis(300);
+    let interval = Duration::from_millis(1);
+    let mut old = Vec::new();
+    for role in &roles {
+        match store.acquire(role, "gone", ttl, interval).await.unwrap() {
+            Acquire::Acquired(term) => old.push(term.token),
+            other => panic!("{other:?}"),
+        }
+    }
+    tokio::time::sleep(ttl * 2).await;
+    let answers = store
+        .acquire_many(&roles, "me", config.lease_ttl(), interval, 10)
+        .await
+        .unwrap();
+    assert!(
+        answers.iter().all(|(_, a)| matches!(a, Acquire::Acquired(_))),
+        "{answers:?}"
+    );
+    for (role, token) in roles.iter().zip(old) {
+        let lost: Vec<_> = store
+            .history(Some(role), Duration::from_secs(3600), 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|e| match e.kind {
+                HistoryKind::Term {
+                    token: t,
+                    outcome,
+                    reason,
+                    ..
+                } if t == token.get() => Some((outcome, reason)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            lost,
+            [("lost".to_string(), Some("expired".to_string()))],
+            "{role}"
+        );
+    }
+}

@@ -50,40 +50,85 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- ACQUIRE for many roles of one interval: starts terms on at most p_limit
 -- of them, taken in the caller's order (its preferred roles first) among
--- those that look acquirable. Each start is the one-row ACQUIRE of 0005
--- (checked again under the row lock, history of a taken-over term
--- recorded), in role order; the rows it does not pick are read without a
--- lock, so a batch never waits on terms held elsewhere (a picked row it
--- lost in a race stays locked until the statement ends). over_limit:
--- acquirable, but past the limit.
+-- those that look acquirable. The picked rows are locked in role order and
+-- checked again under the lock with ACQUIRE's predicate (a row another
+-- replica took meanwhile drops out), each gets ACQUIRE's token and
+-- expiry, and a term taken over without a RELEASE is recorded as lost
+-- (expired, or holder_gone) as the one-row ACQUIRE of 0005 does. Rows it
+-- does not pick are read without a lock, so a batch never waits on terms
+-- held elsewhere. over_limit: acquirable, but past the limit.
 #variable_conflict use_column
 DECLARE
     picked text[];
-    r text;
+    won_roles text[];
+    won_tokens bigint[];
     every_interval interval := @schema@.leader_check_ms('interval', p_interval_ms);
+    ttl interval := @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
 BEGIN
     PERFORM @schema@.leader_check_batch('leader_acquire_many', p_roles);
     IF p_limit IS NULL OR p_limit < 0 THEN
         RAISE EXCEPTION 'ticklease: leader_acquire_many needs a limit of 0 or more, got %', p_limit
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
+    IF p_holder IS NULL OR length(p_holder) > 200 THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_many needs a holder id of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM @schema@.leader_require_key(p_key);
     SELECT coalesce(array_agg(c.role ORDER BY c.ord), '{}') INTO picked
-      FROM (SELECT u.role, u.ord
-              FROM unnest(p_roles) WITH ORDINALITY AS u(role, ord)
-              LEFT JOIN @schema@.leader_leases AS l ON l.role = u.role
+      FROM (SELECT f.role, f.ord
+              FROM (SELECT u.role, min(u.ord) AS ord
+                      FROM unnest(p_roles) WITH ORDINALITY AS u(role, ord)
+                     GROUP BY u.role) AS f
+              LEFT JOIN @schema@.leader_leases AS l ON l.role = f.role
              WHERE l.role IS NULL
                 OR (l.paused_at IS NULL
                     AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
                     AND (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - every_interval)
                     AND (l.not_before IS NULL OR l.not_before <= now()))
-             ORDER BY u.ord
+             ORDER BY f.ord
              LIMIT p_limit) AS c;
-    FOR r IN SELECT DISTINCT p.role FROM unnest(picked) AS p(role) ORDER BY 1 LOOP
-        RETURN QUERY SELECT r, a.*, false
-                       FROM @schema@.leader_acquire(r, p_holder, p_ttl_ms, p_interval_ms, p_key) AS a;
-    END LOOP;
+    -- Picked roles without a row get one first (a new statement: visible below).
+    PERFORM @schema@.leader_seed(picked);
+    WITH locked AS (
+        SELECT l.role, l.holder_token, l.holder_id, l.acquired_at, l.expires_at
+          FROM @schema@.leader_leases AS l
+         WHERE l.role = ANY (picked)
+           AND l.paused_at IS NULL
+           AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
+           AND (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - every_interval)
+           AND (l.not_before IS NULL OR l.not_before <= now())
+         ORDER BY l.role
+           FOR UPDATE OF l
+    ),
+    started AS (
+        UPDATE @schema@.leader_leases AS l
+           SET holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
+               holder_id = p_holder,
+               acquired_at = now(),
+               expires_at = now() + ttl,
+               holder_key = p_key
+          FROM locked AS k
+         WHERE l.role = k.role
+        RETURNING l.role, l.holder_token
+    ),
+    taken_over AS (
+        SELECT @schema@.leader_history_add(k.role, 'term', k.holder_token, k.holder_id, k.acquired_at, 'lost',
+                   CASE WHEN k.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL)
+          FROM locked AS k
+         WHERE k.holder_id IS NOT NULL
+    )
+    SELECT coalesce(array_agg(t.role), '{}'), coalesce(array_agg(t.holder_token), '{}')
+      INTO won_roles, won_tokens
+      FROM started AS t
+     -- Referenced, so the planner keeps it.
+     CROSS JOIN (SELECT count(*) AS n FROM taken_over) AS recorded
+     WHERE recorded.n IS NOT NULL;
+    RETURN QUERY
+        SELECT w.role, w.token, now(), p_holder, now() + ttl, true, NULL::text, NULL::text, NULL::timestamptz,
+               p_key, false
+          FROM unnest(won_roles, won_tokens) AS w(role, token);
+    -- The others, as they are now (a fresh snapshot: a race's winner shows).
     RETURN QUERY
         SELECT DISTINCT ON (u.role)
                u.role, NULL::bigint, now(), s.holder_id, s.expires_at,
@@ -91,14 +136,15 @@ BEGIN
                s.paused_by, s.pause_reason,
                greatest(s.last_tick_ended_at + every_interval, s.not_before),
                s.holder_key,
-               s.role IS NULL
-               OR (s.paused_at IS NULL
-                   AND NOT @schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now())
-                   AND (s.last_tick_ended_at IS NULL OR s.last_tick_ended_at <= now() - every_interval)
-                   AND (s.not_before IS NULL OR s.not_before <= now()))
+               u.role <> ALL (picked)
+               AND (s.role IS NULL
+                    OR (s.paused_at IS NULL
+                        AND NOT @schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now())
+                        AND (s.last_tick_ended_at IS NULL OR s.last_tick_ended_at <= now() - every_interval)
+                        AND (s.not_before IS NULL OR s.not_before <= now())))
           FROM unnest(p_roles) AS u(role)
           LEFT JOIN @schema@.leader_leases AS s ON s.role = u.role
-         WHERE u.role <> ALL (picked)
+         WHERE u.role <> ALL (won_roles)
          ORDER BY u.role;
 END
 $fn$
@@ -109,14 +155,16 @@ RETURNS TABLE (role text, token bigint, renewed boolean, db_now timestamptz, hol
                holder_id text, paused boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- RENEW for many terms, each the one-row RENEW of 0004 on (role, token), in
--- role order: renewed = false is that term's definitive loss, and the
--- other columns name the reason.
+-- RENEW for many terms in one UPDATE, rows locked in role order, each
+-- term-scoped as the one-row RENEW of 0004: (role, token) still holding.
+-- renewed = false is that term's definitive loss; the other columns name
+-- the reason, read after the UPDATE (a fresh snapshot: a pause that
+-- committed meanwhile shows).
 #variable_conflict use_column
 DECLARE
-    r text;
-    t bigint;
     ttl interval := @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
+    renewed_roles text[];
+    renewed_tokens bigint[];
 BEGIN
     PERFORM @schema@.leader_check_batch('leader_renew_many', p_roles);
     IF p_tokens IS NULL OR cardinality(p_tokens) <> cardinality(p_roles) OR array_ndims(p_tokens) > 1
@@ -125,19 +173,37 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @schema@.leader_require_key(p_key);
-    FOR r, t IN SELECT u.role, u.token FROM unnest(p_roles, p_tokens) AS u(role, token) ORDER BY 1, 2 LOOP
+    WITH input AS (
+        SELECT u.role, u.token FROM unnest(p_roles, p_tokens) AS u(role, token)
+    ),
+    locked AS (
+        SELECT l.role, l.holder_token
+          FROM @schema@.leader_leases AS l
+          JOIN input AS i ON i.role = l.role AND i.token = l.holder_token
+         WHERE l.holder_id IS NOT NULL
+         ORDER BY l.role
+           FOR UPDATE OF l
+    ),
+    done AS (
         UPDATE @schema@.leader_leases AS l
            SET expires_at = now() + ttl,
                holder_key = p_key
-         WHERE l.role = r AND l.holder_token = t AND l.holder_id IS NOT NULL;
-        IF FOUND THEN
-            RETURN QUERY SELECT r, t, true, now(), t, NULL::text, false;
-        ELSE
-            RETURN QUERY SELECT r, t, false, now(), s.holder_token, s.holder_id, s.paused_at IS NOT NULL
-                           FROM (SELECT 1) AS one
-                           LEFT JOIN @schema@.leader_leases AS s ON s.role = r;
-        END IF;
-    END LOOP;
+          FROM locked AS k
+         WHERE l.role = k.role AND l.holder_token = k.holder_token AND l.holder_id IS NOT NULL
+        RETURNING l.role, l.holder_token
+    )
+    SELECT coalesce(array_agg(d.role), '{}'), coalesce(array_agg(d.holder_token), '{}')
+      INTO renewed_roles, renewed_tokens
+      FROM done AS d;
+    RETURN QUERY
+        SELECT i.role, i.token, r.role IS NOT NULL, now(),
+               CASE WHEN r.role IS NOT NULL THEN i.token ELSE s.holder_token END,
+               CASE WHEN r.role IS NOT NULL THEN NULL ELSE s.holder_id END,
+               r.role IS NULL AND s.paused_at IS NOT NULL
+          FROM unnest(p_roles, p_tokens) AS i(role, token)
+          LEFT JOIN unnest(renewed_roles, renewed_tokens) AS r(role, token)
+                 ON r.role = i.role AND r.token = i.token
+          LEFT JOIN @schema@.leader_leases AS s ON s.role = i.role;
 END
 $fn$
 $def$,
