@@ -158,10 +158,7 @@ impl Bench {
         })
     }
 
-    /// `n` replicas of `mode`, started one at a time, each once the one
-    /// before has its scheduler running: `PgStore::with_direct` keeps only
-    /// the last probe notification heard, so replicas that start together
-    /// hear each other's probes over their own and refuse their direct URL.
+    /// `n` replicas of `mode`, started together, returned once each has its scheduler running.
     async fn start_replicas(
         &self,
         db: &str,
@@ -169,17 +166,17 @@ impl Bench {
         n: usize,
         pool: usize,
     ) -> anyhow::Result<Vec<Replica>> {
-        let mut replicas = Vec::new();
-        for i in 0..n {
-            replicas.push(self.spawn(db, mode, &format!("{}-{i}", mode.as_str()), pool)?);
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !replicas[i].samples.exists() {
-                check_alive(&mut replicas, &[i])?;
-                if Instant::now() > deadline {
-                    bail!("{} replica {i} did not start within a minute", mode.as_str());
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut replicas = (0..n)
+            .map(|i| self.spawn(db, mode, &format!("{}-{i}", mode.as_str()), pool))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let all: Vec<usize> = (0..n).collect();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !replicas.iter().all(|r| r.samples.exists()) {
+            check_alive(&mut replicas, &all)?;
+            if Instant::now() > deadline {
+                bail!("the {} replicas did not start within 2 minutes", mode.as_str());
             }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(replicas)
     }
@@ -665,8 +662,15 @@ pub struct Latency {
     pub roles_failed: u64,
     /// RENEW answers that said the term was over, by reason.
     pub lost_answers: BTreeMap<String, u64>,
+    /// ACQUIRE: the calls by how many terms each started ([`STARTED_GROUPS`]): calls, latency.
+    pub by_started: Vec<(usize, Option<Summary>)>,
     pub latencies_ms: Vec<f64>,
 }
+
+/// ACQUIRE calls grouped by the terms each started (a batch's cost grows with
+/// the terms it starts): the label and the range.
+pub const STARTED_GROUPS: [(&str, std::ops::RangeInclusive<u32>); 3] =
+    [("0", 0..=0), ("1–9", 1..=9), ("≥ 10", 10..=u32::MAX)];
 
 fn latency(samples: &[Sample], kind: Kind, (from, to): (u64, u64)) -> Latency {
     let window: Vec<&Sample> = samples
@@ -685,11 +689,22 @@ fn latency(samples: &[Sample], kind: Kind, (from, to): (u64, u64)) -> Latency {
         roles_failed: failed().map(|s| u64::from(s.roles)).sum(),
         lost_answers: window
             .iter()
-            .flat_map(|s| &s.lost)
+            .flat_map(|s| &s.answered.lost)
             .fold(BTreeMap::new(), |mut by, reason| {
                 *by.entry(reason.clone()).or_default() += 1;
                 by
             }),
+        by_started: STARTED_GROUPS
+            .iter()
+            .map(|(_, range)| {
+                let ms: Vec<f64> = window
+                    .iter()
+                    .filter(|s| range.contains(&s.answered.started))
+                    .map(|s| s.latency_ms)
+                    .collect();
+                (ms.len(), summarize(&ms))
+            })
+            .collect(),
         latencies_ms,
     }
 }
@@ -760,12 +775,15 @@ pub struct Report {
     pub takeover: Option<(Takeover, Phase)>,
     pub baseline: Option<Phase>,
     pub server_version: String,
+    /// The commit checked out when the run began (build the binary from it).
+    pub commit: Option<String>,
     pub took: Duration,
 }
 
 /// Runs the family phase, the kill, and the baseline.
 pub async fn run(options: ScaleOptions) -> anyhow::Result<Report> {
     let begun = Instant::now();
+    let commit = git_head();
     if options.kill >= options.replicas {
         bail!(
             "--kill {} leaves no survivor of {} replicas",
@@ -859,6 +877,7 @@ pub async fn run(options: ScaleOptions) -> anyhow::Result<Report> {
         takeover,
         baseline,
         server_version,
+        commit,
         options,
         took: begun.elapsed(),
     })
@@ -1006,6 +1025,22 @@ impl Report {
                 },
             );
         }
+        let groups: Vec<&str> = STARTED_GROUPS.iter().map(|(label, _)| *label).collect();
+        row(
+            &format!("ACQUIRE p99 (calls) by terms started: {}", groups.join(" / ")),
+            &|p| {
+                let cells: Vec<String> = p
+                    .latency(Kind::Acquire)
+                    .by_started
+                    .iter()
+                    .map(|(calls, s)| match s {
+                        Some(s) => format!("{:.1} ({calls})", s.p99),
+                        None => "–".into(),
+                    })
+                    .collect();
+                cells.join(" / ")
+            },
+        );
         row("missed heartbeats: RENEW timeouts + errors (roles)", &|p| {
             let r = p.latency(Kind::Renew);
             format!("{} + {} ({})", r.timeouts, r.errors, r.roles_failed)
@@ -1230,7 +1265,7 @@ fn machine() -> String {
     )
 }
 
-/// The commit checked out where the bench runs (build the binary from it).
+/// The commit checked out where the bench runs.
 fn git_head() -> Option<String> {
     let out = std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
@@ -1253,7 +1288,7 @@ fn markdown(r: &Report) -> String {
          release build{}; the run took {}.",
         machine(),
         r.server_version,
-        git_head().map_or(String::new(), |h| format!(" of {h}")),
+        r.commit.as_ref().map_or(String::new(), |h| format!(" of {h}")),
         humantime::format_duration(Duration::from_secs(r.took.as_secs()))
     );
     let _ = writeln!(
@@ -1321,7 +1356,8 @@ fn markdown(r: &Report) -> String {
 - **ACQUIRE / RENEW / RELEASE / BEAT latency**: timed in each replica around the store call (a wrapper
   of `LeaseStore` over `PgStore`), so it includes waiting for a pooled connection; one sample per call,
   one-row or batched alike (roles per call says which). `-latency.csv` has the distribution in 10 %
-  buckets.
+  buckets. ACQUIRE is also split by how many terms each call started: a batched ACQUIRE runs the
+  one-row ACQUIRE for each term it starts, and only reads the others.
 - **missed heartbeats**: RENEW calls that timed out or failed (the roles they carried in brackets).
 - **RENEW answers: term over**: terms a RENEW found already over, by the reason the library read
   (`released`: the term's own RELEASE had committed first, so nothing was lost; `taken_over`, `paused`).

@@ -212,23 +212,33 @@ pub struct Sample {
     /// Roles in the statement (1 for the one-row statements).
     pub roles: u32,
     pub answer: Answer,
-    /// The reason of each RENEW answer that said the term is over.
+    /// What the answer said.
+    pub answered: Answered,
+}
+
+/// What an answered statement said, where the bench looks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answered {
+    /// ACQUIRE: terms it started.
+    pub started: u32,
+    /// RENEW: the reason of each answer that said the term is over.
     pub lost: Vec<String>,
 }
 
 impl Sample {
     fn line(&self) -> String {
         format!(
-            "{} {} {:.3} {} {} {}\n",
+            "{} {} {:.3} {} {} {} {}\n",
             self.kind.as_str(),
             self.at_ms,
             self.latency_ms,
             self.roles,
             self.answer.as_str(),
-            if self.lost.is_empty() {
+            self.answered.started,
+            if self.answered.lost.is_empty() {
                 "-".to_string()
             } else {
-                self.lost.join(",")
+                self.answered.lost.join(",")
             }
         )
     }
@@ -236,7 +246,7 @@ impl Sample {
     /// Parses one line of a samples file; `None` for a line cut by a kill.
     pub fn parse(line: &str) -> Option<Sample> {
         let f: Vec<&str> = line.split(' ').collect();
-        let [kind, at_ms, latency_ms, roles, answer, lost] = f.as_slice() else {
+        let [kind, at_ms, latency_ms, roles, answer, started, lost] = f.as_slice() else {
             return None;
         };
         Some(Sample {
@@ -247,9 +257,12 @@ impl Sample {
             answer: [Answer::Ok, Answer::Timeout, Answer::Error]
                 .into_iter()
                 .find(|a| a.as_str() == *answer)?,
-            lost: match *lost {
-                "-" => Vec::new(),
-                reasons => reasons.split(',').map(str::to_string).collect(),
+            answered: Answered {
+                started: started.parse().ok()?,
+                lost: match *lost {
+                    "-" => Vec::new(),
+                    reasons => reasons.split(',').map(str::to_string).collect(),
+                },
             },
         })
     }
@@ -318,15 +331,15 @@ impl Timed {
         kind: Kind,
         roles: usize,
         call: impl Future<Output = Result<T, StoreError>>,
-        lost: impl FnOnce(&T) -> Vec<String>,
+        read: impl FnOnce(&T) -> Answered,
     ) -> Result<T, StoreError> {
         let started = Instant::now();
         let result = call.await;
         let latency_ms = started.elapsed().as_secs_f64() * 1e3;
-        let (answer, lost) = match &result {
-            Ok(answer) => (Answer::Ok, lost(answer)),
-            Err(StoreError::Timeout { .. }) => (Answer::Timeout, Vec::new()),
-            Err(_) => (Answer::Error, Vec::new()),
+        let (answer, answered) = match &result {
+            Ok(answer) => (Answer::Ok, read(answer)),
+            Err(StoreError::Timeout { .. }) => (Answer::Timeout, Answered::default()),
+            Err(_) => (Answer::Error, Answered::default()),
         };
         let at_ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -337,21 +350,35 @@ impl Timed {
             latency_ms,
             roles: roles as u32,
             answer,
-            lost,
+            answered,
         });
         result
     }
 }
 
-/// The reasons of the answers that said a term is over.
-fn lost<'a>(answers: impl IntoIterator<Item = &'a Renew>) -> Vec<String> {
-    answers
-        .into_iter()
-        .filter_map(|r| match r {
-            Renew::Lost(reason) => Some(reason.as_str().to_string()),
-            _ => None,
-        })
-        .collect()
+/// The reasons of the RENEW answers that said a term is over.
+fn lost<'a>(answers: impl IntoIterator<Item = &'a Renew>) -> Answered {
+    Answered {
+        started: 0,
+        lost: answers
+            .into_iter()
+            .filter_map(|r| match r {
+                Renew::Lost(reason) => Some(reason.as_str().to_string()),
+                _ => None,
+            })
+            .collect(),
+    }
+}
+
+/// How many of the ACQUIRE answers started a term.
+fn started<'a>(answers: impl IntoIterator<Item = &'a Acquire>) -> Answered {
+    Answered {
+        started: answers
+            .into_iter()
+            .filter(|a| matches!(a, Acquire::Acquired(_)))
+            .count() as u32,
+        lost: Vec::new(),
+    }
 }
 
 impl LeaseStore for Timed {
@@ -363,7 +390,7 @@ impl LeaseStore for Timed {
         interval: Duration,
     ) -> Result<Acquire, StoreError> {
         let call = self.inner.acquire(role, holder, lease_ttl, interval);
-        self.timed(Kind::Acquire, 1, call, |_| Vec::new()).await
+        self.timed(Kind::Acquire, 1, call, |a| started([a])).await
     }
 
     async fn renew(&self, role: &Role, token: Token, lease_ttl: Duration) -> Result<Renew, StoreError> {
@@ -379,7 +406,7 @@ impl LeaseStore for Timed {
         interval: Duration,
     ) -> Result<bool, StoreError> {
         let call = self.inner.release(role, token, outcome, interval);
-        self.timed(Kind::Release, 1, call, |_| Vec::new()).await
+        self.timed(Kind::Release, 1, call, |_| Answered::default()).await
     }
 
     async fn release_ending(
@@ -391,7 +418,7 @@ impl LeaseStore for Timed {
         ending: &Ending,
     ) -> Result<bool, StoreError> {
         let call = self.inner.release_ending(role, token, outcome, interval, ending);
-        self.timed(Kind::Release, 1, call, |_| Vec::new()).await
+        self.timed(Kind::Release, 1, call, |_| Answered::default()).await
     }
 
     async fn acquire_many(
@@ -403,7 +430,10 @@ impl LeaseStore for Timed {
         limit: usize,
     ) -> Result<Vec<(Role, Acquire)>, StoreError> {
         let call = self.inner.acquire_many(roles, holder, lease_ttl, interval, limit);
-        self.timed(Kind::Acquire, roles.len(), call, |_| Vec::new()).await
+        self.timed(Kind::Acquire, roles.len(), call, |answers| {
+            started(answers.iter().map(|(_, a)| a))
+        })
+        .await
     }
 
     async fn renew_many(
@@ -418,12 +448,13 @@ impl LeaseStore for Timed {
 
     async fn release_many(&self, terms: &[Releasing]) -> Result<Vec<bool>, StoreError> {
         let call = self.inner.release_many(terms);
-        self.timed(Kind::Release, terms.len(), call, |_| Vec::new()).await
+        self.timed(Kind::Release, terms.len(), call, |_| Answered::default())
+            .await
     }
 
     async fn beat(&self, family: &str, holder: &str, lease_ttl: Duration) -> Result<Vec<String>, StoreError> {
         let call = self.inner.beat(family, holder, lease_ttl);
-        self.timed(Kind::Beat, 1, call, |_| Vec::new()).await
+        self.timed(Kind::Beat, 1, call, |_| Answered::default()).await
     }
 
     async fn leave(&self, family: &str, holder: &str) -> Result<bool, StoreError> {
@@ -467,12 +498,15 @@ mod tests {
             latency_ms: 1.25,
             roles: 100,
             answer: Answer::Timeout,
-            lost: vec!["released".into(), "taken_over".into()],
+            answered: Answered {
+                started: 3,
+                lost: vec!["released".into(), "taken_over".into()],
+            },
         };
         let line = s.line();
         assert_eq!(Sample::parse(line.trim_end()), Some(s.clone()));
         let none = Sample {
-            lost: Vec::new(),
+            answered: Answered::default(),
             ..s
         };
         assert_eq!(Sample::parse(none.line().trim_end()), Some(none));
