@@ -16,7 +16,7 @@
 //! once). With N replicas and K keys, a replica prefers the keys whose rank
 //! in the sorted key list is its own rank among the replicas modulo N
 //! (K/N each, exactly, when all declare the same keys), takes other keys
-//! only once they have stayed due for a grace of a third of a heartbeat,
+//! only once they have stayed due for a grace of half a heartbeat,
 //! and never holds more than `ceil(K/N)` plus a tenth (at least one) at
 //! once, nor more than its `max_terms`.
 
@@ -33,7 +33,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::coordination::{FamilySignals, Heard};
+use crate::coordination::{FamilySignals, Heard, SIGNAL_SPACING};
 use crate::error::{chain, RoleError};
 use crate::lead::{FamilyScope, KeyCancel, Lead, Manager, TermScope};
 use crate::role::Role;
@@ -48,14 +48,22 @@ pub const FAMILY_KEYS_MAX: usize = 100_000;
 /// The default cap on a family's concurrent terms on one replica.
 pub const FAMILY_TERMS_DEFAULT: usize = 1_000;
 
-/// Wake-ups are rounded up to this grid, so keys due within it share one ACQUIRE.
-const WAKE_GRID: Duration = Duration::from_millis(50);
+/// Wake-ups are rounded up to a grid of at most this (and at most a twelfth
+/// of a heartbeat), so keys due within it share one ACQUIRE.
+const WAKE_GRID_MAX: Duration = Duration::from_millis(50);
+
+fn wake_grid(config: &crate::Config) -> Duration {
+    WAKE_GRID_MAX.min(config.heartbeat_every() / 12)
+}
 
 /// The least time between two ACQUIREs a family loop runs because it was
-/// told of releases: every completed tick of every replica notifies, so a
-/// family of thousands of keys would otherwise ask after each; the keys
-/// told of within it share one statement (the first after a quiet spell acts at once).
-const TOLD_SPACING: Duration = Duration::from_secs(1);
+/// told of releases, unpauses or run-nows (at most [`SIGNAL_SPACING`], a
+/// sixth of a heartbeat): the keys told of within it share one statement.
+/// Only the keys this replica prefers are asked about early: every
+/// completed tick notifies, and the others wait for their grace anyway.
+fn told_spacing(config: &crate::Config) -> Duration {
+    SIGNAL_SPACING.min(config.heartbeat_every() / 6)
+}
 
 /// A set of roles `name:key` that can change at run time. Cheap to clone:
 /// clones share the keys, so the application adds and removes keys on the
@@ -260,9 +268,9 @@ fn preferred(index: usize, rank: Option<usize>, replicas: usize) -> bool {
     rank.is_none_or(|rank| index % replicas.max(1) == rank)
 }
 
-fn on_grid(at: Instant, epoch: Instant) -> Instant {
+fn on_grid(at: Instant, epoch: Instant, grid: Duration) -> Instant {
     let since = at.saturating_duration_since(epoch).as_nanos();
-    let step = WAKE_GRID.as_nanos();
+    let step = grid.as_nanos().max(1);
     let nanos = since.div_ceil(step) * step;
     epoch + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
@@ -287,7 +295,10 @@ pub(crate) async fn family_loop<S: LeaseStore>(
     let heard = signals.as_ref().map(|s| s.family(family.name()));
     let mut version = family.inner.version.subscribe();
     let epoch = Instant::now();
-    let grace = config.heartbeat_every() / 3;
+    // Longer than the preferred replica needs to hear of a release, ask,
+    // and wake at the due time it was told (spacing, grid, a statement).
+    let grace = config.heartbeat_every() / 2;
+    let (grid, spacing) = (wake_grid(&config), told_spacing(&config));
     let mut keys: BTreeMap<String, Key> = BTreeMap::new();
     let mut terms: JoinSet<(String, Duration)> = JoinSet::new();
     let mut gone: FuturesUnordered<BoxFuture<'static, i64>> = FuturesUnordered::new();
@@ -319,13 +330,15 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                 Err(_) => tracing::warn!(family = family.name(), "replica beat did not answer"),
             }
         }
-        if told_pending && told_at.is_none_or(|at| at + TOLD_SPACING <= Instant::now()) {
-            told_pending = false;
-            told_at = Some(Instant::now());
-            wake_told(heard.as_deref(), &mut keys, Instant::now());
-        }
         let n = replicas.len().max(1);
         let rank = replicas.iter().position(|r| *r == holder);
+        if told_pending && told_at.is_none_or(|at| at + spacing <= Instant::now()) {
+            told_pending = false;
+            told_at = Some(Instant::now());
+            wake_told(heard.as_deref(), &mut keys, Instant::now(), |i| {
+                preferred(i, rank, n)
+            });
+        }
         let led = keys.values().filter(|k| k.term.is_some()).count();
         let cap = fair_cap(keys.len(), n).min(family.max_terms());
         let limit = cap.saturating_sub(led);
@@ -387,7 +400,8 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                             Acquire::Refused(refusal) => {
                                 let wake = next_wake(&Polled::Refused(&refusal), &config, signals.is_some());
                                 // Never at once: a refusal is asked again on a later grid step.
-                                key.wake_at = on_grid(now + wake.after.max(Duration::from_millis(1)), epoch);
+                                key.wake_at =
+                                    on_grid(now + wake.after.max(Duration::from_millis(1)), epoch, grid);
                                 key.holder_key = wake.holder_key;
                             }
                         }
@@ -425,7 +439,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
         } else {
             None
         };
-        let told_due = told_at.filter(|_| told_pending).map(|at| at + TOLD_SPACING);
+        let told_due = told_at.filter(|_| told_pending).map(|at| at + spacing);
         let wake = [next, told_due, Some(beat_at)]
             .into_iter()
             .flatten()
@@ -446,7 +460,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                     key.wake_at = Instant::now();
                 }
             }
-            // Acted on at the loop's top, at most once per TOLD_SPACING.
+            // Acted on at the loop's top, at most once per spacing.
             _ = heard_notified(heard.as_deref()), if !told_pending => told_pending = true,
         }
     }
@@ -476,18 +490,23 @@ async fn heard_notified(heard: Option<&FamilySignals>) {
     }
 }
 
-/// Makes the keys the family was told of due now.
-fn wake_told(heard: Option<&FamilySignals>, keys: &mut BTreeMap<String, Key>, now: Instant) {
+/// Makes the keys the family was told of due now, among those it `prefers` (by index).
+fn wake_told(
+    heard: Option<&FamilySignals>,
+    keys: &mut BTreeMap<String, Key>,
+    now: Instant,
+    prefers: impl Fn(usize) -> bool,
+) {
     let Some(heard) = heard else {
         return;
     };
     let told = heard.take();
-    for (name, key) in keys.iter_mut() {
+    for (index, (name, key)) in keys.iter_mut().enumerate() {
         let wake = match &told {
             Heard::All => true,
             Heard::Keys(told) => told.binary_search(name).is_ok(),
         };
-        if wake {
+        if wake && prefers(index) {
             key.wake_at = key.wake_at.min(now);
         }
     }

@@ -423,7 +423,10 @@
 //! ACQUIRE locks only the rows it picked as acquirable (rows held elsewhere
 //! are read without a lock). A batch holds at
 //! most [`BATCH_MAX`] (1,000) roles, larger ones are split. Wake-ups are
-//! rounded up to a 50 ms grid, so keys due together share a statement.
+//! rounded up to a grid (50 ms, or a twelfth of a heartbeat if shorter), so
+//! keys due together share a statement. Told of a release, unpause or
+//! run-now, a replica asks about the keys it prefers at most every 200 ms
+//! (or a sixth of a heartbeat); the others wait for their own wake-ups.
 //!
 //! **How a replica knows N, and the spread.** Each family loop registers its
 //! replica in `leader_replicas` once per heartbeat and reads back the
@@ -433,7 +436,7 @@
 //! a replica *prefers* the keys whose index in the sorted key list, modulo N,
 //! is its rank among the sorted replica ids: exactly K/N each when every
 //! replica declares the same keys. It acquires a preferred key when it is
-//! due, any other key only once it has been due for a third of a heartbeat
+//! due, any other key only once it has been due for half a heartbeat
 //! (the preferred replica did not take it: slow, at its cap, or gone), and
 //! it never holds more than `ceil(K/N) + max(1, ceil(K/N)/10)` terms at once
 //! while others are alive ([`Family::set_max_terms`] caps it further).
