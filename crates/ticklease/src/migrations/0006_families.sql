@@ -80,7 +80,9 @@ BEGIN
               FROM (SELECT u.role, min(u.ord) AS ord
                       FROM unnest(p_roles) WITH ORDINALITY AS u(role, ord)
                      GROUP BY u.role) AS f
-              LEFT JOIN @schema@.leader_leases AS l ON l.role = f.role
+              -- Row by row through the primary key: the table is updated
+              -- all the time, and a scan of it would grow with its dead rows.
+              LEFT JOIN LATERAL (SELECT x.* FROM @schema@.leader_leases AS x WHERE x.role = f.role) AS l ON true
              WHERE l.role IS NULL
                 OR (l.paused_at IS NULL
                     AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
@@ -143,7 +145,7 @@ BEGIN
                         AND (s.last_tick_ended_at IS NULL OR s.last_tick_ended_at <= now() - every_interval)
                         AND (s.not_before IS NULL OR s.not_before <= now())))
           FROM unnest(p_roles) AS u(role)
-          LEFT JOIN @schema@.leader_leases AS s ON s.role = u.role
+          LEFT JOIN LATERAL (SELECT x.* FROM @schema@.leader_leases AS x WHERE x.role = u.role) AS s ON true
          WHERE u.role <> ALL (won_roles)
          ORDER BY u.role;
 END
@@ -179,8 +181,9 @@ BEGIN
     locked AS (
         SELECT l.role, l.holder_token
           FROM @schema@.leader_leases AS l
-          JOIN input AS i ON i.role = l.role AND i.token = l.holder_token
-         WHERE l.holder_id IS NOT NULL
+         WHERE l.role = ANY (p_roles)
+           AND (l.role, l.holder_token) IN (SELECT i.role, i.token FROM input AS i)
+           AND l.holder_id IS NOT NULL
          ORDER BY l.role
            FOR UPDATE OF l
     ),
@@ -203,7 +206,7 @@ BEGIN
           FROM unnest(p_roles, p_tokens) AS i(role, token)
           LEFT JOIN unnest(renewed_roles, renewed_tokens) AS r(role, token)
                  ON r.role = i.role AND r.token = i.token
-          LEFT JOIN @schema@.leader_leases AS s ON s.role = i.role;
+          LEFT JOIN LATERAL (SELECT x.* FROM @schema@.leader_leases AS x WHERE x.role = i.role) AS s ON true;
 END
 $fn$
 $def$,
