@@ -39,7 +39,7 @@ use crate::lead::{FamilyScope, KeyCancel, Lead, Manager, TermScope};
 use crate::role::Role;
 use crate::scheduler::{next_wake, Polled, Work};
 use crate::step::panic_message;
-use crate::store::{Acquire, LeaseStore, BATCH_MAX};
+use crate::store::{Acquire, LeaseStore, Refusal, BATCH_MAX};
 
 /// Most keys a family holds (each costs its loop about 200 bytes while no
 /// term of it runs here).
@@ -255,6 +255,10 @@ struct Key {
     holder_key: Option<i64>,
     /// Set while a term of it runs here; fired when the key is removed.
     term: Option<KeyCancel>,
+    /// Held by a live replica and preferred by another: asked about again
+    /// only when the replicas change, its holder's session ends, or after a
+    /// long sleep (the preferred replica watches its expiry).
+    parked: bool,
 }
 
 /// The fair share and its slack: how many terms a replica may hold.
@@ -323,7 +327,16 @@ pub(crate) async fn family_loop<S: LeaseStore>(
             )
             .await
             {
-                Ok(Ok(live)) => replicas = live,
+                Ok(Ok(live)) => {
+                    if live != replicas {
+                        // Preferences moved, or a holder left (stopped, or froze past its TTL).
+                        for key in keys.values_mut().filter(|k| k.parked) {
+                            key.parked = false;
+                            key.wake_at = now;
+                        }
+                    }
+                    replicas = live;
+                }
                 Ok(Err(error)) => {
                     tracing::warn!(family = family.name(), error = %chain(&error), "replica beat failed")
                 }
@@ -358,11 +371,13 @@ pub(crate) async fn family_loop<S: LeaseStore>(
             .collect();
         // Preferred keys first; stable, so each group stays in key order.
         candidates.sort_by_key(|(other, _)| *other);
-        let candidates: Vec<Role> = candidates
-            .into_iter()
-            .take(BATCH_MAX)
-            .map(|(_, r)| r.clone())
+        candidates.truncate(BATCH_MAX);
+        let others: HashSet<Role> = candidates
+            .iter()
+            .filter(|(other, _)| *other)
+            .map(|(_, r)| (*r).clone())
             .collect();
+        let candidates: Vec<Role> = candidates.into_iter().map(|(_, r)| r.clone()).collect();
         // Not before the registry answered once: alone, a replica would count N = 1.
         if limit > 0 && !candidates.is_empty() && !replicas.is_empty() && !shutdown.is_cancelled() {
             match manager.acquire_many(&candidates, interval, limit).await {
@@ -378,6 +393,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                                 let removed = manager.key_cancel();
                                 key.term = Some(removed.clone());
                                 key.holder_key = None;
+                                key.parked = false;
                                 let (manager, work, name) =
                                     (manager.clone(), work.clone(), role.as_str().to_string());
                                 let scope = family.scope(removed);
@@ -398,6 +414,14 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                                 });
                             }
                             Acquire::Refused(refusal) => {
+                                key.parked = matches!(&refusal, Refusal::Held { holder, .. }
+                                    if others.contains(&role) && replicas.contains(holder));
+                                let refusal = if key.parked {
+                                    // Wake as a role whose holder never expires would: at the cap.
+                                    park(&refusal)
+                                } else {
+                                    refusal
+                                };
                                 let wake = next_wake(&Polled::Refused(&refusal), &config, signals.is_some());
                                 // Never at once: a refusal is asked again on a later grid step.
                                 key.wake_at =
@@ -457,6 +481,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                 beat_at = Instant::now();
                 for key in keys.values_mut().filter(|k| k.holder_key == Some(dead)) {
                     key.holder_key = None;
+                    key.parked = false;
                     key.wake_at = Instant::now();
                 }
             }
@@ -487,6 +512,24 @@ async fn heard_notified(heard: Option<&FamilySignals>) {
     match heard {
         Some(heard) => heard.notify.notified().await,
         None => std::future::pending().await,
+    }
+}
+
+/// A Held refusal whose expiry is pushed out to the longest sleep.
+fn park(refusal: &Refusal) -> Refusal {
+    match refusal.clone() {
+        Refusal::Held {
+            holder,
+            expires_at,
+            holder_key,
+            ..
+        } => Refusal::Held {
+            holder,
+            expires_at,
+            remaining: Duration::MAX,
+            holder_key,
+        },
+        other => other,
     }
 }
 
@@ -536,6 +579,7 @@ fn sync_keys(family: &Family, keys: &mut BTreeMap<String, Key>, now: Instant) {
                 wake_at: now,
                 holder_key: None,
                 term: None,
+                parked: false,
             });
         }
     }

@@ -621,3 +621,56 @@ async fn a_batched_takeover_records_the_old_term_as_expired() {
         );
     }
 }
+
+/// A follower does not re-ask about the keys another live replica holds
+/// and prefers each time their leases' expiry passes: the preferred
+/// replica watches those, and the session's end or the registry wakes it.
+#[tokio::test]
+async fn a_follower_does_not_poll_keys_a_live_replica_holds_and_prefers() {
+    let config = test_config();
+    let db = migrated_db(PgCluster::shared()).await;
+    let hour = Duration::from_secs(3600);
+    let mut managers = Vec::new();
+    for _ in 0..2 {
+        let store = pg(&db, &config).await.with_direct(direct(&db)).await.unwrap();
+        let manager = Manager::start(Counting::new(store), config, Vec::<Role>::new())
+            .await
+            .unwrap();
+        // Registered before either leads: each takes its own share.
+        manager
+            .store()
+            .beat("fam", manager.holder_id(), config.lease_ttl())
+            .await
+            .unwrap();
+        managers.push(manager);
+    }
+    let runs: Vec<_> = managers
+        .iter()
+        .map(|m| run_family(m.clone(), &family(20), hour, hour))
+        .collect();
+    let observer = pg(&db, &config).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held = held_by(&rows(&observer).await);
+        if held.len() == 2 && held.values().sum::<usize>() == 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "20 keys over 2 replicas: {held:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before: Vec<usize> = managers.iter().map(|m| m.store().counts().0).collect();
+    // Three lease TTLs: a follower polling by expiry would ask about the other's keys each time.
+    tokio::time::sleep(config.lease_ttl() * 3).await;
+    let asked: Vec<usize> = managers
+        .iter()
+        .zip(before)
+        .map(|(m, b)| m.store().counts().0 - b)
+        .collect();
+    assert!(
+        asked.iter().all(|n| *n <= 1),
+        "ACQUIREs per replica in 3 TTLs: {asked:?}"
+    );
+    for (_, stop) in runs {
+        stop.cancel();
+    }
+}
