@@ -426,7 +426,11 @@
 //! rounded up to a grid (50 ms, or a twelfth of a heartbeat if shorter), so
 //! keys due together share a statement. Told of a release, unpause or
 //! run-now, a replica asks about the keys it prefers at most every 200 ms
-//! (or a sixth of a heartbeat); the others wait for their own wake-ups.
+//! (or a sixth of a heartbeat); the others wait for their own wake-ups. A
+//! key held by a live replica and preferred by another is *parked*: not
+//! asked about at each lease expiry (its preferred replica watches that),
+//! but when the replicas change, its holder's session ends, or after the
+//! longest sleep (60 s with a coordination session, `max_poll` without).
 //!
 //! **How a replica knows N, and the spread.** Each family loop registers its
 //! replica in `leader_replicas` once per heartbeat and reads back the
