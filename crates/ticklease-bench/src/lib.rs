@@ -8,6 +8,7 @@ pub mod chaos;
 pub mod drill;
 pub mod endpoint;
 pub mod failover;
+pub mod fence_cost;
 pub mod idle;
 pub mod plot;
 pub mod promotion;

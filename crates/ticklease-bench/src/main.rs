@@ -119,6 +119,31 @@ enum Cmd {
         #[arg(long)]
         assert: bool,
     },
+    /// What the fence costs a claim: pgbench runs of a one-row and a 50-row
+    /// batch claim, unfenced, with the lock-free STABLE fence and with the real
+    /// fence (and candidate fences); prints the table, writes every run as CSV.
+    Fence {
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 10)]
+        secs: u64,
+        #[arg(long, value_delimiter = ',', default_value = "1,4")]
+        clients: Vec<u32>,
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "one,batch")]
+        shapes: Vec<ticklease_bench::fence_cost::Shape>,
+        /// `max_prepared_transactions` settings to measure (8: the test kit's).
+        #[arg(long, value_delimiter = ',', default_value = "8,0")]
+        prepared: Vec<u32>,
+        /// A candidate fence, `name=file.sql` (CREATE OR REPLACE, `@schema@` for the schema), in a database of its own.
+        #[arg(long = "candidate", value_parser = ticklease_bench::fence_cost::parse_candidate)]
+        candidates: Vec<ticklease_bench::fence_cost::Variant>,
+        /// pgbench's query protocol (`extended`: unnamed statements, as the library sends).
+        #[arg(long, default_value = "extended")]
+        protocol: String,
+        #[arg(long, default_value = "docs/benchmarks/fence-cost.csv")]
+        csv: PathBuf,
+    },
     /// (child process) One replica of the scale bench.
     #[command(hide = true)]
     ScaleReplica(ReplicaFlags),
@@ -262,6 +287,35 @@ async fn main() -> anyhow::Result<()> {
                 exe: std::env::current_exe()?,
             };
             cmd_scale(options, &out, assert).await?;
+        }
+        Cmd::Fence {
+            runs,
+            secs,
+            clients,
+            shapes,
+            prepared,
+            candidates,
+            protocol,
+            csv,
+        } => {
+            let report = ticklease_bench::fence_cost::run(ticklease_bench::fence_cost::FenceOptions {
+                runs,
+                secs,
+                clients,
+                shapes,
+                prepared,
+                candidates,
+                protocol,
+            })
+            .await?;
+            println!("PostgreSQL {}, {} s per run", report.server_version, secs);
+            println!("{}", report.table());
+            println!("{}", report.load());
+            println!("runs: {}", report.write_csv(&csv)?.display());
+            println!(
+                "took {}",
+                humantime::format_duration(Duration::from_secs(report.took.as_secs()))
+            );
         }
         Cmd::ScaleReplica(flags) => scale_replica::run(flags).await?,
         Cmd::Leader {

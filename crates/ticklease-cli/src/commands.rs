@@ -59,15 +59,51 @@ struct Db {
     target: String,
 }
 
+/// Longest wait for a connection of the one-shot commands that take a plain
+/// client (`migrate`, `grant`, `worker migrate`, `worker seed`), per host of
+/// the URL, when the URL sets no `connect_timeout` (which then takes its
+/// place): TCP connect, TLS and authentication together, so a server that
+/// accepts and never answers ends the command too.
+const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// Longest run of those commands once connected, on the client's clock: the
+/// server bounds each statement ([`ticklease::migrate::MIGRATION_STATEMENT_TIMEOUT`],
+/// lock waits [`ticklease::migrate::MIGRATION_LOCK_WAIT`]); this bounds a
+/// server that stops answering mid-run.
+const RUN_WAIT: Duration = Duration::from_secs(900);
+
 impl Db {
     async fn client(&self) -> anyhow::Result<tokio_postgres::Client> {
-        let (client, connection) = self
-            .config
-            .connect()
+        let pg = self.config.config();
+        let hosts = u32::try_from(pg.get_hosts().len().max(1)).unwrap_or(u32::MAX);
+        let bound = pg.get_connect_timeout().copied().unwrap_or(CONNECT_WAIT) * hosts;
+        let (client, connection) = tokio::time::timeout(bound, self.config.connect())
             .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "no answer within {} (TCP connect, TLS and authentication)",
+                    humantime::format_duration(bound)
+                )
+            })
+            .and_then(|connected| connected.map_err(anyhow::Error::new))
             .with_context(|| format!("could not connect to the database at {}", self.target))?;
         tokio::spawn(connection);
         Ok(client)
+    }
+
+    /// `work` on the client's clock: at most [`RUN_WAIT`].
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        work: impl std::future::Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<T> {
+        tokio::time::timeout(RUN_WAIT, work).await.unwrap_or_else(|_| {
+            Err(anyhow::anyhow!(
+                "{what}: no answer from the database at {} within {}",
+                self.target,
+                humantime::format_duration(RUN_WAIT)
+            ))
+        })
     }
 
     async fn store(self) -> anyhow::Result<PgStore> {
@@ -95,7 +131,11 @@ fn describe(config: &tokio_postgres::Config) -> String {
 async fn cmd_migrate(db: Db, roles: RoleNames) -> anyhow::Result<()> {
     let options = roles.options().map_err(|e| Usage(e.to_string()))?;
     let mut client = db.client().await?;
-    let report = ticklease::migrate_with(&mut client, &options).await?;
+    let report = db
+        .bounded("migrate", async {
+            Ok(ticklease::migrate_with(&mut client, &options).await?)
+        })
+        .await?;
     println!(
         "migrations applied: {:?}; already applied: {:?}",
         report.applied, report.already_applied
@@ -105,7 +145,11 @@ async fn cmd_migrate(db: Db, roles: RoleNames) -> anyhow::Result<()> {
 
 async fn cmd_grant(db: Db, roles: RoleNames) -> anyhow::Result<()> {
     let options = roles.options().map_err(|e| Usage(e.to_string()))?;
-    ticklease::migrate::grant(&db.client().await?, &options).await?;
+    let client = db.client().await?;
+    db.bounded("grant", async {
+        Ok(ticklease::migrate::grant(&client, &options).await?)
+    })
+    .await?;
     println!(
         "granted {} (application) and {} (operator)",
         options.app_role, options.operator_role
@@ -121,11 +165,16 @@ async fn cmd_status(db: Db, json: bool, watch: bool) -> anyhow::Result<()> {
             serde_json::to_string_pretty(&status::json(&store.status().await?))?
         );
     } else if watch {
+        // One listener for the whole watch: a Ctrl-C that arrives while a
+        // status is read or printed is kept for the next wait, not lost (once
+        // a listener exists, SIGINT no longer ends the process by itself).
+        let interrupted = tokio::signal::ctrl_c();
+        tokio::pin!(interrupted);
         loop {
             let table = status::table(&store.status().await?);
             print!("\x1b[2J\x1b[H{table}");
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => break,
+                _ = &mut interrupted => break,
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
@@ -222,7 +271,12 @@ async fn cmd_roles(db: Db, declared: &[Role]) -> anyhow::Result<()> {
 }
 
 async fn cmd_worker_migrate(db: Db) -> anyhow::Result<()> {
-    let report = ticklease_worker::migrate(&mut db.client().await?).await?;
+    let mut client = db.client().await?;
+    let report = db
+        .bounded("worker migrate", async {
+            Ok(ticklease_worker::migrate(&mut client).await?)
+        })
+        .await?;
     println!(
         "worker migrations applied: {:?}; already applied: {:?}",
         report.applied, report.already_applied
@@ -231,7 +285,11 @@ async fn cmd_worker_migrate(db: Db) -> anyhow::Result<()> {
 }
 
 async fn cmd_worker_seed(db: Db, seed: ticklease_worker::seed::Seed) -> anyhow::Result<()> {
-    ticklease_worker::seed::seed(&mut db.client().await?, &seed).await?;
+    let mut client = db.client().await?;
+    db.bounded("worker seed", async {
+        Ok(ticklease_worker::seed::seed(&mut client, &seed).await?)
+    })
+    .await?;
     println!(
         "seeded {} subscriptions, {} emails, {} events, {} endpoints",
         seed.subscriptions,

@@ -23,22 +23,25 @@ pub(crate) fn short(seconds: f64) -> String {
     }
 }
 
-/// Text from the database, made safe for a terminal: control characters and
-/// bidirectional overrides are shown escaped (`\u{1b}`), never interpreted.
+/// Text from the database, made safe for a terminal by the library's one
+/// rule ([`ticklease::HistoryEntry::escape`], the status page's too):
+/// control characters and bidirectional overrides are shown escaped
+/// (`\u{1b}`), never interpreted.
 pub(crate) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        let bidi = matches!(
-            c,
-            '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
-        );
-        if c.is_control() || bidi {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
+    ticklease::HistoryEntry::escape(text)
+}
+
+/// Most characters a table cell shows; a longer one is cut and ends in `…`
+/// (`--json` keeps every value whole).
+pub(crate) const CELL_WIDTH_MAX: usize = 120;
+
+/// `text` escaped and cut to [`CELL_WIDTH_MAX`] characters.
+pub(crate) fn cell(text: &str) -> String {
+    let shown = escape(text);
+    match shown.char_indices().nth(CELL_WIDTH_MAX - 1) {
+        Some((cut, _)) if shown.chars().count() > CELL_WIDTH_MAX => format!("{}…", &shown[..cut]),
+        _ => shown,
     }
-    out
 }
 
 /// The rows as an aligned table with a header line.
@@ -57,10 +60,11 @@ pub fn table(rows: &[LeaseStatus]) -> String {
     aligned(header, rows.iter().map(cells))
 }
 
-/// A header and rows as aligned columns, every cell escaped.
+/// A header and rows as aligned columns, every cell escaped and cut to
+/// [`CELL_WIDTH_MAX`] characters.
 pub(crate) fn aligned<const N: usize>(header: [&str; N], rows: impl Iterator<Item = [String; N]>) -> String {
     let mut lines: Vec<[String; N]> = vec![header.map(String::from)];
-    lines.extend(rows.map(|cells| cells.map(|cell| escape(&cell))));
+    lines.extend(rows.map(|cells| cells.map(|text| cell(&text))));
     let widths: Vec<usize> = (0..N)
         .map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
         .collect();
@@ -151,7 +155,7 @@ mod tests {
 
     use ticklease::{LeaseStatus, Token};
 
-    use super::{escape, json, short, table};
+    use super::{escape, json, short, table, CELL_WIDTH_MAX};
 
     fn row(role: &str) -> LeaseStatus {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
@@ -211,6 +215,35 @@ mod tests {
         );
         assert!(lines[2].contains("alice: rotate\\u{1b}]0;pwned\\u{7}"), "{out}");
         assert!(!out.contains('\x1b'), "{out}");
+    }
+
+    #[test]
+    fn a_100000_character_holder_and_pause_reason_are_cut_with_an_ellipsis() {
+        let mut held = row("billing");
+        held.holder_id = Some("h".repeat(100_000));
+        let mut paused = row("dunning");
+        paused.held = false;
+        paused.paused_by = Some("b".repeat(100_000));
+        paused.pause_reason = Some("\u{202e}".repeat(100_000));
+        let out = table(&[held, paused]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out:.500}");
+        assert!(
+            lines[1].contains(&format!("{}…", "h".repeat(CELL_WIDTH_MAX - 1))),
+            "{out:.500}"
+        );
+        assert!(!lines[1].contains(&"h".repeat(CELL_WIDTH_MAX)), "{out:.500}");
+        assert!(
+            lines[2].contains(&format!("{}…", "b".repeat(CELL_WIDTH_MAX - 1))),
+            "{out:.500}"
+        );
+        assert!(!out.contains('\u{202e}'), "{out:.500}");
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.chars().count() <= 9 * (CELL_WIDTH_MAX + 2)),
+            "{out:.500}"
+        );
     }
 
     #[test]

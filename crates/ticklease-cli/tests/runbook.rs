@@ -57,7 +57,7 @@ async fn every_runbook_command_runs() {
     ticklease::migrate(&mut owner).await.unwrap();
     owner
         .batch_execute(
-            "SELECT leader_seed(ARRAY['billing', 'email_outbox']);
+            "SELECT leader_seed(ARRAY['billing', 'email_outbox', 'tenant_sync:acme']);
              CREATE ROLE runbook_operator LOGIN IN ROLE ticklease_operator;",
         )
         .await

@@ -353,6 +353,9 @@ impl PgCluster {
                 "max_connections=400",
                 "-c",
                 "shared_buffers=64MB",
+                // Tests prepare transactions (the fence must refuse it).
+                "-c",
+                "max_prepared_transactions=8",
             ])
             .args(["-c", "log_min_messages=warning"])
             .stdin(Stdio::null())

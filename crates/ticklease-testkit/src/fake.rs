@@ -314,8 +314,10 @@ impl LeaseStore for FakeStore {
     async fn beat(&self, family: &str, holder: &str, lease_ttl: Duration) -> Result<Vec<String>, StoreError> {
         let now = self.now();
         Ok(self.with(|s| {
-            s.replicas
-                .insert((family.to_string(), holder.to_string()), now + lease_ttl);
+            s.replicas.insert(
+                (family.to_string(), holder.to_string()),
+                now + lease_ttl.min(ticklease::REGISTRATION_TTL_MAX),
+            );
             s.replicas
                 .iter()
                 .filter(|((f, _), expires_at)| f == family && **expires_at > now)

@@ -15,10 +15,14 @@ pub struct Seed {
     pub endpoints: Vec<String>,
 }
 
-/// Inserts the workload in one transaction.
+/// Inserts the workload in one transaction, each statement and lock wait
+/// bounded as a migration's ([`ticklease::migrate::bounded_transaction`]).
 pub async fn seed(client: &mut Client, s: &Seed) -> Result<(), WorkerError> {
     let db = |what| move |source| WorkerError::Db { what, source };
     let tx = client.transaction().await.map_err(db("begin"))?;
+    tx.batch_execute(&ticklease::migrate::bounded_transaction())
+        .await
+        .map_err(db("bound the transaction"))?;
     tx.execute_typed(
         "INSERT INTO subscriptions (period_start, next_billing_at, amount_cents, customer_email)
          SELECT now() - interval '1 hour', now(), 1000 + g, 'customer' || g || '@example.test'

@@ -2,12 +2,16 @@
 //! takeover and handoff fast without deciding anything. See the crate docs,
 //! "Coordination".
 //!
-//! The session holds a session advisory lock on a random 64-bit key (this
-//! replica's **holder key**, recorded by ACQUIRE and RENEW) and LISTENs on
-//! channel `ticklease`. A follower refused because a role is held waits on the
+//! The session holds a session advisory lock on a 64-bit key (this replica's
+//! **holder key**, recorded by ACQUIRE and RENEW: its backend's pid in the
+//! high 32 bits, 32 random bits below) and LISTENs on channel `ticklease`.
+//! The database counts a key as alive only while the backend whose pid it
+//! carries holds it, so another login that locks a dead holder's key keeps
+//! nothing alive. A follower refused because a role is held waits on the
 //! holder's key on a connection of its own (`pg_advisory_lock_shared`): the
-//! wait returns when the holder's session ends, and the follower ACQUIREs,
-//! which takes over because the key is held by no session any more. Nothing
+//! wait returns when the holder's session ends (or, if someone else took the
+//! key meanwhile, at the next re-check), and the follower ACQUIREs, which
+//! takes over because the key is alive no more. Nothing
 //! here is on the pooled path: a pooled deployment gives a direct URL for this
 //! session alone.
 
@@ -19,11 +23,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::error::StoreError;
+use crate::store::hosts::Hosts;
 use crate::tls::PgConnect;
 
 /// The channel RELEASE, pause, unpause and run-now notify.
@@ -39,14 +45,18 @@ pub const KEY_WAITERS_MAX: usize = 16;
 const KEEPALIVES: &str = "SET tcp_keepalives_idle = 2; SET tcp_keepalives_interval = 1; \
      SET tcp_keepalives_count = 2; SET tcp_user_timeout = 4000";
 
-/// A waiter's wait has no timeout; a waiter that is dropped closes its
-/// socket, and the server notices within this interval and ends its backend.
-const WAITER_SETTINGS: &str = "SET statement_timeout = 0; SET lock_timeout = 0; \
+/// A waiter's lock wait gives up after a second to ask whether the key is
+/// still alive (any login can queue for a key and be granted it when the
+/// holder's session ends: then a follower learns of it within a second); a
+/// waiter that is dropped closes its socket, and the server notices within
+/// a second and ends its backend.
+const WAITER_SETTINGS: &str = "SET statement_timeout = 0; SET lock_timeout = 1000; \
      SET idle_session_timeout = 0; SET client_connection_check_interval = 1000";
 
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
-/// Tries to find a free random key (a collision is a 2^-64 event).
+/// Tries to find a free key (a collision is a 2^-32 event: the high half is
+/// this backend's pid).
 const KEY_TRIES: usize = 3;
 
 /// The signals a store with a coordination session gives the scheduler: this
@@ -66,7 +76,7 @@ impl std::fmt::Debug for Signals {
 
 struct Inner {
     events: Arc<Events>,
-    direct: PgConnect,
+    direct: Arc<Hosts>,
     connect_timeout: Duration,
     waiters: Mutex<HashMap<i64, Weak<KeyWaiter>>>,
     _stop: DropGuard,
@@ -168,19 +178,20 @@ impl Events {
         roles.entry(role.to_string()).or_default().clone()
     }
 
+    /// A notification on this session's probe channel.
+    fn probed(&self, nonce: &str) {
+        self.probe.send_modify(|heard| {
+            if heard.len() == PROBES_KEPT {
+                heard.pop_front();
+            }
+            heard.push_back(nonce.to_string());
+        });
+    }
+
     fn dispatch(&self, payload: &str) {
         let Some((event, role)) = payload.split_once(' ') else {
             return;
         };
-        if event == "probe" {
-            self.probe.send_modify(|heard| {
-                if heard.len() == PROBES_KEPT {
-                    heard.pop_front();
-                }
-                heard.push_back(role.to_string());
-            });
-            return;
-        }
         if matches!(event, "release" | "unpause" | "run_now") {
             if let Some((family, key)) = role.split_once(':') {
                 if let Some(signals) = self.families.lock().expect("not poisoned").get(family) {
@@ -216,7 +227,21 @@ impl Signals {
     /// Opens the coordination session on `direct` and keeps it open
     /// (reconnecting with a new key after it is lost) until the last clone
     /// is dropped.
-    pub(crate) async fn start(direct: PgConnect, connect_timeout: Duration) -> Result<Self, StoreError> {
+    ///
+    /// `check` runs through the pooled path with the session's key and its
+    /// probe channel (see [`crate::PgStore::with_direct`]): it must send a
+    /// notification on that channel, which the session must then hear. The
+    /// session listens on the probe channel alone until then, so nothing
+    /// other logins send on `ticklease` stands in the probe's way.
+    pub(crate) async fn start<C, F>(
+        direct: PgConnect,
+        connect_timeout: Duration,
+        check: C,
+    ) -> Result<Self, StoreError>
+    where
+        C: FnOnce(i64, String) -> F,
+        F: Future<Output = Result<(), StoreError>>,
+    {
         let events = Arc::new(Events {
             key: watch::Sender::new(None),
             roles: Mutex::default(),
@@ -224,13 +249,30 @@ impl Signals {
             refused: Notify::new(),
             probe: watch::Sender::new(std::collections::VecDeque::new()),
         });
-        let direct = with_client_keepalives(direct);
-        let session = Session::open(&direct, connect_timeout, &events)
+        // Each host of a multi-host URL gets a share of the connect timeout.
+        let direct = Arc::new(Hosts::new(&with_client_keepalives(direct), connect_timeout));
+        let connect_error = |source| StoreError::Connect {
+            statement: "coordination session",
+            source,
+        };
+        let session = Session::open(&direct, connect_timeout, &events, Listen::Probe)
             .await
-            .map_err(|source| StoreError::Connect {
-                statement: "coordination session",
-                source,
-            })?;
+            .map_err(connect_error)?;
+        let mut probe = events.probe.subscribe();
+        let nonce = session.key.to_string();
+        check(session.key, probe_channel(session.key)).await?;
+        let heard = probe.wait_for(|heard| heard.iter().any(|h| *h == nonce));
+        if tokio::time::timeout(connect_timeout, heard).await.is_err() {
+            return Err(StoreError::Rejected {
+                statement: "coordination check",
+                problem: "the coordination session hears no notifications: the direct URL must reach \
+                          Postgres itself, not a transaction-mode pooler",
+            });
+        }
+        tokio::time::timeout(connect_timeout, session.listen())
+            .await
+            .map_err(|elapsed| connect_error(elapsed.into()))?
+            .map_err(|e| connect_error(e.into()))?;
         events.key.send_replace(Some(session.key));
         let stop = CancellationToken::new();
         tokio::spawn(keep(
@@ -269,13 +311,6 @@ impl Signals {
         }) {
             events.refused.notify_one();
         }
-    }
-
-    /// Resolves once the session hears `probe <nonce>` (sent through the
-    /// pooled path by [`crate::PgStore::with_direct`]).
-    pub(crate) async fn heard_probe(&self, nonce: &str) {
-        let mut probe = self.inner.events.probe.subscribe();
-        let _ = probe.wait_for(|heard| heard.iter().any(|h| h == nonce)).await;
     }
 
     /// The wake-ups of `role` (registered on first use).
@@ -324,7 +359,7 @@ impl Signals {
 /// An open coordination session: its client (dropping it closes the
 /// session) and the task that reads its notifications until it ends.
 struct Session {
-    _client: Client,
+    client: Client,
     key: i64,
     reader: AbortOnDrop,
 }
@@ -333,9 +368,10 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Session {
     async fn open(
-        direct: &PgConnect,
+        direct: &Hosts,
         connect_timeout: Duration,
         events: &Arc<Events>,
+        listen: Listen,
     ) -> Result<Self, BoxError> {
         let (client, mut connection) = tokio::time::timeout(connect_timeout, direct.connect()).await??;
         let events = events.clone();
@@ -343,7 +379,10 @@ impl Session {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(message) = messages.next().await {
                 match message {
-                    Ok(AsyncMessage::Notification(n)) => events.dispatch(n.payload()),
+                    Ok(AsyncMessage::Notification(n)) if n.channel() == CHANNEL => {
+                        events.dispatch(n.payload())
+                    }
+                    Ok(AsyncMessage::Notification(n)) => events.probed(n.payload()),
                     Ok(_) => {}
                     Err(error) => {
                         tracing::debug!(
@@ -357,30 +396,68 @@ impl Session {
         }));
         tokio::time::timeout(connect_timeout, async {
             client.batch_execute(KEEPALIVES).await?;
-            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+            let pid: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+            let mut taken = None;
             for _ in 0..KEY_TRIES {
-                let key: i64 = rand::random();
+                let key = holder_key(pid, rand::random());
                 let rows = client
                     .query_typed("SELECT pg_try_advisory_lock($1)", &[(&key, Type::INT8)])
                     .await?;
                 if rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
-                    return Ok::<_, BoxError>(Session {
-                        _client: client,
-                        key,
-                        reader,
-                    });
+                    taken = Some(key);
+                    break;
                 }
             }
-            Err("no free coordination key".into())
+            let key = taken.ok_or("no free coordination key")?;
+            // Last: from here on notifications arrive, and nothing of the
+            // setup waits behind them.
+            let session = Session { client, key, reader };
+            match listen {
+                Listen::Probe => {
+                    session
+                        .client
+                        .batch_execute(&format!("LISTEN {}", probe_channel(key)))
+                        .await?
+                }
+                Listen::All => session.listen().await?,
+            }
+            Ok::<_, BoxError>(session)
         })
         .await?
     }
 }
 
+impl Session {
+    /// LISTEN on the channel of releases, pauses, unpauses and run-nows.
+    async fn listen(&self) -> Result<(), tokio_postgres::Error> {
+        self.client.batch_execute(&format!("LISTEN {CHANNEL}")).await
+    }
+}
+
+/// What a new session listens on: its own probe channel only (the first,
+/// until the coordination check heard the probe), or the shared channel.
+#[derive(Debug, Clone, Copy)]
+enum Listen {
+    Probe,
+    All,
+}
+
+/// The channel a session's coordination check sends its probe on: its own,
+/// so other logins' notifications on `ticklease` never delay the probe.
+fn probe_channel(key: i64) -> String {
+    format!("{CHANNEL}_probe_{key}")
+}
+
+/// A holder key: the backend's pid above, 32 random bits below (the
+/// database checks the pid against the lock's holder).
+fn holder_key(pid: i32, random: u32) -> i64 {
+    (i64::from(pid) << 32) | i64::from(random)
+}
+
 /// Keeps the session open until `stop`: when it ends, the key is withdrawn
 /// (ACQUIRE and RENEW then record none) and a new session is opened.
 async fn keep(
-    direct: PgConnect,
+    direct: Arc<Hosts>,
     connect_timeout: Duration,
     events: Arc<Events>,
     stop: CancellationToken,
@@ -406,7 +483,7 @@ async fn keep(
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
-            match Session::open(&direct, connect_timeout, &events).await {
+            match Session::open(&direct, connect_timeout, &events, Listen::All).await {
                 Ok(session) => break session,
                 Err(error) => {
                     tracing::warn!(
@@ -430,20 +507,32 @@ struct KeyWaiter {
 }
 
 impl KeyWaiter {
-    fn spawn(direct: PgConnect, connect_timeout: Duration, key: i64) -> Self {
+    fn spawn(direct: Arc<Hosts>, connect_timeout: Duration, key: i64) -> Self {
         let (gone, receiver) = watch::channel(false);
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         tokio::spawn(async move {
-            tokio::select! {
-                _ = stopped.cancelled() => {}
-                waited = wait_for_key(&direct, connect_timeout, key) => match waited {
-                    Ok(()) => {
-                        gone.send_replace(true);
+            // A wait that fails (its backend terminated, a restart) is
+            // retried with backoff; the slot is this waiter's until its last
+            // user drops it, and its users wake at the lease's expiry anyway.
+            let mut backoff = RECONNECT_MIN;
+            loop {
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    waited = wait_for_key(&direct, connect_timeout, key) => match waited {
+                        Ok(()) => {
+                            gone.send_replace(true);
+                            return;
+                        }
+                        Err(error) => tracing::debug!(error = &*error as &dyn std::error::Error, ?backoff,
+                            "wait on a holder key failed; retrying"),
                     }
-                    Err(error) => tracing::debug!(error = &*error as &dyn std::error::Error,
-                        "wait on a holder key failed; waking at the lease's expiry instead"),
                 }
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(RECONNECT_MAX);
             }
         });
         KeyWaiter {
@@ -453,18 +542,32 @@ impl KeyWaiter {
     }
 }
 
-async fn wait_for_key(direct: &PgConnect, connect_timeout: Duration, key: i64) -> Result<(), BoxError> {
+async fn wait_for_key(direct: &Hosts, connect_timeout: Duration, key: i64) -> Result<(), BoxError> {
     let (client, connection) = tokio::time::timeout(connect_timeout, direct.connect()).await??;
     let _driver = AbortOnDrop(tokio::spawn(async move {
         let _ = connection.await;
     }));
     tokio::time::timeout(connect_timeout, client.batch_execute(WAITER_SETTINGS)).await??;
     // Granted when the holder's session ends; held until this connection
-    // closes, which conflicts with nothing (ACQUIRE tests the key shared).
-    client
-        .query_typed("SELECT pg_advisory_lock_shared($1)", &[(&key, Type::INT8)])
-        .await?;
-    Ok(())
+    // closes, which conflicts with nothing (liveness counts only the
+    // exclusive lock of the key's own backend).
+    loop {
+        match client
+            .query_typed("SELECT pg_advisory_lock_shared($1)", &[(&key, Type::INT8)])
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                let alive = client
+                    .query_typed("SELECT leader_key_alive($1)", &[(&key, Type::INT8)])
+                    .await?;
+                if !alive.first().is_some_and(|r| r.get::<_, bool>(0)) {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Client-side keepalives on every direct connection, as the server's: a

@@ -45,6 +45,10 @@ use crate::store::{Acquire, LeaseStore, Refusal, BATCH_MAX};
 /// term of it runs here).
 pub const FAMILY_KEYS_MAX: usize = 100_000;
 
+/// Longest a replica registration lives past its last beat (the database
+/// caps it: a registration no one renews is gone within it).
+pub const REGISTRATION_TTL_MAX: Duration = Duration::from_secs(60);
+
 /// The default cap on a family's concurrent terms on one replica.
 pub const FAMILY_TERMS_DEFAULT: usize = 1_000;
 
@@ -259,6 +263,12 @@ struct Key {
     /// only when the replicas change, its holder's session ends, or after a
     /// long sleep (the preferred replica watches its expiry).
     parked: bool,
+    /// Its wake-up is not a time the database gave for it (parked, paused,
+    /// new, or after a failed ACQUIRE): if this replica does not prefer it,
+    /// it is first looked at by an ACQUIRE that starts no term, so that its
+    /// grace counts from when it was seen acquirable, never from an instant
+    /// between its due time and its preferred replica's ACQUIRE.
+    probe: bool,
 }
 
 /// The fair share and its slack: how many terms a replica may hold.
@@ -320,10 +330,15 @@ pub(crate) async fn family_loop<S: LeaseStore>(
             synced = Some(current);
         }
         if now >= beat_at {
-            beat_at = now + config.heartbeat_every();
+            // The database keeps a registration at most REGISTRATION_TTL_MAX.
+            beat_at = now + config.heartbeat_every().min(REGISTRATION_TTL_MAX / 3);
             match tokio::time::timeout(
                 config.statement_timeout(),
-                store.beat(family.name(), &holder, config.lease_ttl()),
+                store.beat(
+                    family.name(),
+                    &holder,
+                    config.lease_ttl().min(REGISTRATION_TTL_MAX),
+                ),
             )
             .await
             {
@@ -363,24 +378,33 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                 key.wake_at + grace
             }
         };
-        let mut candidates: Vec<(bool, &Role)> = keys
+        let (mut probes, mut candidates): (Vec<_>, Vec<_>) = keys
             .values()
             .enumerate()
             .filter(|(i, k)| k.term.is_none() && eligible_at(*i, k) <= now)
-            .map(|(i, k)| (!preferred(i, rank, n), &k.role))
-            .collect();
+            .map(|(i, k)| (!preferred(i, rank, n), k))
+            .partition(|(other, k)| *other && k.probe);
         // Preferred keys first; stable, so each group stays in key order.
         candidates.sort_by_key(|(other, _)| *other);
         candidates.truncate(BATCH_MAX);
+        probes.truncate(BATCH_MAX);
         let others: HashSet<Role> = candidates
             .iter()
+            .chain(&probes)
             .filter(|(other, _)| *other)
-            .map(|(_, r)| (*r).clone())
+            .map(|(_, k)| k.role.clone())
             .collect();
-        let candidates: Vec<Role> = candidates.into_iter().map(|(_, r)| r.clone()).collect();
+        let roles = |batch: Vec<(bool, &Key)>| -> Vec<Role> {
+            batch.into_iter().map(|(_, k)| k.role.clone()).collect()
+        };
+        // The keys to look at go with a limit of 0: they start no term.
+        let batches = [(roles(candidates), limit), (roles(probes), 0)];
         // Not before the registry answered once: alone, a replica would count N = 1.
-        if limit > 0 && !candidates.is_empty() && !replicas.is_empty() && !shutdown.is_cancelled() {
-            match manager.acquire_many(&candidates, interval, limit).await {
+        for (candidates, room) in batches {
+            if limit == 0 || candidates.is_empty() || replicas.is_empty() || shutdown.is_cancelled() {
+                continue;
+            }
+            match manager.acquire_many(&candidates, interval, room).await {
                 Ok((answers, sent)) => {
                     let now = Instant::now();
                     for (role, answer) in answers {
@@ -394,6 +418,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                                 key.term = Some(removed.clone());
                                 key.holder_key = None;
                                 key.parked = false;
+                                key.probe = false;
                                 let (manager, work, name) =
                                     (manager.clone(), work.clone(), role.as_str().to_string());
                                 let scope = family.scope(removed);
@@ -422,6 +447,15 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                                 } else {
                                     refusal
                                 };
+                                // A time from the database (or acquirable now) anchors its grace.
+                                key.probe = key.parked
+                                    || !matches!(
+                                        refusal,
+                                        Refusal::Held { .. }
+                                            | Refusal::NotDue { .. }
+                                            | Refusal::Contended
+                                            | Refusal::OverLimit
+                                    );
                                 let wake = next_wake(&Polled::Refused(&refusal), &config, signals.is_some());
                                 // Never at once: a refusal is asked again on a later grid step.
                                 key.wake_at =
@@ -437,6 +471,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                     for role in &candidates {
                         if let Some(key) = role.as_str().split_once(':').and_then(|(_, k)| keys.get_mut(k)) {
                             key.wake_at = retry;
+                            key.probe = true;
                         }
                     }
                 }
@@ -482,6 +517,8 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                 for key in keys.values_mut().filter(|k| k.holder_key == Some(dead)) {
                     key.holder_key = None;
                     key.parked = false;
+                    // Acquirable now: taken after the grace if its preferred replica does not.
+                    key.probe = false;
                     key.wake_at = Instant::now();
                 }
             }
@@ -580,6 +617,8 @@ fn sync_keys(family: &Family, keys: &mut BTreeMap<String, Key>, now: Instant) {
                 holder_key: None,
                 term: None,
                 parked: false,
+                // Other replicas may have led it for long: its due time is unknown here.
+                probe: true,
             });
         }
     }

@@ -32,8 +32,12 @@ pub trait HistoryStore: Send + Sync + 'static {
 
     /// Every role's terms over the last `window`, cut into `buckets` equal
     /// slices (oldest first): per role and slice, how the worst term in it
-    /// ended and whether one was taken over. Bounded by roles × buckets,
-    /// whatever the number of ticks.
+    /// ended and whether one was taken over. Its cost is bounded by roles ×
+    /// slices, whatever the number of ticks: it reads at most
+    /// [`TimelineSlice::CELLS_MAX`] cells (when roles × `buckets` is more, each
+    /// cell spans several adjacent slices, reported once per slice), and
+    /// per cell at most [`TimelineSlice::TERMS_READ`] terms and as many that did
+    /// not complete, each through an index on (role, end time).
     fn timeline(
         &self,
         window: Duration,
@@ -52,26 +56,64 @@ pub struct TimelineSlice {
     /// The slice, `0..buckets`, oldest first.
     pub bucket: u32,
     /// The worst outcome of a term that ended in it (panicked, failed, lost,
-    /// interrupted, completed, in that order).
+    /// interrupted, completed, in that order), among the first
+    /// [`TimelineSlice::TERMS_READ`] that did not complete.
     pub outcome: String,
-    /// Terms that ended in it.
+    /// Terms that ended in it, counted up to [`TimelineSlice::TERMS_READ`] per
+    /// cell (a cell spanning several slices counts them on its first).
     pub terms: i64,
     /// A term in it was taken over without a RELEASE.
     pub takeover: bool,
 }
 
-const TIMELINE: &str = "SELECT role, bucket::int4 AS bucket,
-       (ARRAY['completed', 'interrupted', 'lost', 'failed', 'panicked'])[max(rank)] AS outcome,
-       count(*) AS terms, bool_or(reason IN ('expired', 'holder_gone')) AS takeover
-  FROM (SELECT role, reason,
-               least(floor(extract(epoch FROM at - (now() - $1::int8 * interval '1 millisecond'))
-                           * 1000 / $1::int8 * $2::int4), $2::int4 - 1) AS bucket,
-               CASE outcome WHEN 'completed' THEN 1 WHEN 'interrupted' THEN 2 WHEN 'lost' THEN 3
-                            WHEN 'failed' THEN 4 ELSE 5 END AS rank
-          FROM leader_history
-         WHERE kind = 'term' AND at >= now() - $1::int8 * interval '1 millisecond') AS t
- GROUP BY role, bucket
- ORDER BY role, bucket";
+impl TimelineSlice {
+    /// Most cells (role × run of slices) one timeline reads: 100 roles at
+    /// 300 slices; 1,000 roles get cells of 10 slices each. At most this
+    /// many roles (the first by name) have a timeline.
+    pub const CELLS_MAX: u32 = 30_000;
+
+    /// Most terms a timeline reads per cell, and most that did not
+    /// complete: [`TimelineSlice::terms`] counts up to this.
+    pub const TERMS_READ: u32 = 10;
+
+    /// The timeline's SQL (`$1` window in ms, `$2` slices, `$3` most cells,
+    /// `$4` most terms read per cell), for tests that measure its cost.
+    #[doc(hidden)]
+    pub const SQL: &'static str = TIMELINE;
+}
+
+/// Per role (the lease rows, in order, at most `$3`) and cell of `f`
+/// adjacent slices (`f` = the fewest that keep roles × cells within `$3`):
+/// how many terms ended in it (an index-only probe of at most `$4` entries
+/// of `leader_history_term_at`), and the worst of at most `$4` terms that
+/// did not complete (`leader_history_notable_at`). Empty cells are left out.
+const TIMELINE: &str = "WITH p AS (
+       SELECT now() - $1::int8 * interval '1 millisecond' AS since,
+              $1::int8 * interval '1 millisecond' / $2::int4 AS width,
+              greatest(1, least($2::int4, ceil($2::int4 * (SELECT count(*) FROM leader_leases)::numeric
+                                                / $3::int4)::int4)) AS f),
+     r AS (SELECT l.role FROM leader_leases AS l ORDER BY l.role LIMIT $3::int4),
+     g AS (SELECT b AS bucket, least($2::int4, b + p.f) - b AS span, p.since + b * p.width AS lo,
+                  CASE WHEN b + p.f >= $2::int4 THEN 'infinity'::timestamptz
+                       ELSE p.since + (b + p.f) * p.width END AS hi
+             FROM p, generate_series(0, $2::int4 - 1, p.f) AS b)
+SELECT r.role, g.bucket::int4 AS bucket, g.span::int4 AS span, c.terms,
+       (ARRAY['completed', 'interrupted', 'lost', 'failed', 'panicked'])[coalesce(n.rank, 1)] AS outcome,
+       coalesce(n.takeover, false) AS takeover
+  FROM r CROSS JOIN g
+ CROSS JOIN LATERAL (SELECT count(*) AS terms
+                       FROM (SELECT 1 FROM leader_history AS h
+                              WHERE h.role = r.role AND h.kind = 'term' AND h.at >= g.lo AND h.at < g.hi
+                              LIMIT $4::int4) AS x) AS c
+ CROSS JOIN LATERAL (SELECT max(CASE y.outcome WHEN 'interrupted' THEN 2 WHEN 'lost' THEN 3
+                                               WHEN 'failed' THEN 4 ELSE 5 END) AS rank,
+                            bool_or(y.reason IN ('expired', 'holder_gone')) AS takeover
+                       FROM (SELECT h.outcome, h.reason FROM leader_history AS h
+                              WHERE h.role = r.role AND h.kind = 'term' AND h.outcome <> 'completed'
+                                AND h.at >= g.lo AND h.at < g.hi
+                              LIMIT $4::int4) AS y) AS n
+ WHERE c.terms > 0
+ ORDER BY r.role, g.bucket";
 
 /// Most entries one read returns.
 pub const HISTORY_LIMIT_MAX: usize = 10_000;
@@ -136,6 +178,47 @@ pub struct HistoryEntry {
     pub kind: HistoryKind,
 }
 
+impl HistoryEntry {
+    /// The one escaping rule for text from the database (holder ids, pause
+    /// reasons, attributions, error summaries) on every surface: the CLI's
+    /// tables and the status page. Control characters (C0, DEL, C1) and the
+    /// invisible characters that reorder or hide text (bidi embeddings,
+    /// overrides and isolates U+202A..=U+202E and U+2066..=U+2069, the marks
+    /// U+061C and U+200E/U+200F, zero-width characters U+200B..=U+200D,
+    /// U+2060..=U+2064 and U+FEFF, line and paragraph separators
+    /// U+2028/U+2029) are shown as `\u{202e}`, never passed on; everything
+    /// else is kept. The result holds no control or bidi character, so a
+    /// terminal or browser shows exactly what was stored (HTML markup is
+    /// the page's own, further step).
+    pub fn escape(text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        for c in text.chars() {
+            if hidden(c) {
+                out.extend(c.escape_unicode());
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+}
+
+/// A character [`HistoryEntry::escape`] shows escaped.
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+        )
+}
+
 impl HistoryStore for PgStore {
     async fn history(
         &self,
@@ -165,23 +248,36 @@ impl HistoryStore for PgStore {
         }
         let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
         let buckets = buckets as i32;
+        let (cells, per_cell) = (TimelineSlice::CELLS_MAX as i32, TimelineSlice::TERMS_READ as i32);
         let rows = self
             .query(
                 "TIMELINE",
                 TIMELINE,
-                &[(&window_ms, Type::INT8), (&buckets, Type::INT4)],
+                &[
+                    (&window_ms, Type::INT8),
+                    (&buckets, Type::INT4),
+                    (&cells, Type::INT4),
+                    (&per_cell, Type::INT4),
+                ],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| TimelineSlice {
-                role: r.get("role"),
-                bucket: r.get::<_, i32>("bucket").max(0) as u32,
-                outcome: r.get("outcome"),
-                terms: r.get("terms"),
-                takeover: r.get::<_, Option<bool>>("takeover").unwrap_or(false),
-            })
-            .collect())
+        let mut slices = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let (role, outcome): (String, String) = (r.get("role"), r.get("outcome"));
+            let first = r.get::<_, i32>("bucket").max(0) as u32;
+            let span = r.get::<_, i32>("span").max(1) as u32;
+            // A cell of several slices is reported on each, counted once.
+            for bucket in first..(first + span).min(buckets as u32) {
+                slices.push(TimelineSlice {
+                    role: role.clone(),
+                    bucket,
+                    outcome: outcome.clone(),
+                    terms: if bucket == first { r.get("terms") } else { 0 },
+                    takeover: bucket == first && r.get::<_, bool>("takeover"),
+                });
+            }
+        }
+        Ok(slices)
     }
 }
 
@@ -241,5 +337,26 @@ impl PgStore {
                 }
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HistoryEntry;
+
+    #[test]
+    fn escape_shows_controls_bidi_overrides_isolates_and_zero_width_characters_escaped() {
+        assert_eq!(
+            HistoryEntry::escape("a\x1b[2Jb\x7f\u{85}"),
+            "a\\u{1b}[2Jb\\u{7f}\\u{85}"
+        );
+        assert_eq!(
+            HistoryEntry::escape("x\u{202e}y\u{2066}z\u{2069}\u{200f}\u{200b}\u{feff}\n"),
+            "x\\u{202e}y\\u{2066}z\\u{2069}\\u{200f}\\u{200b}\\u{feff}\\u{a}"
+        );
+        assert_eq!(
+            HistoryEntry::escape("plain: ümlaut <b> & 日本"),
+            "plain: ümlaut <b> & 日本"
+        );
     }
 }

@@ -24,6 +24,11 @@
 //! wakes followers, and never decides on its own. Migrations use the simple protocol and a
 //! transaction-scoped advisory lock, so they run through such a pooler too;
 //! run them as the schema owner, who then owns the SECURITY DEFINER functions.
+//! A migration run waits at most [`migrate::MIGRATION_LOCK_WAIT`] (10 s) for
+//! its advisory lock (any login can hold the fixed key; the error names the
+//! holder's pid) and for every later lock, and each statement at most
+//! [`migrate::MIGRATION_STATEMENT_TIMEOUT`] (5 min); the CLI connects within
+//! 10 s per host and ends a run after 15 min.
 //!
 //! ## What the local clock is for
 //!
@@ -41,8 +46,8 @@
 //! |---|---|---|
 //! | ACQUIRE | role unpaused, no live term, due (`last_tick_ended_at + interval` and `not_before` passed) | `greatest(token + 1, clock ms)`, holder, holder key, `expires_at = now() + lease_ttl`; a missing row is created with a token seeded from the epoch in ms |
 //! | RENEW | `(role, token)` still holding | `expires_at = now() + lease_ttl`, the holder's current key; not renewed = the term is over, the reason read from the row after the statement ([`LossReason`]) |
-//! | RELEASE | `(role, token)` still holding | clears the holder; by [`Release`] outcome: Completed stamps `last_tick_*`; Interrupted leaves the role due at once; Lost sets `not_before = now() + min(interval, 60 s)`; Failed (an `Err` or a panic) sets `not_before = now() + interval`; notifies `release` |
-//! | PAUSE / UNPAUSE | the role | `leader_pause` clears the holder and sets `paused_*` in one statement; `leader_unpause` clears `paused_*` and leaves `not_before` alone; each notifies |
+//! | RELEASE | `(role, token)` still holding | clears the holder; by [`Release`] outcome: Completed stamps `last_tick_*`; Interrupted leaves the role due at once; Lost sets `not_before = now() + min(interval, 60 s)`; Failed (an `Err` or a panic) sets `not_before = now() + interval` |
+//! | PAUSE / UNPAUSE | the role | `leader_pause` clears the holder and sets `paused_*` in one statement; `leader_unpause` clears `paused_*` and leaves `not_before` alone |
 //!
 //! The expiry predicate lives in one SQL function, `leader_lease_live`; the
 //! fence and its commit check ask it (token and expiry, nothing else).
@@ -103,7 +108,13 @@
 //!    connection that finds itself on a read-only server leaves the pool at
 //!    once; with a multi-host URL (`host=a,b`, `target_session_attrs=read-write`)
 //!    the next statement finds the new primary, so a failover costs missed
-//!    beats, not a restart.
+//!    beats, not a restart. Each host is its own connection attempt, bounded
+//!    as a whole (TCP, TLS, startup, authentication, the read-write check)
+//!    by an equal share of S (or the URL's `connect_timeout`, if shorter),
+//!    and the host that answered last is tried first: a first host that
+//!    drops packets, or accepts TCP and never answers, costs a new
+//!    connection at most S / hosts, and nothing once another host answered.
+//!    The coordination session and its waiters connect the same way.
 //! 2. **A superseded leader claims nothing.** A claim statement carrying
 //!    [`Fence::predicate`] returns 0 rows unless its term is live and unpaused
 //!    when the fence executes: `(SELECT leader_fence(role, token))` is an
@@ -121,16 +132,32 @@
 //!    `FOR UPDATE`) waits only for a commit in progress. So a claimer that
 //!    froze inside its transaction (idle, or stuck in a statement) delays
 //!    neither takeover nor pause: the bounds of 5 and 6 hold whatever the
-//!    claimer's client does. The fence also lowers the transaction's
-//!    `idle_in_transaction_session_timeout` to the term's remaining time (at
-//!    least 1 s, so a busy client is not cut between two statements), so the
-//!    server ends a claimer frozen idle in its transaction, and frees the rows
-//!    it locked, by the term's expiry as the fence saw it (or 1 s idle). A statement running past the term is not cut (its COMMIT
-//!    fails instead). A transaction that outlives its term without a takeover
-//!    fails its COMMIT too: keep fenced transactions shorter than the lease.
+//!    claimer's client does. The fence never cuts a transaction of a live
+//!    term (a slow claim renewed throughout commits). It tries (never waits
+//!    for: any login could queue an exclusive lock on a key it sees) two
+//!    shared advisory locks of its term (two-key form: two independent
+//!    hashes of the schema and role, each with the token's low 32 bits),
+//!    held to the transaction's end and visible in `pg_locks`, so a later
+//!    term's leader or an operator can end a superseded term's transactions
+//!    with `leader_fence_sweep` (it ends backends holding both of an earlier
+//!    term's locks; another role is mistaken for it only if both 32-bit hashes
+//!    collide; it runs with the caller's rights). The library does not call
+//!    it by itself: between its read of `pg_locks` and the termination, a
+//!    pooled backend may have moved on to another client's transaction. A
+//!    transaction that outlives its term without a takeover fails its COMMIT:
+//!    keep fenced transactions inside their term.
 //!    The fence refuses (`feature_not_supported`) what would skip or stretch
 //!    that check: REPEATABLE READ and SERIALIZABLE (their snapshot may predate
-//!    a pause), `SET CONSTRAINTS … IMMEDIATE`, and `PREPARE TRANSACTION`. Its
+//!    a pause), `SET CONSTRAINTS … IMMEDIATE` (before or after the fence, at
+//!    the top level or from a function or `DO` block), and `PREPARE
+//!    TRANSACTION`, decided without reading query text. It relies on two
+//!    Postgres facts: a deferred trigger event queued while deferred events
+//!    fire at COMMIT fires at trigger depth 1, after its parent returned,
+//!    while under `IMMEDIATE` it fires inside its parent (the check queues
+//!    such a probe and refuses at depth 2); and Postgres refuses to prepare a
+//!    transaction that exported a snapshot (the check exports one where
+//!    `max_prepared_transactions` is not 0). An early firing caught in a
+//!    savepoint is undone with it, and the check runs again at COMMIT. Its
 //!    check fires first among deferred triggers; the application's own
 //!    deferred triggers, and a synchronous-replication commit wait, then run
 //!    under the share lock and delay a takeover by their length. The fence
@@ -157,7 +184,8 @@
 //!    holds, so it never waits for one) and then waits only for claims inside
 //!    their COMMIT. When it returns, the fence and every commit check fail and
 //!    ACQUIRE is refused on every replica. With a coordination session the
-//!    holder hears of it at commit and renews at once; otherwise its next
+//!    holder hears of a pause made through the library or `ticklease pause`
+//!    (which notify after it committed) and renews at once; otherwise its next
 //!    RENEW (within H, or H/2 after a missed beat) does. That RENEW is not
 //!    renewed, reads `Paused`, and the work is cancelled.
 //! 7. **A statement that does not answer within S is a missed beat, not a
@@ -179,14 +207,24 @@
 //! and write it only through SECURITY DEFINER functions: `leader_acquire`
 //! (which must recreate a missing row: the spec denies the app INSERT),
 //! `leader_renew`, `leader_release`, `leader_seed`, and the fence. It cannot
-//! forge a term, set an expiry other than `now() + lease_ttl` (1 ms ..= 24 h)
-//! on a term it holds, or clear a cooldown. The owner (or a superuser) cannot
+//! set an expiry other than `now() + lease_ttl` (1 ms ..= 24 h), end a term
+//! but through RENEW's and RELEASE's `(role, token)` match, or clear a
+//! cooldown. It can RENEW or RELEASE any term whose token it reads (tokens
+//! are in `leader_leases`, which it reads): that keeps a term alive or ends
+//! it early, as a bug of the holder's own could, and never makes two terms
+//! live at once or lets a superseded leader pass the fence. Pause
+//! attribution (`paused_by`) is free text the caller gives, not an
+//! authenticated identity; the history also records the session's login
+//! user for unpause and run-now. The owner (or a superuser) cannot
 //! be named the application role: revoking its writes would break the
 //! definer functions. Call the lease functions in autocommit, as the
 //! library does: a transaction that called one and then stalls holds the
 //! row's lock. The operator role
 //! (default `ticklease_operator`) can only call `leader_pause`,
-//! `leader_unpause`, `leader_run_now` and read `leader_status`. Neither owns
+//! `leader_unpause`, `leader_run_now`, `leader_forget` (an idle, unpaused
+//! role) and `leader_fence_sweep`, and read `leader_status`. The sweep, also
+//! the app role's, runs with the caller's rights: it ends only backends the
+//! caller could end with `pg_terminate_backend` anyway. Neither owns
 //! anything, nor can DELETE, TRUNCATE or alter the table. Every definer
 //! function is owned by the migrating role, pins `search_path = pg_catalog,
 //! <schema>, pg_temp` (`pg_temp` last, or a caller's temporary table would
@@ -297,7 +335,11 @@
 //! racing for one term record it once). Retention is bounded per role by
 //! count and age (`leader_history_settings`, default 10,000 rows and 30
 //! days), pruned by the writers on one write of the role in 16 on average,
-//! at most 1,000 rows at a time. Every text is cut to 500 characters, and
+//! at most 1,000 rows at a time; the same write also deletes up to 1,000
+//! rows of any role older than the age limit, so a role no longer written
+//! (a removed family key) ages out too. `leader_forget(role)` (operator)
+//! deletes an idle, unpaused role's lease row and history for good; an
+//! ACQUIRE later creates the row afresh. Every text is cut to 500 characters, and
 //! RELEASE takes only known loss reasons. The app and operator roles
 //! read it ([`HistoryStore`], `ticklease history`); neither can write it
 //! but through the lease functions. `metrics::serve` renders it at `/` as a
@@ -305,7 +347,13 @@
 //! everything from the database escaped): the roles, a timeline of terms by
 //! outcome over the last hours with takeovers and pauses marked, and recent
 //! events. The timeline is read as roles × 300 slices, whatever the number
-//! of ticks.
+//! of ticks: at most [`TimelineSlice::CELLS_MAX`] cells, each read through
+//! an index with at most 2 × [`TimelineSlice::TERMS_READ`] entries. A
+//! requested window is rounded up to one of nine (1 to 168 hours), each
+//! page cached a second, so no sequence of requests reads the store more
+//! than once per window and second. Text from the database is escaped by
+//! one rule on every surface ([`HistoryEntry::escape`]: control, bidi and
+//! zero-width characters shown as `\u{..}`).
 //!
 //! ## Coordination
 //!
@@ -321,12 +369,28 @@
 //!   the pooled URL for statements and a direct URL for this session). It
 //!   holds a session advisory lock on a random 64-bit **holder key** and
 //!   LISTENs on channel `ticklease`. ACQUIRE and RENEW record the key; a
-//!   term whose key no session of the database holds is over for ACQUIRE
-//!   (tested with a shared try-lock under the row lock). ACQUIRE and RENEW
+//!   term whose key is not alive is over for ACQUIRE (tested under the row
+//!   lock). A key is **alive** while the backend that took it holds it: its
+//!   high 32 bits are that backend's pid, and liveness reads `pg_locks` for
+//!   an exclusive lock on the key held by that pid (`leader_live_keys`). The
+//!   read takes no lock (a lock-table read per statement, bounded by
+//!   `max_locks_per_transaction` × `max_connections` whatever the app role
+//!   creates; `leader_status` and the batched statements read it a fixed
+//!   number of times, at most 3, not once per row). Any login can see keys in `pg_locks` and queue for one:
+//!   granted after the holder's session ended, the squatter's lock is held by
+//!   another pid and keeps nothing alive. This relies on the kernel not
+//!   giving a new backend the dead backend's pid while the term's lease runs:
+//!   it hands pids out in increasing order up to `pid_max` (often 32,768),
+//!   so a login that noted a holder's key and reconnects until it gets that
+//!   pid (minutes of reconnecting) can take the key and keep the dead term
+//!   held until its lease runs out: the bound without coordination (T),
+//!   never two live terms. It needs no privilege of the attacker's. ACQUIRE and RENEW
 //!   refuse a key no session holds, and `with_direct` checks through the
 //!   pooled path that the key is visible there (a direct URL that reaches
 //!   another database would make every term look dead) and that a probe
-//!   notification sent there reaches the session (a direct URL through a
+//!   notification sent there, on the session's own channel (which it alone
+//!   listens to until then, so no other login's notifications delay the
+//!   start), reaches the session (a direct URL through a
 //!   transaction-mode pooler would hold the key on a shared server
 //!   connection and hear nothing). When the database refuses the key (the
 //!   server ended the session, e.g. its keepalives found a cut link, before
@@ -335,13 +399,27 @@
 //! - A follower refused because the role is held waits on the holder's key
 //!   (`pg_advisory_lock_shared`) on a **waiter** connection, shared by every
 //!   role held under that key; when the holder's backend ends the wait
-//!   returns and the follower ACQUIREs. Connections per replica: the pool
+//!   returns and the follower ACQUIREs. A wait that cannot lock the key asks
+//!   every second whether the key is still alive (a squatter granted the
+//!   key after the holder's death delays a takeover by that second), and a
+//!   waiter whose wait fails (its backend terminated, a restart) waits again
+//!   with backoff (100 ms doubling to 5 s). Connections per replica: the pool
 //!   (statements), one coordination session, and at most
 //!   [`KEY_WAITERS_MAX`] waiters (one per other replica holding a role this
 //!   one wants); beyond that, followers wake at the lease's expiry.
-//! - RELEASE, `leader_pause`, `leader_unpause` and `leader_run_now` call
-//!   `pg_notify` in the same statement (through a pooler too): followers
-//!   ACQUIRE at once, a paused holder renews at once. Anyone who can connect
+//! - After a RELEASE, pause, unpause or run-now commits, the library sends
+//!   `pg_notify` in a statement of its own (through a pooler too): followers
+//!   ACQUIRE at once, a paused holder renews at once. No decision notifies
+//!   in its own transaction: Postgres adds notifications to one cluster-wide
+//!   queue at COMMIT, under a cluster-wide lock, and fails the COMMIT when
+//!   the queue is full, which any login can bring about (a listener idle in
+//!   a transaction holds the tail). A notification that fails costs
+//!   followers their fallback wake-up, never a decision. The SQL functions
+//!   called from psql notify no one: their holder hears of a pause at its
+//!   next RENEW, followers of a paused role ask every `max_poll` (so an
+//!   unpause is acted on within P whatever the session), and a run-now is
+//!   acted on at the next wake-up (`ticklease pause`, `unpause` and `run-now`
+//!   notify). Anyone who can connect
 //!   can NOTIFY, so a role acts on a signal at most once per 200 ms: a storm
 //!   of forged notifications costs one statement per 200 ms per role and
 //!   replica, and can neither end a term nor start one (the statements
@@ -419,7 +497,8 @@
 //! is an unnamed `query_typed` statement (PgBouncer-safe), each row goes
 //! through the one-row statement's rules, so every RENEW and RELEASE is still
 //! term-scoped by `(role, token)` and a role still has at most one live term;
-//! rows are locked in role order, so batches never deadlock each other, and
+//! rows are locked, and new rows created, in role order, so batches never
+//! deadlock each other (whatever order each caller asks in), and
 //! ACQUIRE locks only the rows it picked as acquirable (rows held elsewhere
 //! are read without a lock). A batch holds at
 //! most [`BATCH_MAX`] (1,000) roles, larger ones are split. Wake-ups are
@@ -431,10 +510,17 @@
 //! asked about at each lease expiry (its preferred replica watches that),
 //! but when the replicas change, its holder's session ends, or after the
 //! longest sleep (60 s with a coordination session, `max_poll` without).
+//! A key a replica does not prefer and knows no due time of (parked, new
+//! here, paused, or after a failed ACQUIRE) is first only looked at, by an
+//! ACQUIRE with a limit of 0 that starts no term: its grace counts from
+//! then, so a look that falls between the key's due time and its preferred
+//! replica's ACQUIRE never takes it.
 //!
 //! **How a replica knows N, and the spread.** Each family loop registers its
 //! replica in `leader_replicas` once per heartbeat and reads back the
-//! replicas that are alive: registered within a lease TTL and, with a
+//! replicas that are alive: registered within a lease TTL (at most
+//! [`REGISTRATION_TTL_MAX`], a minute, whatever a caller asks; a beat
+//! returns at most 1,000 replicas, itself among them) and, with a
 //! coordination session, holding their key (a killed replica drops out at
 //! once; one that stops cleanly leaves at once). With N replicas and K keys,
 //! a replica *prefers* the keys whose index in the sorted key list, modulo N,
@@ -524,7 +610,7 @@ mod token;
 pub use config::{Config, ConfigBuilder, DURATION_MAX};
 pub use coordination::{Signals, KEY_WAITERS_MAX};
 pub use error::{ConfigError, Error, HolderIdError, MigrateError, RoleError, StoreError};
-pub use family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT};
+pub use family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT, REGISTRATION_TTL_MAX};
 pub use fence::Fence;
 pub use history::{
     HistoryEntry, HistoryKind, HistoryStore, TimelineSlice, HISTORY_LIMIT_MAX, TIMELINE_BUCKETS_MAX,

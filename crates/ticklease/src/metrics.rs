@@ -513,8 +513,8 @@ pub const SCRAPES_MAX: usize = 16;
 pub const PAGES_MAX: usize = 4;
 
 /// Serves `/metrics` (the registry in OpenMetrics text), `/healthz` and the
-/// read-only status page `/` (`?hours=N`, 1..=168, default 6; each window's
-/// page kept a second) until `shutdown`. The page shows holder ids, pause
+/// read-only status page `/` (`?hours=N`, 1..=168, default 6, rounded up to
+/// 1, 2, 3, 6, 12, 24, 48, 72 or 168; each window's page kept a second) until `shutdown`. The page shows holder ids, pause
 /// reasons and error summaries to whoever reaches this address: bind it
 /// where the metrics are private. The cluster facts are refreshed from `store` by at most one
 /// scrape at a time and at most once per [`SCRAPE_REFRESH_MIN`], so a flood of
@@ -539,7 +539,8 @@ pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
     // /metrics) and keeps each window's page for a second: one page load
     // at a time reads the store, the others wait for its result.
     let pages = Arc::new(tokio::sync::Semaphore::new(PAGES_MAX));
-    let cache: Arc<tokio::sync::Mutex<Option<(u64, tokio::time::Instant, String)>>> = Arc::default();
+    type Cached = Option<(tokio::time::Instant, String)>;
+    let cache: Arc<tokio::sync::Mutex<[Cached; crate::page::WINDOWS_HOURS.len()]>> = Arc::default();
     let page = {
         let store = store.clone();
         move |axum::extract::RawQuery(query): axum::extract::RawQuery| {
@@ -572,7 +573,7 @@ pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
                     None => Some(crate::page::HOURS_DEFAULT),
                     Some(n) => n.parse().ok(),
                 };
-                let Some(hours) = hours.filter(|h| (1..=crate::page::HOURS_MAX).contains(h)) else {
+                let Some((slot, hours)) = hours.and_then(crate::page::window_of) else {
                     return (
                         StatusCode::BAD_REQUEST,
                         headers(text),
@@ -580,8 +581,8 @@ pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
                     );
                 };
                 let mut cached = cache.lock().await;
-                if let Some((h, at, body)) = cached.as_ref() {
-                    if *h == hours && at.elapsed() < SCRAPE_REFRESH_MIN {
+                if let Some((at, body)) = cached[slot].as_ref() {
+                    if at.elapsed() < SCRAPE_REFRESH_MIN {
                         return (StatusCode::OK, headers("text/html; charset=utf-8"), body.clone());
                     }
                 }
@@ -596,7 +597,7 @@ pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
                     Ok((rows, slices, events)) => {
                         let now = rows.first().map_or_else(std::time::SystemTime::now, |r| r.db_now);
                         let body = crate::page::render(&rows, &slices, &events, now, window);
-                        *cached = Some((hours, tokio::time::Instant::now(), body.clone()));
+                        cached[slot] = Some((tokio::time::Instant::now(), body.clone()));
                         (StatusCode::OK, headers("text/html; charset=utf-8"), body)
                     }
                     Err(error) => (

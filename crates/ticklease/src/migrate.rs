@@ -4,6 +4,14 @@
 //!
 //! Migrations use the simple query protocol and a transaction-scoped lock,
 //! so they also run through a transaction-mode pooler.
+//!
+//! Every wait is bounded on the server: a run waits at most
+//! [`MIGRATION_LOCK_WAIT`] for its advisory lock (any login may hold the
+//! fixed key: the error then names the holding backend), every lock wait
+//! after it as long, and each statement of the run at most
+//! [`MIGRATION_STATEMENT_TIMEOUT`]. [`grant`] keeps the same bounds.
+
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, SimpleQueryMessage};
@@ -63,6 +71,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "families",
         sql: include_str!("migrations/0006_families.sql"),
     },
+    Migration {
+        version: 7,
+        name: "hardening_ii",
+        sql: include_str!("migrations/0007_hardening_ii.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).
@@ -110,6 +123,23 @@ pub(crate) fn check_role_name(name: &str) -> Result<(), MigrateError> {
             name: name.to_string(),
         })
     }
+}
+
+/// Longest wait of a migration run for its advisory lock, and for any other
+/// lock a statement of the run waits on (`lock_timeout`).
+pub const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// Longest statement of a migration run or a [`grant`] (`statement_timeout`,
+/// server side): generous, for a migration that rewrites a large table.
+pub const MIGRATION_STATEMENT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `SET LOCAL` of the bounds above, for the start of a transaction.
+pub fn bounded_transaction() -> String {
+    format!(
+        "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+        MIGRATION_LOCK_WAIT.as_millis(),
+        MIGRATION_STATEMENT_TIMEOUT.as_millis()
+    )
 }
 
 /// The table that records applied migrations.
@@ -236,18 +266,39 @@ async fn apply(
         move |source| MigrateError::Db { step, source }
     };
     let table = set.table;
+    let key = set.lock_key;
     let tx = client.transaction().await.map_err(db("begin"))?;
+    tx.batch_execute(&bounded_transaction())
+        .await
+        .map_err(db("bound the transaction"))?;
+    if let Err(source) = tx
+        .batch_execute(&format!("SELECT pg_advisory_xact_lock({key})"))
+        .await
+    {
+        let waited = source.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE);
+        drop(tx);
+        if !waited {
+            return Err(db("take the migration lock")(source));
+        }
+        let holders = lock_holders(client, key).await;
+        return Err(MigrateError::Db {
+            step: format!(
+                "lock (waited {}s for the migration lock, advisory key {key} of `{}`, held by {holders})",
+                MIGRATION_LOCK_WAIT.as_secs(),
+                set.command
+            ),
+            source,
+        });
+    }
     tx.batch_execute(&format!(
-        "SELECT pg_advisory_xact_lock({});
-         CREATE TABLE IF NOT EXISTS {table} (
+        "CREATE TABLE IF NOT EXISTS {table} (
              version    integer PRIMARY KEY,
              name       text NOT NULL,
              checksum   text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now())",
-        set.lock_key
+             applied_at timestamptz NOT NULL DEFAULT now())"
     ))
     .await
-    .map_err(db("lock and create the migrations table"))?;
+    .map_err(db("create the migrations table"))?;
     if !prelude.is_empty() {
         tx.batch_execute(prelude).await.map_err(db("prelude"))?;
     }
@@ -290,6 +341,30 @@ async fn apply(
     Ok(report)
 }
 
+/// Who holds advisory lock `key` (a migration lock that was waited for
+/// in vain), as a phrase for an error: backend pid, login and application.
+async fn lock_holders(client: &Client, key: i64) -> String {
+    let sql = format!(
+        "SELECT coalesce(string_agg(format('pid %s (user %s, application %L)', l.pid,
+                                           coalesce(a.usename::text, '?'), a.application_name), ', '),
+                         'a session that has gone since')
+           FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
+    );
+    match client.simple_query(&sql).await {
+        Ok(rows) => rows
+            .iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .unwrap_or_else(|| "another session".into()),
+        Err(_) => "another session (pg_locks unreadable)".into(),
+    }
+}
+
 async fn applied(
     tx: &tokio_postgres::Transaction<'_>,
     table: &str,
@@ -314,10 +389,13 @@ async fn applied(
 pub async fn grant(client: &Client, options: &MigrateOptions) -> Result<(), MigrateError> {
     check_role_name(&options.app_role)?;
     check_role_name(&options.operator_role)?;
+    // One implicit transaction: the bounds are gone at its end.
     client
         .batch_execute(&format!(
-            "SELECT leader_grant('{}', '{}')",
-            options.app_role, options.operator_role
+            "{}; SELECT leader_grant('{}', '{}')",
+            bounded_transaction(),
+            options.app_role,
+            options.operator_role
         ))
         .await
         .map_err(|source| MigrateError::Db {

@@ -16,6 +16,20 @@ pub(crate) const BUCKETS: u32 = 300;
 /// Default and largest window of the timeline, in hours.
 pub(crate) const HOURS_DEFAULT: u64 = 6;
 pub(crate) const HOURS_MAX: u64 = 168;
+/// The windows the page shows: a requested number of hours is rounded up to
+/// one of these, so the page's cache (one entry per window) bounds the store
+/// reads to one per window and second however the requests vary.
+pub(crate) const WINDOWS_HOURS: [u64; 9] = [1, 2, 3, 6, 12, 24, 48, 72, HOURS_MAX];
+
+/// `hours` rounded up to a window of [`WINDOWS_HOURS`]; its index there.
+pub(crate) fn window_of(hours: u64) -> Option<(usize, u64)> {
+    WINDOWS_HOURS
+        .iter()
+        .copied()
+        .enumerate()
+        .find(|(_, w)| *w >= hours)
+        .filter(|_| hours >= 1)
+}
 /// Most operator events and unfinished terms listed and marked.
 pub(crate) const EVENTS_MAX: usize = 200;
 
@@ -23,19 +37,20 @@ const LABEL_WIDTH: u32 = 220;
 const PLOT_WIDTH: u32 = 900;
 const ROW_HEIGHT: u32 = 22;
 
-/// Text made safe inside HTML elements and attribute values.
+/// Text made safe inside HTML elements and attribute values: escaped by
+/// the library's one rule for text from the database
+/// ([`HistoryEntry::escape`]: control and bidi characters shown as
+/// `\u{…}`), then markup characters as entities.
 pub(crate) fn html(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    let shown = HistoryEntry::escape(text);
+    let mut out = String::with_capacity(shown.len());
+    for c in shown.chars() {
         match c {
             '&' => out.push_str("&amp;"),
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
-            c if c.is_control() => {
-                let _ = write!(out, "&#x{:x};", c as u32);
-            }
             c => out.push(c),
         }
     }
@@ -278,10 +293,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn html_escapes_markup_quotes_and_control_characters() {
+    fn hours_are_rounded_up_to_one_of_nine_windows() {
+        assert_eq!(window_of(0), None);
+        assert_eq!(window_of(1), Some((0, 1)));
+        assert_eq!(window_of(23), Some((5, 24)));
+        assert_eq!(window_of(24), Some((5, 24)));
+        assert_eq!(window_of(100), Some((8, 168)));
+        assert_eq!(window_of(168), Some((8, 168)));
+        assert_eq!(window_of(169), None);
+    }
+
+    #[test]
+    fn html_escapes_markup_quotes_control_characters_and_bidi_overrides() {
         assert_eq!(
-            html("<script>\"x\" & 'y'\u{1b}"),
-            "&lt;script&gt;&quot;x&quot; &amp; &#39;y&#39;&#x1b;"
+            html("<script>\"x\" & 'y'\u{1b}\u{202e}"),
+            "&lt;script&gt;&quot;x&quot; &amp; &#39;y&#39;\\u{1b}\\u{202e}"
         );
     }
 }

@@ -322,7 +322,9 @@ pub(crate) fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -
         // A family key past its replica's limit: asked again once the
         // replica has room (its family loop waits for a term to end).
         Polled::Refused(Refusal::OverLimit) => after(Duration::ZERO),
-        Polled::Refused(_) => after(cap(SIGNALLED_SLEEP_MAX)),
+        // An unpause from psql notifies no one (no decision notifies in its
+        // own transaction): a paused role is asked about every max_poll.
+        Polled::Refused(Refusal::Paused { .. }) => after(config.max_poll()),
     }
 }
 
@@ -377,7 +379,7 @@ mod tests {
     }
 
     #[test]
-    fn a_role_not_due_wakes_at_its_due_time_and_a_paused_one_waits_for_a_signal() {
+    fn a_role_not_due_wakes_at_its_due_time_and_a_paused_one_is_asked_every_max_poll() {
         let due = Refusal::NotDue {
             due_at: SystemTime::UNIX_EPOCH,
             remaining: S(3600),
@@ -389,7 +391,8 @@ mod tests {
             reason: String::new(),
         };
         assert_eq!(wake(Polled::Refused(&paused), false).0, S(5));
-        assert_eq!(wake(Polled::Refused(&paused), true).0, SIGNALLED_SLEEP_MAX);
+        // An unpause from psql notifies no one: a session does not help.
+        assert_eq!(wake(Polled::Refused(&paused), true).0, S(5));
     }
 
     #[test]

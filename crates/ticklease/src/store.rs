@@ -13,6 +13,7 @@ use crate::role::Role;
 use crate::token::Token;
 
 mod cancel;
+pub(crate) mod hosts;
 mod postgres;
 
 pub(crate) use postgres::classify;

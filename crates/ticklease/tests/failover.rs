@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use ticklease::{
-    Acquire, LeaseStore, LossReason, PgConnect, PgStore, PgStoreOptions, Release, Renew, Role, Token,
+    Acquire, Family, LeaseStore, LossReason, Manager, PgConnect, PgStore, PgStoreOptions, Release, Renew,
+    Role, Scheduler, Token,
 };
-use ticklease_testkit::{connect, scalar, url_for_hosts, PgCluster, Standby};
+use ticklease_testkit::{connect, scalar, test_config, url_for_hosts, Fault, FaultProxy, PgCluster, Standby};
 
 fn billing() -> Role {
     Role::new("billing").unwrap()
@@ -89,4 +90,70 @@ async fn a_lossy_promotion_issues_tokens_above_the_lost_ones() {
     )
     .await;
     assert!(!fenced, "the lost token passes the fence on the new primary");
+}
+
+/// Item 3 of issue 22: with `host=A,B` and A black-holed (it accepts TCP and
+/// never answers), every new connection spent its whole deadline on A and B
+/// was never tried: no tick ran. Each host now gets a share of the deadline
+/// and the host that answered last goes first: single roles, a family and
+/// the coordination session all run through B.
+#[tokio::test]
+async fn a_black_holed_first_host_costs_a_share_of_the_deadline_not_a_stop() {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    ticklease::migrate(&mut connect(&cluster.config(&db)).await.unwrap())
+        .await
+        .unwrap();
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
+    let a = FaultProxy::start(upstream).await.unwrap();
+    a.set(Fault::Blackhole);
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{db}?target_session_attrs=read-write",
+        a.port(),
+        cluster.port()
+    );
+    let config = test_config();
+    let store = PgStore::connect(
+        url.parse::<PgConnect>().unwrap(),
+        PgStoreOptions::from_config(&config),
+    )
+    .await
+    .expect("the store reaches B")
+    .with_direct(url.parse::<PgConnect>().unwrap())
+    .await
+    .expect("the coordination session reaches B");
+    let manager = Manager::start(store, config, [billing()]).await.unwrap();
+    let tenants = Family::new("tenant").unwrap();
+    tenants.set(["a", "b", "c"]).unwrap();
+    let (ticks, mut ticked) = tokio::sync::mpsc::unbounded_channel();
+    let family_ticks = ticks.clone();
+    let scheduler = Scheduler::new(manager)
+        .job(&billing(), Duration::from_millis(50), move |tick| {
+            let ticks = ticks.clone();
+            async move {
+                let _ = ticks.send(tick.role().to_string());
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .unwrap()
+        .family(&tenants, Duration::from_millis(50), move |tick| {
+            let ticks = family_ticks.clone();
+            async move {
+                let _ = ticks.send(tick.role().to_string());
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(scheduler.run(stop.clone()));
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while seen.len() < 4 || seen.values().any(|n| *n < 3) {
+        match tokio::time::timeout_at(deadline, ticked.recv()).await {
+            Ok(Some(role)) => *seen.entry(role).or_default() += 1,
+            _ => panic!("ticks in 20 s with host A black-holed: {seen:?}"),
+        }
+    }
+    stop.cancel();
+    assert!(run.await.unwrap().all_released());
 }

@@ -674,3 +674,38 @@ async fn a_follower_does_not_poll_keys_a_live_replica_holds_and_prefers() {
         stop.cancel();
     }
 }
+
+/// Item 10 of issue 22: one statement of 1,000 beats with a 24 h TTL
+/// registered phantoms that cut a real replica's cap for a day. A
+/// registration now lives at most REGISTRATION_TTL_MAX past its beat, and a
+/// beat returns at most 1,000 replicas, the caller always among them.
+#[tokio::test]
+async fn phantom_registrations_live_a_minute_and_a_beat_returns_a_bounded_list() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = ticklease_testkit::connect(&direct(&db)).await.unwrap();
+    owner
+        .batch_execute(
+            "SELECT count(*) FROM generate_series(1, 1500) g,
+                    LATERAL leader_replica_beat('tenant', 'phantom:' || lpad(g::text, 5, '0'), 86400000, NULL)",
+        )
+        .await
+        .unwrap();
+    let longest: f64 = ticklease_testkit::scalar(
+        &owner,
+        "SELECT extract(epoch FROM max(expires_at) - now())::float8 FROM leader_replicas",
+    )
+    .await;
+    assert!(
+        longest <= ticklease::REGISTRATION_TTL_MAX.as_secs_f64() + 1.0,
+        "a registration lives {longest} s"
+    );
+    let config = test_config();
+    let store = pg(&db, &config).await;
+    let live = store
+        .beat("tenant", "zzz:real", Duration::from_secs(86_400))
+        .await
+        .unwrap();
+    assert_eq!(live.len(), 1000);
+    assert!(live.iter().any(|h| h == "zzz:real"), "the caller is among them");
+    assert!(live.windows(2).all(|w| w[0] < w[1]), "ordered by holder id");
+}

@@ -321,16 +321,34 @@ async fn term_ends_during_open_claim(
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1, "the live term claims");
+    // In SQL, not through the store: the store would also end the claimer's
+    // session (its sweep), and this is the commit check's test.
     let elapsed = match end {
         EndTerm::Takeover => {
             tokio::time::sleep(ttl).await;
-            let (waited, token) = take_over(s, "b").await;
-            assert!(token > t);
-            waited
+            let started = Instant::now();
+            loop {
+                let token: Option<i64> = ticklease_testkit::scalar(
+                    &s.client,
+                    "SELECT holder_token FROM leader_acquire('billing', 'b', 30000, 1, NULL)",
+                )
+                .await;
+                if let Some(token) = token {
+                    assert!(token > t.0);
+                    break started.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
         EndTerm::Pause => {
             let started = Instant::now();
-            assert!(s.manager.store().pause(&billing(), "ops", "drill").await.unwrap());
+            assert!(
+                ticklease_testkit::scalar::<bool>(
+                    &s.client,
+                    "SELECT leader_pause('billing', 'ops', 'drill')"
+                )
+                .await
+            );
             started.elapsed()
         }
     };
@@ -344,12 +362,14 @@ enum EndTerm {
 }
 
 /// The claim did not commit: its COMMIT failed the commit check, or the
-/// server had already ended the session for idling in the transaction past
-/// its term.
-fn assert_rolled_back(commit: Result<(), tokio_postgres::Error>) {
+/// next term's leader had ended the claimer's session (the sweep after its
+/// ACQUIRE or a pause).
+fn assert_rolled_back<T: std::fmt::Debug>(commit: Result<T, tokio_postgres::Error>) {
     let err = commit.expect_err("the claim must not commit after its term ended");
     assert!(
-        err.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE) || err.is_closed(),
+        err.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE)
+            || err.code() == Some(&SqlState::ADMIN_SHUTDOWN)
+            || err.is_closed(),
         "{err:?}"
     );
 }
@@ -410,12 +430,21 @@ async fn a_frozen_idle_in_transaction_claimer_delays_neither_takeover_nor_its_ro
 
     let (_, new_token) = take_over(&s, "b").await;
     let taken_over = acquired.elapsed();
+    // The new leader (or an operator) ends the superseded term's sessions.
+    let _: i32 = ticklease_testkit::scalar(
+        &connect(&ticklease_testkit::direct(&s.db)).await.unwrap(),
+        &format!(
+            "SELECT leader_fence_sweep(ARRAY['billing'], ARRAY[{}::bigint])",
+            new_token.0
+        ),
+    )
+    .await;
     assert!(
         taken_over < ttl + Duration::from_millis(500),
         "taken over {taken_over:?} after the acquire, TTL {ttl:?}"
     );
     // The new leader's claim skips locked rows; once the frozen session is
-    // ended (idle timeout = the term's remaining time), all 100 are claimable.
+    // ended (the sweep after the new term's ACQUIRE), all 100 are claimable.
     let deadline = Instant::now() + ttl + Duration::from_secs(2);
     let mut claimed = 0;
     while claimed < 100 && Instant::now() < deadline {
@@ -453,8 +482,7 @@ async fn a_claimer_stuck_in_a_long_statement_delays_no_takeover_and_claims_nothi
         taken_over < ttl + Duration::from_millis(500),
         "taken over after {taken_over:?}"
     );
-    let err = claim.await.unwrap().expect_err("the stuck claim must not commit");
-    assert_eq!(err.code(), Some(&SqlState::T_R_SERIALIZATION_FAILURE), "{err:?}");
+    assert_rolled_back(claim.await.unwrap());
     assert_eq!(unclaimed(&s.client).await, 100);
 }
 
@@ -477,8 +505,9 @@ async fn pause_under_a_stream_of_overlapping_claims_returns_within_a_second() {
             let mut client = connect(&db).await.unwrap();
             let (mut committed, mut late) = (0, 0);
             while !stop.is_cancelled() {
-                let tx = client.transaction().await.unwrap();
-                let claimed = tx
+                // The pause ends sessions inside the paused term's claims (its sweep).
+                let Ok(tx) = client.transaction().await else { break };
+                let Ok(claimed) = tx
                     .execute_typed(
                         "INSERT INTO claims SELECT $2, $3 WHERE (SELECT leader_fence($1, $2))",
                         &[
@@ -488,7 +517,9 @@ async fn pause_under_a_stream_of_overlapping_claims_returns_within_a_second() {
                         ],
                     )
                     .await
-                    .unwrap();
+                else {
+                    break;
+                };
                 tokio::time::sleep(Duration::from_millis(20 + 5 * claimer as u64)).await;
                 let commit_sent = Instant::now();
                 if tx.commit().await.is_ok() && claimed == 1 {
@@ -603,4 +634,391 @@ async fn a_commit_check_waiting_for_a_pause_fails_once_the_pause_commits() {
     let err = commit.expect_err("the claim committed after the pause");
     assert_eq!(err.code(), Some(&SqlState::T_R_SERIALIZATION_FAILURE), "{err:?}");
     assert_eq!(unclaimed(&s.client).await, 100);
+}
+
+/// Runs `statements` one by one in a transaction of `client` after a claim
+/// of job 1 fenced by `t`; returns the first error (or the COMMIT's).
+async fn fenced_then(
+    client: &mut Client,
+    t: Token,
+    statements: &[&str],
+) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await.unwrap();
+    let claimed = tx
+        .execute_typed(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+            &[(&"billing", Type::TEXT), (&t.0, Type::INT8)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed, 1, "the live term claims");
+    for sql in statements {
+        tx.batch_execute(sql).await?;
+    }
+    tx.commit().await
+}
+
+/// Item 4 of issue 22: the commit check inferred "at COMMIT" from the query
+/// text, so SET CONSTRAINTS from a function, or behind a comment, fired it
+/// early: it passed, and the claim could commit long after its term ended.
+/// Now every shape that fires it early is refused, decided without text.
+#[tokio::test]
+async fn set_constraints_immediate_from_a_function_or_behind_a_comment_cannot_fire_the_check_early() {
+    let s = setup().await;
+    let t = term_of(&s, Duration::from_secs(30)).await;
+    s.client
+        .batch_execute(
+            "CREATE FUNCTION app_check_constraints() RETURNS void LANGUAGE plpgsql AS $$
+             BEGIN SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ALL DEFERRED; END $$;",
+        )
+        .await
+        .unwrap();
+    let mut claimer = connect(&s.db).await.unwrap();
+    for shape in [
+        "SELECT app_check_constraints()",
+        "SET/**/CONSTRAINTS ALL IMMEDIATE",
+        "SET CONSTRAINTS ALL IMMEDIATE",
+        "DO $$ BEGIN SET CONSTRAINTS leader_fence_commit IMMEDIATE; END $$",
+    ] {
+        let err = fenced_then(&mut claimer, t, &[shape]).await.expect_err(shape);
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::FEATURE_NOT_SUPPORTED),
+            "{shape}: {err:?}"
+        );
+    }
+    assert_eq!(unclaimed(&s.client).await, 100, "nothing committed");
+}
+
+/// A fenced transaction cannot be prepared (its check would hold the lease
+/// row's lock until COMMIT PREPARED, and delay every pause and takeover).
+#[tokio::test]
+async fn a_fenced_transaction_cannot_be_prepared() {
+    let s = setup().await;
+    let t = term_of(&s, Duration::from_secs(30)).await;
+    let mut claimer = connect(&s.db).await.unwrap();
+    let gid = format!("fenced_{}", t.0);
+    let prepare = format!("PREPARE/**/TRANSACTION '{gid}'");
+    let err = fenced_then(&mut claimer, t, &[&prepare]).await;
+    let prepared: i64 = ticklease_testkit::scalar(
+        &s.client,
+        &format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid = '{gid}'"),
+    )
+    .await;
+    if prepared > 0 {
+        s.client
+            .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(prepared, 0, "the fenced transaction was prepared");
+    let err = err.expect_err("PREPARE of a fenced transaction");
+    assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED), "{err:?}");
+    assert_eq!(unclaimed(&s.client).await, 100);
+}
+
+/// The words in a comment or a literal are not a shape: such a claim commits,
+/// also when its COMMIT comes in the same simple-protocol message.
+#[tokio::test]
+async fn a_claim_whose_text_mentions_set_constraints_or_prepare_transaction_commits() {
+    let s = setup().await;
+    let t = term_of(&s, Duration::from_secs(30)).await;
+    let claimer = connect(&s.db).await.unwrap();
+    claimer
+        .batch_execute(&format!(
+            "BEGIN;
+             /* never SET CONSTRAINTS ALL IMMEDIATE, never PREPARE TRANSACTION */
+             UPDATE jobs SET claimed_by = {t} WHERE id = 1 AND 'prepare transaction' <> ''
+                AND (SELECT leader_fence('billing', {t}));
+             COMMIT",
+            t = t.0
+        ))
+        .await
+        .expect("an innocent claim commits");
+    assert_eq!(unclaimed(&s.client).await, 99);
+}
+
+/// Savepoints, a fence inside a function and two roles in one transaction:
+/// the check runs at COMMIT for each term, and fails when any of them ended.
+#[tokio::test]
+async fn savepoints_functions_and_two_fenced_roles_are_checked_at_commit() {
+    let s = setup().await;
+    let t = term_of(&s, Duration::from_secs(30)).await;
+    let store = s.manager.store();
+    let mut claimer = connect(&s.db).await.unwrap();
+    // An early firing, refused and rolled back to a savepoint, is undone:
+    // the check runs again at COMMIT.
+    let rolled_back = fenced_then(
+        &mut claimer,
+        t,
+        &["SAVEPOINT s",
+          "DO $$ BEGIN SET CONSTRAINTS ALL IMMEDIATE; EXCEPTION WHEN feature_not_supported THEN NULL; END $$",
+          "ROLLBACK TO SAVEPOINT s"],
+    );
+    rolled_back.await.expect("the live term's claim commits");
+    assert_eq!(unclaimed(&s.client).await, 99);
+    s.client
+        .batch_execute("UPDATE jobs SET claimed_by = NULL")
+        .await
+        .unwrap();
+    // A fence inside a function: checked at COMMIT like any other.
+    s.client
+        .batch_execute(
+            "CREATE FUNCTION app_claim(p_role text, p_token bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+             DECLARE n bigint;
+             BEGIN
+                 UPDATE jobs SET claimed_by = p_token WHERE id = 2 AND (SELECT leader_fence(p_role, p_token));
+                 GET DIAGNOSTICS n = ROW_COUNT;
+                 RETURN n;
+             END $$;",
+        )
+        .await
+        .unwrap();
+    let dunning = Role::new("dunning").unwrap();
+    let Acquire::Acquired(d) = store
+        .acquire(&dunning, "a", Duration::from_secs(30), Duration::from_millis(1))
+        .await
+        .unwrap()
+    else {
+        panic!("dunning")
+    };
+    let tx = claimer.transaction().await.unwrap();
+    let n: i64 = tx
+        .query_one("SELECT app_claim('billing', $1)", &[&t.0])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    let both = tx
+        .execute_typed(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 3 AND (SELECT leader_fence($1, $2))",
+            &[(&"dunning", Type::TEXT), (&d.token.0, Type::INT8)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(both, 1, "two roles fenced in one transaction");
+    assert!(store.pause(&dunning, "ops", "one of two").await.unwrap());
+    assert_rolled_back(tx.commit().await);
+    assert_eq!(unclaimed(&s.client).await, 100);
+}
+
+/// Item 5 of issue 22: the fence lowered the transaction's idle limit to the
+/// term's remaining time at the fence, and renewals never raised it, so a
+/// live term's slow transaction was cut. A fenced transaction idle for three
+/// TTLs while its term is renewed now commits.
+#[tokio::test]
+async fn a_renewed_terms_transaction_idle_for_three_ttls_commits() {
+    let s = setup().await;
+    let config = test_config();
+    let db = s.db.clone();
+    let lead = s
+        .manager
+        .lead(&billing(), Duration::from_millis(1), |tick| async move {
+            let mut claimer = connect(&db).await.unwrap();
+            let tx = claimer.transaction().await.unwrap();
+            let claimed = tx
+                .execute_typed(
+                    "UPDATE jobs SET claimed_by = $2 WHERE id <= 10 AND (SELECT leader_fence($1, $2))",
+                    &[(&"billing", Type::TEXT), (&tick.token().0, Type::INT8)],
+                )
+                .await
+                .unwrap();
+            assert_eq!(claimed, 10);
+            // A slow publish: the transaction idles while the heartbeat renews.
+            tokio::time::sleep(config.lease_ttl() * 3).await;
+            tx.commit().await
+        })
+        .await
+        .unwrap();
+    match lead {
+        Lead::Completed { .. } => {}
+        other => panic!("the live term's transaction must commit: {other:?}"),
+    }
+    assert_eq!(unclaimed(&s.client).await, 90);
+}
+
+/// A sweep that runs late (it is asked for after an ACQUIRE and runs on a
+/// task of its own) ends the transactions of earlier terms only: a term
+/// that began after it keeps its claims.
+#[tokio::test]
+async fn a_late_sweep_ends_earlier_terms_claims_and_spares_later_ones() {
+    let s = setup().await;
+    let early = term_of(&s, Duration::from_millis(300)).await;
+    let mut earlier = connect(&s.db).await.unwrap();
+    let old_claim = earlier.transaction().await.unwrap();
+    assert_eq!(
+        old_claim
+            .execute_typed(
+                "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+                &[(&"billing", Type::TEXT), (&early.0, Type::INT8)],
+            )
+            .await
+            .unwrap(),
+        1
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let late: Option<i64> = ticklease_testkit::scalar(
+        &s.client,
+        "SELECT holder_token FROM leader_acquire('billing', 'b', 30000, 1, NULL)",
+    )
+    .await;
+    let late = late.expect("the expired term is taken over in SQL (no sweep)");
+    let mut later = connect(&s.db).await.unwrap();
+    let new_claim = later.transaction().await.unwrap();
+    assert_eq!(
+        new_claim
+            .execute_typed(
+                "UPDATE jobs SET claimed_by = $2 WHERE id = 2 AND (SELECT leader_fence($1, $2))",
+                &[(&"billing", Type::TEXT), (&late, Type::INT8)],
+            )
+            .await
+            .unwrap(),
+        1
+    );
+    // A sweep asked for by a term between the two, running only now (on a
+    // direct connection: through a pool of 2 the two claims hold both).
+    let sweeper = connect(&ticklease_testkit::direct(&s.db)).await.unwrap();
+    let ended: i32 = ticklease_testkit::scalar(
+        &sweeper,
+        &format!(
+            "SELECT leader_fence_sweep(ARRAY['billing'], ARRAY[{}::bigint])",
+            late - 1
+        ),
+    )
+    .await;
+    assert_eq!(ended, 1, "the earlier term's claim is ended");
+    assert_rolled_back(old_claim.commit().await);
+    new_claim.commit().await.expect("the later term's claim commits");
+    assert_eq!(unclaimed(&s.client).await, 99);
+}
+
+/// From the review of issue 22's change: the fence's term locks are visible
+/// in pg_locks, and a login with CONNECT alone could queue an exclusive lock
+/// on one, after which every later fence of the live term waited. The fence
+/// only tries its locks.
+#[tokio::test]
+async fn a_login_that_locks_a_terms_fence_key_stalls_no_claim() {
+    let s = setup().await;
+    let t = term_of(&s, Duration::from_secs(30)).await;
+    let owner = connect(&ticklease_testkit::direct(&s.db)).await.unwrap();
+    owner
+        .batch_execute("CREATE ROLE squatter_fence LOGIN")
+        .await
+        .or_else(|e| {
+            if e.code() == Some(&SqlState::DUPLICATE_OBJECT) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .unwrap();
+    let mut as_squatter = ticklease_testkit::direct(&s.db);
+    as_squatter.user("squatter_fence");
+    let squatter = connect(&as_squatter).await.unwrap();
+    let mut claimer = connect(&s.db).await.unwrap();
+    let first = claimer.transaction().await.unwrap();
+    assert_eq!(
+        first
+            .execute_typed(
+                "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+                &[(&"billing", Type::TEXT), (&t.0, Type::INT8)],
+            )
+            .await
+            .unwrap(),
+        1
+    );
+    let squat = tokio::spawn(async move {
+        squatter
+            .batch_execute(
+                "SELECT pg_advisory_lock(((classid::bigint # 2147483648) - 2147483648)::int,
+                                         ((objid::bigint # 2147483648) - 2147483648)::int)
+                   FROM pg_locks
+                  WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                  LIMIT 1",
+            )
+            .await
+            .map(|()| squatter)
+    });
+    // This database's locks only: the shared cluster runs other tests' fences.
+    let queued = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND NOT granted
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ticklease_testkit::scalar::<i64>(&owner, queued).await == 0 {
+        assert!(Instant::now() < deadline, "the squatter queues for the fence key");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.commit().await.unwrap();
+    let _squatter = squat.await.unwrap().unwrap();
+    let started = Instant::now();
+    let next = tokio::time::timeout(
+        Duration::from_secs(2),
+        claimer.execute_typed(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 2 AND (SELECT leader_fence($1, $2))",
+            &[(&"billing", Type::TEXT), (&t.0, Type::INT8)],
+        ),
+    )
+    .await
+    .expect("a live term's claim waited on a squatted fence key")
+    .unwrap();
+    assert_eq!(next, 1);
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// From the review: the sweep found a term's transactions by one 32-bit
+/// hash of the role, so another role whose hash collided had its live
+/// transactions ended. The fence's locks carry two hashes now.
+#[tokio::test]
+async fn a_sweep_ends_no_transaction_of_a_role_whose_hash_collides() {
+    let s = setup().await;
+    let pair: (String, String) = {
+        let row = s
+            .client
+            .query_one(
+                "SELECT min(r), max(r) FROM (SELECT 'job_' || g AS r FROM generate_series(1, 400000) g) n
+                  GROUP BY leader_role_hash(r, 1) HAVING count(*) > 1 LIMIT 1",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let (a, b) = pair;
+    let store = s.manager.store();
+    let ttl = Duration::from_secs(30);
+    let Acquire::Acquired(term_a) = store
+        .acquire(&Role::new(&a).unwrap(), "x", ttl, Duration::from_millis(1))
+        .await
+        .unwrap()
+    else {
+        panic!("{a}")
+    };
+    let mut claimer = connect(&s.db).await.unwrap();
+    let tx = claimer.transaction().await.unwrap();
+    assert_eq!(
+        tx.execute_typed(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+            &[(&a.as_str(), Type::TEXT), (&term_a.token.0, Type::INT8)],
+        )
+        .await
+        .unwrap(),
+        1
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let later: i64 = ticklease_testkit::scalar(
+        &s.client,
+        &format!("SELECT holder_token FROM leader_acquire('{b}', 'y', 30000, 1, NULL)"),
+    )
+    .await;
+    let sweeper = connect(&ticklease_testkit::direct(&s.db)).await.unwrap();
+    let ended: i32 = ticklease_testkit::scalar(
+        &sweeper,
+        &format!("SELECT leader_fence_sweep(ARRAY['{b}'], ARRAY[{later}::bigint])"),
+    )
+    .await;
+    assert_eq!(
+        ended, 0,
+        "{a} and {b} share a hash; {a}'s live claim must survive {b}'s sweep"
+    );
+    tx.commit().await.expect("the live term's claim commits");
 }

@@ -254,7 +254,8 @@ async fn history_text_is_bounded_and_reasons_are_known_labels() {
         &owner,
         &format!(
             "SELECT holder_token FROM leader_acquire('billing', '{}', 60000, 1, NULL)",
-            "h".repeat(5000)
+            // The longest holder id ACQUIRE takes (migration 0007 refuses longer).
+            "h".repeat(200)
         ),
     )
     .await;
@@ -279,7 +280,7 @@ async fn history_text_is_bounded_and_reasons_are_known_labels() {
             .unwrap();
         (row.get(0), row.get(1))
     };
-    assert_eq!((holder, error), (500, 500));
+    assert_eq!((holder, error), (200, 500));
 }
 
 #[tokio::test]
@@ -376,4 +377,83 @@ async fn history_writes_stay_inside_the_lease_statements_time_budget() {
         took[took.len() / 2],
         config.statement_timeout()
     );
+}
+
+/// Item 12 of issue 22: retention ran only on a role's own writes, so a role
+/// no longer written (a removed family key) kept its history for good. Any
+/// role's writes now age out the oldest rows of every role.
+#[tokio::test]
+async fn history_of_a_role_no_longer_written_ages_out() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    owner
+        .batch_execute(
+            "UPDATE leader_history_settings SET keep_per_role = 10, keep_for = interval '1 hour';
+             INSERT INTO leader_history (role, kind, at, reason, by)
+             SELECT 'tenant:gone', 'pause', now() - interval '2 hours', 'r', 'ops' FROM generate_series(1, 40);
+             INSERT INTO leader_history (role, kind, at, reason, by)
+             SELECT 'tenant:gone', 'pause', now() - interval '10 minutes', 'r', 'ops' FROM generate_series(1, 5);",
+        )
+        .await
+        .unwrap();
+    // Another role's writes: one in 16 prunes, so 200 make a prune all but certain (1 - 2e-6).
+    for _ in 0..200 {
+        owner
+            .batch_execute(
+                "SELECT leader_history_add('billing', 'run_now', NULL, NULL, NULL, NULL, NULL, 'ops', NULL)",
+            )
+            .await
+            .unwrap();
+    }
+    let left: i64 = scalar(
+        &owner,
+        "SELECT count(*) FROM leader_history WHERE role = 'tenant:gone'",
+    )
+    .await;
+    assert_eq!(left, 5, "rows older than keep_for are gone, newer ones stay");
+}
+
+/// A role gone for good can be forgotten by an operator: its lease row and
+/// history are deleted, unless a term is live or it is paused.
+#[tokio::test]
+async fn an_operator_forgets_an_idle_role_but_not_a_held_or_paused_one() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    let token: i64 = scalar(
+        &owner,
+        "SELECT holder_token FROM leader_acquire('tenant_sync:acme', 'h', 60000, 1, NULL)",
+    )
+    .await;
+    assert!(
+        !scalar::<bool>(&owner, "SELECT leader_forget('tenant_sync:acme')").await,
+        "held"
+    );
+    owner
+        .batch_execute(&format!(
+            "SELECT leader_release('tenant_sync:acme', {token}, true, NULL, 'completed', NULL, NULL);
+             SELECT leader_pause('tenant_sync:acme', 'ops', 'x');"
+        ))
+        .await
+        .unwrap();
+    assert!(
+        !scalar::<bool>(&owner, "SELECT leader_forget('tenant_sync:acme')").await,
+        "paused"
+    );
+    owner
+        .batch_execute("SELECT leader_unpause('tenant_sync:acme')")
+        .await
+        .unwrap();
+    assert!(scalar::<bool>(&owner, "SELECT leader_forget('tenant_sync:acme')").await);
+    let rows: i64 = scalar(
+        &owner,
+        "SELECT (SELECT count(*) FROM leader_leases WHERE role = 'tenant_sync:acme')
+              + (SELECT count(*) FROM leader_history WHERE role = 'tenant_sync:acme')",
+    )
+    .await;
+    assert_eq!(rows, 0);
+    let err = owner
+        .batch_execute("SELECT leader_forget('tenant_sync:acme')")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::NO_DATA_FOUND), "{err}");
 }

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use ticklease::{Acquire, LeaseStore, LossReason, PgStore, PgStoreOptions, Release, Renew, Role};
-use ticklease_testkit::{connect, direct, migrated_db, scalar, test_config, PgCluster};
+use ticklease::{Acquire, LeaseStore, LossReason, PgStore, PgStoreOptions, Release, Renew, Role, StoreError};
+use ticklease_testkit::{connect, direct, migrated_db, pg_store, scalar, test_config, PgCluster};
 
 fn billing() -> Role {
     Role::new("billing").unwrap()
@@ -153,4 +153,48 @@ async fn a_connection_on_a_read_only_server_leaves_the_pool_at_once() {
         .await
         .unwrap();
     assert!(matches!(acquired, Acquire::Acquired(_)), "{acquired:?}");
+}
+
+/// Item 9 of issue 22: every text is bounded where it enters. Who paused
+/// and why are cut (as the history keeps them); a holder id over 200
+/// characters is refused, and nothing is written.
+#[tokio::test]
+async fn texts_are_bounded_at_every_entry_point() {
+    let config = test_config();
+    let (store, db) = pg_store(&config).await;
+    let owner = connect(&ticklease_testkit::direct(&db)).await.unwrap();
+    let role = Role::new("billing").unwrap();
+    store.seed(std::slice::from_ref(&role)).await.unwrap();
+    let reason = "r".repeat(100_000);
+    let by = "b".repeat(10_000);
+    assert!(store.pause(&role, &by, &reason).await.unwrap());
+    let (by_len, reason_len): (i32, i32) = {
+        let row = owner
+            .query_one(
+                "SELECT length(paused_by), length(pause_reason) FROM leader_leases WHERE role = 'billing'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((by_len, reason_len), (200, 500), "cut as the history keeps them");
+    store.unpause(&role).await.unwrap();
+    let dunning = Role::new("dunning").unwrap();
+    let err = store
+        .acquire(
+            &dunning,
+            &"h".repeat(1_000_000),
+            config.lease_ttl(),
+            Duration::from_millis(1),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err:?}");
+    let rows: i64 = ticklease_testkit::scalar(
+        &owner,
+        "SELECT count(*) FROM leader_leases WHERE role = 'dunning'",
+    )
+    .await;
+    assert_eq!(rows, 0, "nothing written");
 }

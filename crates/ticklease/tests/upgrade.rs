@@ -77,7 +77,7 @@ async fn migration_0003_keeps_a_live_term_whose_holder_renews_through_it() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let report = ticklease::migrate(&mut client).await.unwrap();
-    assert_eq!(report.applied, [3, 4, 5, 6]);
+    assert_eq!(report.applied, [3, 4, 5, 6, 7]);
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "migration took {:?}",
@@ -171,7 +171,7 @@ async fn migration_0004_keeps_a_live_term_and_0003_statements_keep_working() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let report = ticklease::migrate(&mut client).await.unwrap();
-    assert_eq!(report.applied, [4, 5, 6]);
+    assert_eq!(report.applied, [4, 5, 6, 7]);
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "migration took {:?}",

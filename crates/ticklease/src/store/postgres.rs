@@ -14,6 +14,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::cancel::CancelTarget;
+use super::hosts::{Hosts, PoolConnect};
 use super::{
     Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Term,
     BATCH_MAX, ERROR_SUMMARY_MAX,
@@ -39,6 +40,7 @@ const PAUSE: &str = "SELECT leader_pause($1, $2, $3)";
 const UNPAUSE: &str = "SELECT leader_unpause($1)";
 const SEED: &str = "SELECT leader_seed($1)";
 const RUN_NOW: &str = "SELECT leader_run_now($1)";
+const NOTIFY: &str = "SELECT pg_notify('ticklease', p) FROM unnest($1::text[]) AS p";
 
 /// Largest pool the store accepts.
 pub const POOL_SIZE_MAX: usize = 64;
@@ -101,11 +103,10 @@ impl PgStore {
         let pool_size = options.pool_size;
         let pg = pg.into();
         let cancel = CancelTarget::from_config(&pg, options.statement_timeout);
-        let mut config = pg.config().clone();
-        config.connect_timeout(options.statement_timeout);
-        let manager = Manager::from_config(
-            config,
-            pg.tls(),
+        let hosts = Hosts::new(&pg, options.statement_timeout);
+        let manager = Manager::from_connect(
+            pg.config().clone(),
+            PoolConnect(std::sync::Arc::new(hosts)),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -134,12 +135,21 @@ impl PgStore {
     /// session's key is visible there (both URLs reach one database) and that
     /// a notification sent there reaches the session (it is not pooled).
     pub async fn with_direct(mut self, direct: impl Into<PgConnect>) -> Result<Self, StoreError> {
-        let signals = Signals::start(direct.into(), self.statement_timeout).await?;
-        let key = signals.key().expect("the session opened");
+        let pooled = self.clone();
+        let check = |key: i64, channel: String| async move { pooled.coordination_check(key, &channel).await };
+        self.signals = Some(Signals::start(direct.into(), self.statement_timeout, check).await?);
+        Ok(self)
+    }
+
+    /// Through the pooled path: the session's key is visible (both URLs
+    /// reach one database), and a probe goes to the session's own channel
+    /// (a session through a transaction-mode pooler would hold its key on a
+    /// shared server connection and hear nothing; `Signals::start` waits for it).
+    async fn coordination_check(&self, key: i64, channel: &str) -> Result<(), StoreError> {
         let rows = self
             .query(
                 "coordination check",
-                "SELECT NOT pg_try_advisory_xact_lock_shared($1)",
+                "SELECT leader_key_alive($1)",
                 &[(&key, Type::INT8)],
             )
             .await?;
@@ -149,27 +159,14 @@ impl PgStore {
                 problem: "the direct URL reaches another database than the pooled URL",
             });
         }
-        // A session through a transaction-mode pooler would hold its key on
-        // a shared server connection and hear no notifications: a probe sent
-        // through the pooled path must reach it.
-        let nonce = format!("{key}");
-        let heard = signals.heard_probe(&nonce);
-        let payload = format!("probe {nonce}");
+        let nonce = key.to_string();
         self.query(
             "coordination check",
-            "SELECT pg_notify('ticklease', $1)",
-            &[(&payload, Type::TEXT)],
+            "SELECT pg_notify($1, $2)",
+            &[(&channel, Type::TEXT), (&nonce, Type::TEXT)],
         )
         .await?;
-        if tokio::time::timeout(self.statement_timeout, heard).await.is_err() {
-            return Err(StoreError::Rejected {
-                statement: "coordination check",
-                problem: "the coordination session hears no notifications: the direct URL must reach \
-                          Postgres itself, not a transaction-mode pooler",
-            });
-        }
-        self.signals = Some(signals);
-        Ok(self)
+        Ok(())
     }
 
     /// This replica's holder key while its coordination session is up (a
@@ -195,6 +192,28 @@ impl PgStore {
             }
         }
         result
+    }
+
+    /// Tells the coordination sessions of a decision that committed (`event`
+    /// of `roles`), in a statement of its own: a decision never notifies in
+    /// its own transaction, where a full or busy notification queue (any
+    /// login can fill it) would fail or hold up its COMMIT. Best effort, on
+    /// a task of its own bounded by the statement timeout: a lost
+    /// notification costs followers their fallback wake-up.
+    fn tell(&self, event: &str, roles: &[&Role]) -> tokio::task::JoinHandle<()> {
+        let payloads: Vec<String> = roles.iter().map(|r| format!("{event} {r}")).collect();
+        let store = self.clone();
+        tokio::spawn(async move {
+            if payloads.is_empty() {
+                return;
+            }
+            if let Err(error) = store
+                .query("NOTIFY", NOTIFY, &[(&payloads, Type::TEXT_ARRAY)])
+                .await
+            {
+                tracing::debug!(error = &error as &dyn std::error::Error, "notification not sent");
+            }
+        })
     }
 
     async fn conn(&self, statement: &'static str, deadline: Instant) -> Result<Object, StoreError> {
@@ -433,7 +452,7 @@ impl LeaseStore for PgStore {
                 ),
             )
             .await?;
-        Ok(rows
+        let answers: Vec<(Role, Acquire)> = rows
             .iter()
             .map(|row| {
                 let role = Role(row.get("role"));
@@ -443,7 +462,8 @@ impl LeaseStore for PgStore {
                     (role, acquired(row))
                 }
             })
-            .collect())
+            .collect();
+        Ok(answers)
     }
 
     async fn renew_many(
@@ -524,7 +544,7 @@ impl LeaseStore for PgStore {
             .iter()
             .map(|row| ((row.get("role"), row.get("token")), row.get("released")))
             .collect();
-        Ok(terms
+        let released: Vec<bool> = terms
             .iter()
             .map(|t| {
                 answers
@@ -532,7 +552,14 @@ impl LeaseStore for PgStore {
                     .copied()
                     .unwrap_or(false)
             })
-            .collect())
+            .collect();
+        let told: Vec<&Role> = terms
+            .iter()
+            .zip(&released)
+            .filter_map(|(t, r)| r.then_some(&t.role))
+            .collect();
+        self.tell("release", &told);
+        Ok(released)
     }
 
     async fn beat(&self, family: &str, holder: &str, lease_ttl: Duration) -> Result<Vec<String>, StoreError> {
@@ -623,7 +650,11 @@ impl LeaseStore for PgStore {
                 ],
             )
             .await?;
-        Ok(one("RELEASE", rows)?.get(0))
+        let released: bool = one("RELEASE", rows)?.get(0);
+        if released {
+            self.tell("release", &[role]);
+        }
+        Ok(released)
     }
 
     async fn pause(&self, role: &Role, by: &str, reason: &str) -> Result<bool, StoreError> {
@@ -640,7 +671,12 @@ impl LeaseStore for PgStore {
             )
             .await
             .map_err(|e| unknown_role(e, role))?;
-        Ok(one("PAUSE", rows)?.get(0))
+        let changed: bool = one("PAUSE", rows)?.get(0);
+        if changed {
+            // An operator's command: it waits for the notification (bounded).
+            let _ = self.tell("pause", &[role]).await;
+        }
+        Ok(changed)
     }
 
     async fn unpause(&self, role: &Role) -> Result<bool, StoreError> {
@@ -648,7 +684,12 @@ impl LeaseStore for PgStore {
             .query("UNPAUSE", UNPAUSE, &[(&role.as_str(), Type::TEXT)])
             .await
             .map_err(|e| unknown_role(e, role))?;
-        Ok(one("UNPAUSE", rows)?.get(0))
+        let changed: bool = one("UNPAUSE", rows)?.get(0);
+        if changed {
+            // An operator's command: it waits for the notification (bounded).
+            let _ = self.tell("unpause", &[role]).await;
+        }
+        Ok(changed)
     }
 
     async fn run_now(&self, role: &Role) -> Result<bool, StoreError> {
@@ -656,7 +697,12 @@ impl LeaseStore for PgStore {
             .query("RUN NOW", RUN_NOW, &[(&role.as_str(), Type::TEXT)])
             .await
             .map_err(|e| unknown_role(e, role))?;
-        Ok(one("RUN NOW", rows)?.get(0))
+        let changed: bool = one("RUN NOW", rows)?.get(0);
+        if changed {
+            // An operator's command: it waits for the notification (bounded).
+            let _ = self.tell("run_now", &[role]).await;
+        }
+        Ok(changed)
     }
 
     async fn seed(&self, roles: &[Role]) -> Result<(), StoreError> {
