@@ -137,15 +137,21 @@
 //!    for: any login could queue an exclusive lock on a key it sees) two
 //!    shared advisory locks of its term (two-key form: two independent
 //!    hashes of the schema and role, each with the token's low 32 bits),
-//!    held to the transaction's end and visible in `pg_locks`, so a later
-//!    term's leader or an operator can end a superseded term's transactions
-//!    with `leader_fence_sweep` (it ends backends holding both of an earlier
-//!    term's locks; another role is mistaken for it only if both 32-bit hashes
-//!    collide; it runs with the caller's rights). The library does not call
-//!    it by itself: between its read of `pg_locks` and the termination, a
-//!    pooled backend may have moved on to another client's transaction. A
-//!    transaction that outlives its term without a takeover fails its COMMIT:
-//!    keep fenced transactions inside their term.
+//!    held to the transaction's end and visible in `pg_locks`. The ACQUIRE
+//!    that takes over a term never released, and a pause, end the backends
+//!    holding both locks of a term that is over (`leader_fence_sweep`; the
+//!    terms are read from the lease row, so no caller can aim it at a live
+//!    term; another role is mistaken for this one only if both 32-bit hashes
+//!    collide): a frozen claimer's rows are free when its term is taken over,
+//!    that is within the takeover bound of 5. It relies on the schema owner's
+//!    right to end backends (a superuser, or a member of `pg_signal_backend`;
+//!    without it other logins' backends are skipped and their rows stay
+//!    locked until their client moves). Each backend is looked at again just
+//!    before it is ended, so a pooled backend that moved on to another
+//!    client's transaction is spared unless that transaction began within
+//!    the microseconds between the look and the signal. A transaction that
+//!    outlives its term without a takeover fails its COMMIT: keep fenced
+//!    transactions inside their term.
 //!    The fence refuses (`feature_not_supported`) what would skip or stretch
 //!    that check: REPEATABLE READ and SERIALIZABLE (their snapshot may predate
 //!    a pause), `SET CONSTRAINTS … IMMEDIATE` (before or after the fence, at
@@ -223,8 +229,8 @@
 //! (default `ticklease_operator`) can only call `leader_pause`,
 //! `leader_unpause`, `leader_run_now`, `leader_forget` (an idle, unpaused
 //! role) and `leader_fence_sweep`, and read `leader_status`. The sweep, also
-//! the app role's, runs with the caller's rights: it ends only backends the
-//! caller could end with `pg_terminate_backend` anyway. Neither owns
+//! the app role's, ends only backends inside a term that is over (their
+//! COMMIT would fail anyway), whoever calls it. Neither owns
 //! anything, nor can DELETE, TRUNCATE or alter the table. Every definer
 //! function is owned by the migrating role, pins `search_path = pg_catalog,
 //! <schema>, pg_temp` (`pg_temp` last, or a caller's temporary table would

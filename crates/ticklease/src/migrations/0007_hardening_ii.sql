@@ -235,48 +235,32 @@ END
 $fn$
 $def$,
 $def$
-CREATE FUNCTION @schema@.leader_fence_sweep(p_roles text[], p_tokens bigint[]) RETURNS integer
-LANGUAGE plpgsql VOLATILE
+CREATE FUNCTION @schema@.leader_fence_sweep(p_roles text[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- Ends the transactions that passed the fence in a term of p_roles[i]
--- earlier than p_tokens[i] (NULL: the role is paused, and every term up to
--- its last), so a claimer frozen in a superseded term gives back the rows
--- it locked. Never a later term's: a sweep that runs late must not end the
--- claims of a term that began after it was asked for. Earlier is read from
--- the tokens' low 32 bits (the lock's objid): tokens of one role that both
--- have fenced transactions open differ by far less than 2^31. One read of
--- the lock table. Not a definer function: it runs with the caller's
--- rights, and pg_terminate_backend ends only backends of logins the caller
--- is a member of (or every one, with pg_signal_backend); the others are
--- skipped. Returns how many it ended.
+-- Ends the transactions that passed the fence in a term of p_roles[i] that
+-- is over: every term before the role's current one, and the current one
+-- too once it is released, expired or paused. So a claimer frozen in a
+-- superseded term gives back the rows it locked. The terms are read from
+-- the lease row, never from the caller: whoever calls it ends only
+-- transactions whose COMMIT would fail anyway, never a live term's. ACQUIRE
+-- calls it when it takes over a term never released, and pause when it
+-- ends a term. Earlier is read from the tokens' low 32 bits (the lock's
+-- objid): tokens of one role that both have fenced transactions open
+-- differ by far less than 2^31. Each backend found is looked at again just
+-- before it is ended (a pooled backend may have finished that transaction
+-- and begun another client's: then it holds the locks no more), which
+-- leaves microseconds between the look and the signal. It ends backends
+-- with its owner's rights: a superuser, or a member of pg_signal_backend
+-- (others' backends are skipped, and never a superuser's unless the owner
+-- is one). Returns how many it ended.
 DECLARE
     claimer integer;
     ended integer := 0;
 BEGIN
-    -- As leader_check_batch (which the caller may not execute).
-    IF p_roles IS NULL OR cardinality(p_roles) > 10000 OR array_ndims(p_roles) > 1
-       OR cardinality(p_tokens) IS DISTINCT FROM cardinality(p_roles) OR array_ndims(p_tokens) > 1 THEN
-        RAISE EXCEPTION 'ticklease: leader_fence_sweep takes up to 10000 roles and one token (or NULL) each'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    FOR claimer IN
-        SELECT DISTINCT a.pid
-          FROM (SELECT t.role,
-                       -- leader_status: the operator reads it, not the table.
-                       coalesce(t.token, (SELECT l.holder_token + 1 FROM @schema@.leader_status AS l
-                                           WHERE l.role = t.role AND l.paused_at IS NOT NULL)) AS before
-                  FROM unnest(p_roles, p_tokens) AS t(role, token)) AS t
-          JOIN pg_catalog.pg_locks AS a
-            ON a.classid = (@schema@.leader_role_hash(t.role, 1)::bigint & 4294967295)::oid
-           AND ((t.before - a.objid::bigint) & 4294967295) BETWEEN 1 AND 2147483647
-          -- The same backend holds the second hash's lock of the same term.
-          JOIN pg_catalog.pg_locks AS b
-            ON b.pid = a.pid AND b.objid = a.objid AND b.locktype = 'advisory' AND b.objsubid = 2
-           AND b.classid = (@schema@.leader_role_hash(t.role, 2)::bigint & 4294967295)::oid
-         WHERE a.locktype = 'advisory' AND a.objsubid = 2 AND a.granted AND b.granted
-           AND a.pid <> pg_backend_pid()
-           AND a.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
-    LOOP
+    PERFORM @schema@.leader_check_batch('leader_fence_sweep', p_roles);
+    FOR claimer IN SELECT DISTINCT s.pid FROM @schema@.leader_fence_swept(p_roles) AS s LOOP
+        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM @schema@.leader_fence_swept(p_roles) AS s WHERE s.pid = claimer);
         BEGIN
             IF pg_terminate_backend(claimer) THEN
                 ended := ended + 1;
@@ -287,6 +271,38 @@ BEGIN
     END LOOP;
     RETURN ended;
 END
+$fn$
+$def$,
+$def$
+CREATE FUNCTION @schema@.leader_fence_swept(p_roles text[]) RETURNS TABLE (pid integer)
+LANGUAGE sql VOLATILE
+AS $fn$
+    -- The backends holding both fence locks of a term of p_roles that is
+    -- over (leader_fence_sweep), from one read of the lock table.
+    WITH over AS (
+        SELECT l.role,
+               l.holder_token
+               + CASE WHEN l.paused_at IS NOT NULL
+                        OR NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, clock_timestamp())
+                      THEN 1 ELSE 0 END AS before
+          FROM @schema@.leader_leases AS l
+         WHERE l.role = ANY (p_roles)
+    ),
+    fence AS (
+        SELECT k.pid, k.classid, k.objid, k.objsubid
+          FROM pg_catalog.pg_locks AS k
+         WHERE k.locktype = 'advisory' AND k.objsubid = 2 AND k.granted AND k.pid <> pg_backend_pid()
+           AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
+    )
+    SELECT a.pid
+      FROM over AS t
+      JOIN fence AS a
+        ON a.classid = (@schema@.leader_role_hash(t.role, 1)::bigint & 4294967295)::oid
+       AND ((t.before - a.objid::bigint) & 4294967295) BETWEEN 1 AND 2147483647
+      -- The same backend holds the second hash's lock of the same term.
+      JOIN fence AS b
+        ON b.pid = a.pid AND b.objid = a.objid
+       AND b.classid = (@schema@.leader_role_hash(t.role, 2)::bigint & 4294967295)::oid
 $fn$
 $def$,
 $def$
@@ -429,6 +445,8 @@ BEGIN
         END IF;
         PERFORM @schema@.leader_history_add(p_role, 'pause', NULL, NULL, NULL, NULL,
                                             coalesce(p_reason, ''), p_by, NULL);
+        -- The paused term's open transactions end (their COMMIT would fail).
+        PERFORM @schema@.leader_fence_sweep(ARRAY[p_role]);
     END IF;
     RETURN coalesce(changed, false);
 END
@@ -487,7 +505,8 @@ AS $fn$
 -- ACQUIRE as in 0005, refusing a holder id over 200 characters (as the
 -- batched ACQUIRE does). A term it takes over that was never released (its
 -- holder died, froze or lost its link) is recorded as lost: expired, or
--- holder_gone when its holder's coordination key was held no more. `s` is
+-- holder_gone when its holder's coordination key was held no more; and the
+-- transactions still open in it are ended (leader_fence_sweep). `s` is
 -- the row as of the statement's start; if a RELEASE of that term committed
 -- in between, it recorded the term first and this row is not written.
 #variable_conflict use_column
@@ -518,7 +537,8 @@ BEGIN
     ),
     taken_over AS (
         SELECT @schema@.leader_history_add(p_role, 'term', s.holder_token, s.holder_id, s.acquired_at, 'lost',
-                   CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL)
+                   CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL),
+               @schema@.leader_fence_sweep(ARRAY[p_role])
           FROM acquired AS a
           JOIN @schema@.leader_leases AS s ON s.role = p_role AND s.holder_id IS NOT NULL
     )
@@ -553,7 +573,8 @@ AS $fn$
 -- checked again under the lock with ACQUIRE's predicate (a row another
 -- replica took meanwhile drops out), each gets ACQUIRE's token and
 -- expiry, and a term taken over without a RELEASE is recorded as lost
--- (expired, or holder_gone) as the one-row ACQUIRE of 0005 does. Rows it
+-- (expired, or holder_gone) as the one-row ACQUIRE of 0005 does, its open
+-- transactions ended (leader_fence_sweep). Rows it
 -- does not pick are read without a lock, so a batch never waits on terms
 -- held elsewhere. over_limit: acquirable, but past the limit. The live
 -- coordination keys are read once (leader_live_keys), not once per row.
@@ -562,6 +583,7 @@ DECLARE
     picked text[];
     won_roles text[];
     won_tokens bigint[];
+    gone text[];
     every_interval interval := @schema@.leader_check_ms('interval', p_interval_ms);
     ttl interval := @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
     live bigint[] := ARRAY(SELECT @schema@.leader_live_keys());
@@ -625,17 +647,21 @@ BEGIN
         RETURNING l.role, l.holder_token
     ),
     taken_over AS (
-        SELECT @schema@.leader_history_add(k.role, 'term', k.holder_token, k.holder_id, k.acquired_at, 'lost',
+        SELECT k.role,
+               @schema@.leader_history_add(k.role, 'term', k.holder_token, k.holder_id, k.acquired_at, 'lost',
                    CASE WHEN k.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL)
           FROM locked AS k
          WHERE k.holder_id IS NOT NULL
     )
-    SELECT coalesce(array_agg(t.role), '{}'), coalesce(array_agg(t.holder_token), '{}')
-      INTO won_roles, won_tokens
-      FROM started AS t
-     -- Referenced, so the planner keeps it.
-     CROSS JOIN (SELECT count(*) AS n FROM taken_over) AS recorded
-     WHERE recorded.n IS NOT NULL;
+    SELECT coalesce(array_agg(t.role), '{}'), coalesce(array_agg(t.holder_token), '{}'),
+           -- Referenced, so the planner keeps it.
+           (SELECT array_agg(o.role) FROM taken_over AS o)
+      INTO won_roles, won_tokens, gone
+      FROM started AS t;
+    -- The taken-over terms' open transactions end, in one read of the lock table.
+    IF cardinality(gone) > 0 THEN
+        PERFORM @schema@.leader_fence_sweep(gone);
+    END IF;
     RETURN QUERY
         SELECT w.role, w.token, now(), p_holder, now() + ttl, true, NULL::text, NULL::text, NULL::timestamptz,
                p_key, false
@@ -728,8 +754,7 @@ SELECT l.role,
 SELECT leader_secure_functions();
 
 -- leader_grant of 0006; readers of leader_status also call leader_live_keys
--- and leader_term_live_among, and the sweep (with its caller's rights)
--- leader_role_hash.
+-- and leader_term_live_among.
 CREATE OR REPLACE FUNCTION leader_grant(p_app text, p_operator text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -750,8 +775,7 @@ BEGIN
         -- leader_status calls them with the reader's rights.
         EXECUTE format('GRANT EXECUTE ON FUNCTION leader_lease_live(text, timestamptz, timestamptz),
                         leader_key_alive(bigint), leader_term_live(text, timestamptz, bigint, timestamptz),
-                        leader_live_keys(), leader_term_live_among(text, timestamptz, bigint, timestamptz, bigint[]),
-                        leader_role_hash(text, integer)
+                        leader_live_keys(), leader_term_live_among(text, timestamptz, bigint, timestamptz, bigint[])
                         TO %I', r);
     END LOOP;
     IF p_app IS NOT NULL THEN
@@ -776,12 +800,12 @@ BEGIN
                         leader_release_many(text[], bigint[], boolean[], bigint[], text[], text[], text[]),
                         leader_replica_beat(text, text, bigint, bigint), leader_replica_leave(text, text),
                         leader_seed(text[]), leader_fence(text, bigint), leader_fence_lock(text, bigint),
-                        leader_fence_sweep(text[], bigint[])
+                        leader_fence_sweep(text[])
                         TO %I', p_app);
     END IF;
     IF p_operator IS NOT NULL THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION leader_pause(text, text, text), leader_unpause(text),
-                        leader_run_now(text), leader_fence_sweep(text[], bigint[]), leader_forget(text)
+                        leader_run_now(text), leader_fence_sweep(text[]), leader_forget(text)
                         TO %I', p_operator);
     END IF;
 END
