@@ -483,6 +483,43 @@ async fn a_pause_frees_the_rows_of_a_claimer_frozen_in_the_paused_term() {
     assert!(tx.commit().await.is_err(), "the frozen session was ended");
 }
 
+/// The batched ACQUIRE (families) ends the open transactions of the terms it
+/// takes over, as the one-row ACQUIRE does.
+#[tokio::test]
+async fn a_batched_takeover_ends_the_taken_over_terms_open_claims() {
+    let s = setup().await;
+    let token: i64 = ticklease_testkit::scalar(
+        &s.client,
+        "SELECT holder_token FROM leader_acquire_many(ARRAY['fam:k1'], 'a', 300, 1, NULL, 1)",
+    )
+    .await;
+    let mut frozen = connect(&s.db).await.unwrap();
+    let tx = frozen.transaction().await.unwrap();
+    let sql =
+        "UPDATE jobs SET claimed_by = $2 WHERE id IN (SELECT id FROM jobs ORDER BY id LIMIT 10 FOR UPDATE)
+                 AND (SELECT leader_fence($1, $2)) RETURNING id";
+    let params = [
+        (&"fam:k1" as &(dyn ToSql + Sync), Type::TEXT),
+        (&token, Type::INT8),
+    ];
+    assert_eq!(tx.query_typed(sql, &params).await.unwrap().len(), 10);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let taken: i64 = ticklease_testkit::scalar(
+        &s.client,
+        "SELECT count(holder_token) FROM leader_acquire_many(ARRAY['fam:k1', 'fam:k2'], 'b', 30000, 1, NULL, 2)",
+    )
+    .await;
+    assert_eq!(taken, 2);
+    let err = tx
+        .commit()
+        .await
+        .expect_err("the taken-over term's claim must not commit");
+    assert!(
+        err.is_closed() || err.code() == Some(&SqlState::ADMIN_SHUTDOWN),
+        "ended, not refused at COMMIT: {err:?}"
+    );
+}
+
 /// A claim statement that runs on past its term (here it sleeps after the
 /// fence passed) does not hold the takeover back, and does not commit.
 #[tokio::test]

@@ -278,14 +278,17 @@ CREATE FUNCTION @schema@.leader_fence_swept(p_roles text[]) RETURNS TABLE (pid i
 LANGUAGE sql VOLATILE
 AS $fn$
     -- The backends holding both fence locks of a term of p_roles that is
-    -- over (leader_fence_sweep), from one read of the lock table.
-    WITH over AS (
+    -- over (leader_fence_sweep), from two reads of the lock table (the live
+    -- coordination keys, the fence locks), whatever the number of roles.
+    WITH live AS (SELECT ARRAY(SELECT @schema@.leader_live_keys()) AS keys),
+    over AS (
         SELECT l.role,
                l.holder_token
                + CASE WHEN l.paused_at IS NOT NULL
-                        OR NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, clock_timestamp())
+                        OR NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key,
+                                                               clock_timestamp(), live.keys)
                       THEN 1 ELSE 0 END AS before
-          FROM @schema@.leader_leases AS l
+          FROM @schema@.leader_leases AS l CROSS JOIN live
          WHERE l.role = ANY (p_roles)
     ),
     fence AS (
