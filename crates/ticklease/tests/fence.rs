@@ -1078,6 +1078,8 @@ async fn a_sweep_ends_no_transaction_of_a_role_whose_hash_collides() {
         &format!("SELECT holder_token FROM leader_acquire('{b}', 'y', 30000, 1, NULL)"),
     )
     .await;
+    // So a's live term looks earlier than b's, as a sweep of b reads it.
+    assert!(later > term_a.token.0);
     let sweeper = connect(&ticklease_testkit::direct(&s.db)).await.unwrap();
     let ended: i32 =
         ticklease_testkit::scalar(&sweeper, &format!("SELECT leader_fence_sweep(ARRAY['{b}'])")).await;
