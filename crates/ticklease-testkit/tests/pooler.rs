@@ -1,7 +1,7 @@
 //! The negative control for the PgBouncer suites: a leader built on a session
 //! advisory lock breaks through a transaction-mode bouncer, while ticklease
 //! (the same leadership suites, run again with TICKLEASE_TEST_POOLER=pgbouncer
-//! in .ci/run) does not.
+//! in scripts/test) does not.
 
 use std::convert::Infallible;
 use std::time::Duration;

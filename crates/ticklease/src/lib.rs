@@ -583,58 +583,67 @@
 //! one, or a bare `tokio_postgres::Config`, which encrypts when the server
 //! offers TLS but checks no certificate; the cancel of a timed-out statement
 //! goes with the same TLS. See [`tls`] for what each mode checks.
+//!
+//! ## Layers
+//!
+//! The source is a folder per layer; a module uses only its own layer and
+//! those before it here (`tests/layers.rs` checks it, and that no modules
+//! use each other in a circle):
+//!
+//! 1. `config`, `error`: timings and their invariants; the error types.
+//! 2. `term`: the vocabulary of a term (role names, families of them,
+//!    tokens, holder ids, the fence a claim carries).
+//! 3. `connect`: reaching Postgres (URLs and TLS, multi-host connects, the
+//!    coordination session).
+//! 4. `store`: the [`LeaseStore`] trait and its Postgres store, a SQL file
+//!    per statement, batching, migrations.
+//! 5. `ops`: what operators see (tick outcomes, the history, metrics, the
+//!    status page).
+//! 6. `leader`: leading one term ([`Manager`], [`Tick`], the heartbeat,
+//!    drift, steps).
+//! 7. `schedule`: when each role and family key is led ([`Scheduler`], the
+//!    family loop, a follower's next wake-up).
 
 #![warn(missing_docs, unreachable_pub)]
 
-mod batch;
 mod config;
-mod coordination;
-mod drift;
 pub mod error;
-mod family;
-mod fence;
-mod heartbeat;
-mod history;
-mod holder;
-mod lead;
-#[cfg(feature = "prometheus")]
-pub mod metrics;
-#[cfg(not(feature = "prometheus"))]
-#[path = "metrics_off.rs"]
-mod metrics;
-pub mod migrate;
-mod outcome;
-#[cfg(feature = "http")]
-mod page;
-mod role;
-mod scheduler;
-mod step;
+
+mod connect;
+mod leader;
+mod ops;
+mod schedule;
 mod store;
-pub mod tls;
-mod token;
+mod term;
+
+pub use connect::tls;
+#[cfg(feature = "prometheus")]
+pub use ops::metrics;
+pub use store::migrate;
 
 pub use config::{Config, ConfigBuilder, DURATION_MAX};
-pub use coordination::{Signals, KEY_WAITERS_MAX};
+pub use connect::coordination::{Signals, KEY_WAITERS_MAX};
 pub use error::{ConfigError, Error, HolderIdError, MigrateError, RoleError, StoreError};
-pub use family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT, REGISTRATION_TTL_MAX};
-pub use fence::Fence;
-pub use history::{
-    HistoryEntry, HistoryKind, HistoryStore, TimelineSlice, HISTORY_LIMIT_MAX, TIMELINE_BUCKETS_MAX,
-};
-pub use holder::HolderId;
-pub use lead::{BoxError, Cancel, Lead, Manager, RoleReport, Tick};
+pub use leader::lead::{BoxError, Cancel, Lead, Manager, RoleReport, Tick};
+pub use leader::step::Steps;
 #[cfg(feature = "prometheus")]
 pub use metrics::Metrics;
 pub use migrate::{migrate, migrate_with, MigrateOptions, MigrateReport};
-pub use role::{Role, ROLE_NAME_MAX};
-pub use scheduler::{cancel_on_signals, Scheduler, Stopped};
-pub use step::Steps;
+pub use ops::history::{
+    HistoryEntry, HistoryKind, HistoryStore, TimelineSlice, HISTORY_LIMIT_MAX, TIMELINE_BUCKETS_MAX,
+};
+pub use schedule::family::REGISTRATION_TTL_MAX;
+pub use schedule::scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use store::{
     Acquire, Ending, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Refusal, Release,
     Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX, POOL_SIZE_MAX,
 };
+pub use term::family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT};
+pub use term::fence::Fence;
+pub use term::holder::HolderId;
+pub use term::role::{Role, ROLE_NAME_MAX};
+pub use term::token::Token;
 pub use tls::{PgConnect, PgConnectError};
-pub use token::Token;
 
 #[doc = include_str!("../../../README.md")]
 #[cfg(doctest)]

@@ -7,16 +7,16 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use crate::coordination::Signals;
+use crate::connect::coordination::Signals;
 use crate::error::StoreError;
-use crate::role::Role;
-use crate::token::Token;
+use crate::term::role::Role;
+use crate::term::token::Token;
 
+pub(crate) mod batch;
 mod cancel;
-pub(crate) mod hosts;
+pub mod migrate;
 mod postgres;
 
-pub(crate) use postgres::classify;
 pub use postgres::{PgStore, PgStoreOptions, POOL_SIZE_MAX};
 
 /// A term that ACQUIRE started.

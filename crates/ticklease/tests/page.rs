@@ -1,5 +1,5 @@
 //! The status page, loaded in a real browser (headless Chromium, installed
-//! by `.ci/run`) from a database with a known history, and checked through
+//! by `scripts/test`) from a database with a known history, and checked through
 //! the DOM the browser built; a screenshot is kept in the target dir.
 
 use std::time::Duration;
@@ -51,7 +51,7 @@ async fn chromium(args: &[&str], url: &str) -> String {
     )
     .await
     .expect("chromium answered within 90 s")
-    .expect("chromium runs (Debian package chromium; .ci/run installs it)");
+    .expect("chromium runs (Debian package chromium; scripts/test installs it)");
     assert!(
         output.status.success(),
         "{}",

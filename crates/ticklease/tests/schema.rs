@@ -233,3 +233,118 @@ async fn out_of_range_store_options_are_refused_by_name() {
         );
     }
 }
+
+/// The store's statement files and the schema agree: each file names the
+/// functions it calls (`-- Calls: name(argument types)`), exactly those it
+/// calls, each exists with that signature and the app (or, for pause,
+/// unpause and run-now, the operator) role may execute it,
+/// and the statement itself is accepted by the server (its arity and types).
+#[tokio::test]
+async fn every_store_statement_names_the_functions_it_calls_and_the_schema_has_them() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let client = connect(&db).await.unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sql"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 13, "{files:?}");
+    for file in files {
+        let sql = std::fs::read_to_string(&file).unwrap();
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let (named, called) = functions_of(&sql);
+        assert!(
+            sql.lines().any(|l| l.starts_with("-- Calls: ")),
+            "{name} names the functions it calls"
+        );
+        let named_names: Vec<&str> = named.iter().map(|s| s.split('(').next().unwrap()).collect();
+        let called_names: Vec<&str> = called.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            named_names, called_names,
+            "{name}: the functions named are the ones called"
+        );
+        for (signature, (_, arguments)) in named.iter().zip(&called) {
+            let declared = signature.split('(').nth(1).unwrap().trim_end_matches(')');
+            let declared = declared.split(',').filter(|a| !a.trim().is_empty()).count();
+            assert_eq!(
+                declared, *arguments,
+                "{name}: {signature} is called with {arguments} arguments"
+            );
+        }
+        for signature in &named {
+            let row = client
+                .query_one(
+                    "SELECT to_regprocedure($1) IS NOT NULL,
+                            to_regprocedure($1) IS NOT NULL
+                            AND (has_function_privilege('ticklease_app', to_regprocedure($1), 'EXECUTE')
+                                 OR has_function_privilege('ticklease_operator', to_regprocedure($1), 'EXECUTE'))",
+                    &[signature],
+                )
+                .await
+                .unwrap();
+            assert!(row.get::<_, bool>(0), "{name}: the schema has no {signature}");
+            assert!(
+                row.get::<_, bool>(1),
+                "{name}: neither the app nor the operator role may execute {signature}"
+            );
+        }
+        client
+            .prepare(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{name} is not accepted by the schema: {e:?}"));
+    }
+}
+
+/// The signatures a statement file names, and the `leader_*` functions its
+/// statement calls with their number of arguments, in order of first appearance.
+fn functions_of(sql: &str) -> (Vec<String>, Vec<(String, usize)>) {
+    let named = sql
+        .lines()
+        .filter_map(|l| l.strip_prefix("-- Calls: "))
+        .filter(|l| l.starts_with("leader_"))
+        .map(str::to_string)
+        .collect();
+    let body = sql
+        .lines()
+        .filter(|l| !l.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut called: Vec<(String, usize)> = Vec::new();
+    let mut rest = body.as_str();
+    while let Some(at) = rest.find("leader_") {
+        let word: &str = rest[at..]
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .next()
+            .unwrap();
+        rest = &rest[at + word.len()..];
+        let Some(arguments) = rest.trim_start().strip_prefix('(') else {
+            continue;
+        };
+        if !called.iter().any(|(f, _)| f == word) {
+            called.push((word.to_string(), arguments_of(arguments)));
+        }
+    }
+    (named, called)
+}
+
+/// How many arguments a call has, from just after its opening parenthesis.
+fn arguments_of(text: &str) -> usize {
+    let (mut depth, mut commas, mut any) = (0, 0, false);
+    for c in text.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth == 0 => break,
+            ')' => depth -= 1,
+            ',' if depth == 0 => commas += 1,
+            c if !c.is_whitespace() => any = true,
+            _ => {}
+        }
+    }
+    if any {
+        commas + 1
+    } else {
+        0
+    }
+}

@@ -22,7 +22,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_postgres::config::Host;
 use tokio_postgres::tls::MakeTlsConnect;
 
-use crate::tls::{PgConnect, PgTls};
+use crate::connect::tls::{PgConnect, PgTls};
 
 #[derive(Debug, Clone)]
 pub(super) struct CancelTarget {

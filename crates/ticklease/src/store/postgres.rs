@@ -14,18 +14,18 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::cancel::CancelTarget;
-use super::hosts::{Hosts, PoolConnect};
 use super::{
     Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Term,
     BATCH_MAX, ERROR_SUMMARY_MAX,
 };
 use crate::config::Config;
-use crate::coordination::Signals;
-use crate::error::StoreError;
-use crate::migrate::{check_schema, LIBRARY};
-use crate::role::Role;
-use crate::tls::PgConnect;
-use crate::token::Token;
+use crate::connect::coordination::Signals;
+use crate::connect::hosts::{Hosts, PoolConnect};
+use crate::connect::tls::PgConnect;
+use crate::error::{MigrateError, StoreError};
+use crate::store::migrate::LIBRARY;
+use crate::term::role::Role;
+use crate::term::token::Token;
 
 const ACQUIRE: &str = include_str!("acquire.sql");
 const RENEW: &str = include_str!("renew.sql");
@@ -34,12 +34,12 @@ const STATUS: &str = include_str!("status.sql");
 const ACQUIRE_MANY: &str = include_str!("acquire_many.sql");
 const RENEW_MANY: &str = include_str!("renew_many.sql");
 const RELEASE_MANY: &str = include_str!("release_many.sql");
-const BEAT: &str = "SELECT holder_id FROM leader_replica_beat($1, $2, $3, $4)";
-const LEAVE: &str = "SELECT leader_replica_leave($1, $2)";
-const PAUSE: &str = "SELECT leader_pause($1, $2, $3)";
-const UNPAUSE: &str = "SELECT leader_unpause($1)";
-const SEED: &str = "SELECT leader_seed($1)";
-const RUN_NOW: &str = "SELECT leader_run_now($1)";
+const BEAT: &str = include_str!("beat.sql");
+const LEAVE: &str = include_str!("leave.sql");
+const PAUSE: &str = include_str!("pause.sql");
+const UNPAUSE: &str = include_str!("unpause.sql");
+const SEED: &str = include_str!("seed.sql");
+const RUN_NOW: &str = include_str!("run_now.sql");
 const NOTIFY: &str = "SELECT pg_notify('ticklease', p) FROM unnest($1::text[]) AS p";
 
 /// Largest pool the store accepts.
@@ -294,7 +294,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-pub(crate) fn classify(statement: &'static str, source: tokio_postgres::Error) -> StoreError {
+fn classify(statement: &'static str, source: tokio_postgres::Error) -> StoreError {
     let code = source.code().cloned();
     match code {
         Some(c) if c == SqlState::UNDEFINED_TABLE || c == SqlState::UNDEFINED_FUNCTION => {
@@ -778,4 +778,17 @@ fn unknown_role(e: StoreError, role: &Role) -> StoreError {
         }
         _ => e,
     }
+}
+
+/// Checks that every library migration is applied, unchanged: the store's
+/// startup check, as a store error (`NotMigrated`, `PermissionDenied`, …).
+async fn check_schema(client: &tokio_postgres::Client) -> Result<(), StoreError> {
+    LIBRARY.verify(client).await.map_err(|e| match e {
+        MigrateError::NotMigrated { detail, command } => StoreError::NotMigrated { detail, command },
+        MigrateError::Db { source, .. } => classify("schema check", source),
+        other => StoreError::NotMigrated {
+            detail: other.to_string(),
+            command: LIBRARY.command,
+        },
+    })
 }

@@ -3,4 +3,5 @@
 -- outcome, $6 why a term was lost, $7 a short error summary, for the
 -- role's history. Term-scoped: false means the term was already over. A
 -- SECURITY DEFINER function (migrations 0003, 0005).
+-- Calls: leader_release(text, bigint, boolean, bigint, text, text, text)
 SELECT leader_release($1, $2, $3, $4, $5, $6, $7)

@@ -18,14 +18,14 @@ use std::time::SystemTime;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{align_down, Batcher};
 use crate::config::Config;
-use crate::coordination::{told, RoleSignals};
-use crate::drift::Drift;
-use crate::metrics::Metrics;
-use crate::role::Role;
+use crate::connect::coordination::{told, RoleSignals};
+use crate::leader::drift::Drift;
+use crate::ops::metrics::Metrics;
+use crate::store::batch::{align_down, Batcher};
 use crate::store::{LeaseStore, LossReason, Renew};
-use crate::token::Token;
+use crate::term::role::Role;
+use crate::term::token::Token;
 
 pub(crate) struct Heartbeat<S> {
     pub(crate) store: Arc<S>,

@@ -12,9 +12,9 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 use crate::error::StoreError;
-use crate::role::Role;
 use crate::store::{LeaseStore, Releasing, Renew, BATCH_MAX};
-use crate::token::Token;
+use crate::term::role::Role;
+use crate::term::token::Token;
 
 /// How long the batcher waits after a first request for the others of the
 /// same beat (their timers fire at one instant but run one after another).

@@ -20,37 +20,30 @@
 //! and never holds more than `ceil(K/N)` plus a tenth (at least one) at
 //! once, nor more than its `max_terms`.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::coordination::{FamilySignals, Heard, SIGNAL_SPACING};
-use crate::error::{chain, RoleError};
-use crate::lead::{FamilyScope, KeyCancel, Lead, Manager, TermScope};
-use crate::role::Role;
-use crate::scheduler::{next_wake, Polled, Work};
-use crate::step::panic_message;
+use crate::connect::coordination::{FamilySignals, Heard, SIGNAL_SPACING};
+use crate::error::chain;
+use crate::leader::lead::Work;
+use crate::leader::lead::{FamilyScope, KeyCancel, Lead, Manager, TermScope};
+use crate::ops::outcome::panic_message;
+use crate::schedule::wake::{next_wake, Polled};
 use crate::store::{Acquire, LeaseStore, Refusal, BATCH_MAX};
-
-/// Most keys a family holds (each costs its loop about 200 bytes while no
-/// term of it runs here).
-pub const FAMILY_KEYS_MAX: usize = 100_000;
+use crate::term::family::Family;
+use crate::term::role::Role;
 
 /// Longest a replica registration lives past its last beat (the database
 /// caps it: a registration no one renews is gone within it).
 pub const REGISTRATION_TTL_MAX: Duration = Duration::from_secs(60);
-
-/// The default cap on a family's concurrent terms on one replica.
-pub const FAMILY_TERMS_DEFAULT: usize = 1_000;
 
 /// Wake-ups are rounded up to a grid of at most this (and at most a twelfth
 /// of a heartbeat), so keys due within it share one ACQUIRE.
@@ -69,177 +62,14 @@ fn told_spacing(config: &crate::Config) -> Duration {
     SIGNAL_SPACING.min(config.heartbeat_every() / 6)
 }
 
-/// A set of roles `name:key` that can change at run time. Cheap to clone:
-/// clones share the keys, so the application adds and removes keys on the
-/// clone it keeps while the scheduler leads them.
-#[derive(Clone)]
-pub struct Family {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    name: Arc<str>,
-    keys: Mutex<BTreeSet<String>>,
-    /// Bumped on every change, to wake the family loop.
-    version: watch::Sender<u64>,
-    max_terms: std::sync::atomic::AtomicUsize,
-    per_role_metrics: std::sync::atomic::AtomicBool,
-}
-
-impl std::fmt::Debug for Family {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Family")
-            .field("name", &self.name())
-            .field("keys", &self.len())
-            .finish()
-    }
-}
-
-impl Family {
-    /// A family with no keys. `name` follows the role rule without a key
-    /// (`[a-z][a-z0-9_]*`, so that `name:key` is a role name).
-    pub fn new(name: &str) -> Result<Family, RoleError> {
-        if name.contains(':') {
-            return Err(RoleError::FamilyWithKey {
-                name: name.to_string(),
-            });
-        }
-        Role::new(format!("{name}:k"))?;
-        Ok(Family {
-            inner: Arc::new(Inner {
-                name: name.into(),
-                keys: Mutex::default(),
-                version: watch::Sender::new(0),
-                max_terms: FAMILY_TERMS_DEFAULT.into(),
-                per_role_metrics: false.into(),
-            }),
-        })
-    }
-
-    /// The family's name.
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    /// The role of `key`: `name:key`, checked against the role rule.
-    pub fn role(&self, key: &str) -> Result<Role, RoleError> {
-        Role::new(format!("{}:{key}", self.name()))
-    }
-
-    /// Adds `key`; `Ok` also when it was there already.
-    pub fn add(&self, key: &str) -> Result<Role, RoleError> {
-        let role = self.role(key)?;
-        let mut keys = self.keys();
-        if !keys.contains(key) {
-            self.check_len(keys.len() + 1)?;
-            keys.insert(key.to_string());
-            drop(keys);
-            self.changed();
-        }
-        Ok(role)
-    }
-
-    /// Removes `key`; a term of it running here is cancelled
-    /// ([`Cancel::Removed`](crate::Cancel::Removed)) and released as
-    /// interrupted. `false` when it was not there.
-    pub fn remove(&self, key: &str) -> bool {
-        let removed = self.keys().remove(key);
-        if removed {
-            self.changed();
-        }
-        removed
-    }
-
-    /// Replaces the keys with `keys`, all or nothing: one invalid key (or
-    /// too many) changes nothing.
-    pub fn set<K: AsRef<str>>(&self, keys: impl IntoIterator<Item = K>) -> Result<(), RoleError> {
-        let mut next = BTreeSet::new();
-        for key in keys {
-            let key = key.as_ref();
-            self.role(key)?;
-            next.insert(key.to_string());
-            self.check_len(next.len())?;
-        }
-        *self.keys() = next;
-        self.changed();
-        Ok(())
-    }
-
-    /// The keys, sorted.
-    pub fn key_list(&self) -> Vec<String> {
-        self.keys().iter().cloned().collect()
-    }
-
-    /// How many keys the family holds.
-    pub fn len(&self) -> usize {
-        self.keys().len()
-    }
-
-    /// Whether the family holds no key.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Caps the family's concurrent terms on each replica (default
-    /// [`FAMILY_TERMS_DEFAULT`], at most [`FAMILY_KEYS_MAX`]).
-    pub fn set_max_terms(&self, max_terms: usize) -> Result<(), crate::Error> {
-        if !(1..=FAMILY_KEYS_MAX).contains(&max_terms) {
-            return Err(crate::Error::FamilyTermsOutOfRange {
-                family: self.name().to_string(),
-                max_terms,
-                max: FAMILY_KEYS_MAX,
-            });
-        }
-        self.inner
-            .max_terms
-            .store(max_terms, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// The cap on the family's concurrent terms on each replica.
-    pub fn max_terms(&self) -> usize {
-        self.inner.max_terms.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Exports the per-role series for every key too (default off: a
-    /// family exports aggregates, since thousands of keys would be
-    /// thousands of series). Takes effect for terms started afterwards.
-    pub fn set_per_role_metrics(&self, on: bool) {
-        self.inner
-            .per_role_metrics
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn keys(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        self.inner.keys.lock().expect("not poisoned")
-    }
-
-    fn check_len(&self, keys: usize) -> Result<(), RoleError> {
-        if keys > FAMILY_KEYS_MAX {
-            return Err(RoleError::TooManyKeys {
-                family: self.name().to_string(),
-                keys,
-                max: FAMILY_KEYS_MAX,
-            });
-        }
-        Ok(())
-    }
-
-    fn changed(&self) {
-        self.inner.version.send_modify(|v| *v += 1);
-    }
-
-    fn scope(&self, removed: KeyCancel) -> TermScope {
-        TermScope {
-            family: Some(FamilyScope {
-                name: self.inner.name.clone(),
-                per_role_metrics: self
-                    .inner
-                    .per_role_metrics
-                    .load(std::sync::atomic::Ordering::Relaxed),
-            }),
-            removed: Some(removed),
-        }
+/// How a term of one of `family`'s keys is cancelled and counted.
+fn scope(family: &Family, removed: KeyCancel) -> TermScope {
+    TermScope {
+        family: Some(FamilyScope {
+            name: family.shared_name(),
+            per_role_metrics: family.per_role_metrics(),
+        }),
+        removed: Some(removed),
     }
 }
 
@@ -307,7 +137,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
     let holder = manager.holder_id().to_string();
     let signals = store.signals().cloned();
     let heard = signals.as_ref().map(|s| s.family(family.name()));
-    let mut version = family.inner.version.subscribe();
+    let mut version = family.version();
     let epoch = Instant::now();
     // Longer than the preferred replica needs to hear of a release, ask,
     // and wake at the due time it was told (spacing, grid, a statement).
@@ -421,7 +251,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                                 key.probe = false;
                                 let (manager, work, name) =
                                     (manager.clone(), work.clone(), role.as_str().to_string());
-                                let scope = family.scope(removed);
+                                let scope = scope(&family, removed);
                                 terms.spawn(async move {
                                     let lead = AssertUnwindSafe(manager.run_term(
                                         &role,
@@ -688,22 +518,5 @@ mod tests {
         let mine: Vec<usize> = (0..10).filter(|i| preferred(*i, Some(1), 3)).collect();
         assert_eq!(mine, [1, 4, 7]);
         assert!(preferred(5, None, 3), "unregistered: every key");
-    }
-
-    #[test]
-    fn family_names_and_keys_follow_the_role_rule_and_set_is_all_or_nothing() {
-        assert!(matches!(
-            Family::new("tenant_sync:acme"),
-            Err(RoleError::FamilyWithKey { .. })
-        ));
-        assert!(Family::new("Tenant").is_err());
-        let family = Family::new("tenant_sync").unwrap();
-        assert_eq!(family.add("acme").unwrap().as_str(), "tenant_sync:acme");
-        assert!(family.add("Bad Key").is_err());
-        assert!(family.set(["a", "b", "no way"]).is_err());
-        assert_eq!(family.key_list(), ["acme"], "nothing changed");
-        assert!(family.remove("acme"));
-        assert!(!family.remove("acme"));
-        assert!(family.set_max_terms(0).is_err());
     }
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use tokio_postgres::types::Type;
 
 use crate::error::StoreError;
-use crate::role::Role;
 use crate::store::PgStore;
+use crate::term::role::Role;
 
 /// Reading the history: the Postgres store keeps one (migration 0005).
 pub trait HistoryStore: Send + Sync + 'static {

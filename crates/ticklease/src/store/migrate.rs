@@ -16,7 +16,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::error::{MigrateError, StoreError};
+use crate::error::MigrateError;
 
 /// One embedded migration file.
 #[derive(Debug, Clone, Copy)]
@@ -402,17 +402,4 @@ pub async fn grant(client: &Client, options: &MigrateOptions) -> Result<(), Migr
             step: "leader_grant".into(),
             source,
         })
-}
-
-/// Checks that every library migration is applied, unchanged: the store's
-/// startup check, as a store error (`NotMigrated`, `PermissionDenied`, …).
-pub(crate) async fn check_schema(client: &Client) -> Result<(), StoreError> {
-    LIBRARY.verify(client).await.map_err(|e| match e {
-        MigrateError::NotMigrated { detail, command } => StoreError::NotMigrated { detail, command },
-        MigrateError::Db { source, .. } => crate::store::classify("schema check", source),
-        other => StoreError::NotMigrated {
-            detail: other.to_string(),
-            command: LIBRARY.command,
-        },
-    })
 }

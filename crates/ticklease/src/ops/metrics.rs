@@ -27,9 +27,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-pub(crate) use crate::outcome::{LostReason, TickOutcome};
-use crate::role::Role;
+pub(crate) use crate::ops::outcome::{LostReason, TickOutcome};
 use crate::store::{LeaseStatus, LeaseStore};
+use crate::term::role::Role;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RoleLabel {
@@ -522,7 +522,7 @@ pub const PAGES_MAX: usize = 4;
 /// [`SCRAPES_MAX`] scrapes and page loads run at once. Give it a store of
 /// its own (a pool of one) so those statements never queue before a RENEW.
 #[cfg(feature = "http")]
-pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
+pub async fn serve<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
     listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
     metrics: Metrics,
@@ -540,7 +540,7 @@ pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
     // at a time reads the store, the others wait for its result.
     let pages = Arc::new(tokio::sync::Semaphore::new(PAGES_MAX));
     type Cached = Option<(tokio::time::Instant, String)>;
-    let cache: Arc<tokio::sync::Mutex<[Cached; crate::page::WINDOWS_HOURS.len()]>> = Arc::default();
+    let cache: Arc<tokio::sync::Mutex<[Cached; crate::ops::page::WINDOWS_HOURS.len()]>> = Arc::default();
     let page = {
         let store = store.clone();
         move |axum::extract::RawQuery(query): axum::extract::RawQuery| {
@@ -570,10 +570,10 @@ pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
                     .flat_map(|q| q.split('&'))
                     .find_map(|pair| pair.strip_prefix("hours="))
                 {
-                    None => Some(crate::page::HOURS_DEFAULT),
+                    None => Some(crate::ops::page::HOURS_DEFAULT),
                     Some(n) => n.parse().ok(),
                 };
-                let Some((slot, hours)) = hours.and_then(crate::page::window_of) else {
+                let Some((slot, hours)) = hours.and_then(crate::ops::page::window_of) else {
                     return (
                         StatusCode::BAD_REQUEST,
                         headers(text),
@@ -589,14 +589,14 @@ pub async fn serve<S: LeaseStore + crate::history::HistoryStore + Clone>(
                 let window = Duration::from_secs(hours * 3600);
                 let read = async {
                     let rows = store.status().await?;
-                    let slices = store.timeline(window, crate::page::BUCKETS).await?;
-                    let events = store.notable(window, crate::page::EVENTS_MAX).await?;
+                    let slices = store.timeline(window, crate::ops::page::BUCKETS).await?;
+                    let events = store.notable(window, crate::ops::page::EVENTS_MAX).await?;
                     Ok::<_, crate::error::StoreError>((rows, slices, events))
                 };
                 match read.await {
                     Ok((rows, slices, events)) => {
                         let now = rows.first().map_or_else(std::time::SystemTime::now, |r| r.db_now);
-                        let body = crate::page::render(&rows, &slices, &events, now, window);
+                        let body = crate::ops::page::render(&rows, &slices, &events, now, window);
                         cached[slot] = Some((tokio::time::Instant::now(), body.clone()));
                         (StatusCode::OK, headers("text/html; charset=utf-8"), body)
                     }

@@ -8,7 +8,7 @@
 use std::fmt::Write;
 use std::time::{Duration, SystemTime};
 
-use crate::history::{HistoryEntry, HistoryKind, TimelineSlice};
+use crate::ops::history::{HistoryEntry, HistoryKind, TimelineSlice};
 use crate::store::LeaseStatus;
 
 /// Slices the timeline is cut into (one SVG column each at most).

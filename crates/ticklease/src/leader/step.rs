@@ -16,8 +16,9 @@ use std::sync::Once;
 
 use futures::FutureExt;
 
-use crate::lead::Tick;
-use crate::role::Role;
+use crate::leader::lead::Tick;
+use crate::ops::outcome::panic_message;
+use crate::term::role::Role;
 
 thread_local! {
     /// The backtrace of the last panic on this thread, taken by the panic hook.
@@ -35,17 +36,6 @@ fn install_backtrace_hook() {
             previous(info);
         }));
     });
-}
-
-/// The message of a panic payload.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> &str {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        s
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s
-    } else {
-        "<non-string panic payload>"
-    }
 }
 
 /// The first panic a guard caught.

@@ -1,6 +1,8 @@
 //! How ticks end, as the metrics and the history label them (kept with or
 //! without the `prometheus` feature: `settle` decides them either way).
 
+use std::any::Any;
+
 use crate::store::LossReason;
 
 /// Why a tick ended without completing, as counted by `leader_lease_lost_total`.
@@ -53,5 +55,16 @@ impl TickOutcome {
             TickOutcome::Interrupted => "interrupted",
             TickOutcome::Lost => "lost",
         }
+    }
+}
+
+/// The message of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "<non-string panic payload>"
     }
 }

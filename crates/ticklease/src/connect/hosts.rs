@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, Connection, Socket};
 
-use crate::tls::{PgConnect, PgTlsStream};
+use crate::connect::tls::{PgConnect, PgTlsStream};
 
 /// The hosts of one URL, each with the URL's every other setting.
 #[derive(Debug)]

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-pub(crate) use crate::outcome::{LostReason, TickOutcome};
-use crate::role::Role;
+pub(crate) use crate::ops::outcome::{LostReason, TickOutcome};
+use crate::term::role::Role;
 
 /// Uninhabited: metrics are compiled out.
 #[derive(Debug, Clone)]

@@ -20,17 +20,16 @@ use futures::FutureExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
-use crate::coordination::told;
+use crate::connect::coordination::told;
 use crate::error::chain;
 use crate::error::Error;
-use crate::family::{family_loop, Family, FamilyJob};
-use crate::lead::{check_interval, BoxError, Lead, Manager, Tick};
-use crate::role::Role;
-use crate::step::panic_message;
-use crate::store::{LeaseStore, Refusal};
-
-pub(crate) type Work = Arc<dyn Fn(Tick) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
+use crate::leader::lead::{check_interval, BoxError, Lead, Manager, Tick, Work};
+use crate::ops::outcome::panic_message;
+use crate::schedule::family::{family_loop, FamilyJob};
+use crate::schedule::wake::{next_wake, Polled};
+use crate::store::LeaseStore;
+use crate::term::family::Family;
+use crate::term::role::Role;
 
 struct Job {
     role: Role,
@@ -262,72 +261,6 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
     }
 }
 
-/// What the last poll of a role loop found.
-#[derive(Debug)]
-pub(crate) enum Polled<'a> {
-    /// ACQUIRE started no term.
-    Refused(&'a Refusal),
-    /// A term ran and ended: the database knows when the role is due next.
-    TermEnded,
-    /// The poll failed (an error or a panic).
-    Failed,
-}
-
-/// When a role loop asks the database next, and whose session's end wakes it earlier.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Wake {
-    pub(crate) after: Duration,
-    pub(crate) holder_key: Option<i64>,
-}
-
-/// Retry after losing a race to another replica's ACQUIRE: the next answer
-/// names the winner (and its key to wait on).
-const CONTENDED_RETRY: Duration = Duration::from_millis(50);
-
-/// Longest sleep with a coordination session, which tells of releases,
-/// unpauses and run-nows: a guard against a notification lost with the
-/// session between its end and the reconnect's wake-up.
-const SIGNALLED_SLEEP_MAX: Duration = Duration::from_secs(60);
-
-/// The one place that decides when a role loop next ACQUIREs. Times come
-/// from the database's answer (the holder's expiry, the due time), measured
-/// from the answer's arrival, so a follower never wakes before them. Without
-/// a coordination session (`signalled` false) the wait is capped at
-/// `max_poll`, the bound on noticing a release or an unpause.
-pub(crate) fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -> Wake {
-    let cap = |d: Duration| {
-        if signalled {
-            d.min(SIGNALLED_SLEEP_MAX)
-        } else {
-            d.min(config.max_poll())
-        }
-    };
-    let after = |after| Wake {
-        after,
-        holder_key: None,
-    };
-    match polled {
-        Polled::TermEnded => after(Duration::ZERO),
-        Polled::Failed => after(config.max_poll()),
-        Polled::Refused(Refusal::Held {
-            remaining,
-            holder_key,
-            ..
-        }) => Wake {
-            after: cap(*remaining),
-            holder_key: holder_key.filter(|_| signalled),
-        },
-        Polled::Refused(Refusal::NotDue { remaining, .. }) => after(cap(*remaining)),
-        Polled::Refused(Refusal::Contended) => after(CONTENDED_RETRY),
-        // A family key past its replica's limit: asked again once the
-        // replica has room (its family loop waits for a term to end).
-        Polled::Refused(Refusal::OverLimit) => after(Duration::ZERO),
-        // An unpause from psql notifies no one (no decision notifies in its
-        // own transaction): a paused role is asked about every max_poll.
-        Polled::Refused(Refusal::Paused { .. }) => after(config.max_poll()),
-    }
-}
-
 /// Cancels `token` on SIGTERM or SIGINT (Ctrl-C), for [`Scheduler::run`].
 pub fn cancel_on_signals(token: CancellationToken) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -343,65 +276,4 @@ pub fn cancel_on_signals(token: CancellationToken) -> std::io::Result<()> {
         tracing::info!("{name}: shutting down");
     });
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::SystemTime;
-
-    use super::*;
-
-    const S: fn(u64) -> Duration = Duration::from_secs;
-
-    fn held(remaining: Duration, holder_key: Option<i64>) -> Refusal {
-        Refusal::Held {
-            holder: "h".into(),
-            expires_at: SystemTime::UNIX_EPOCH,
-            remaining,
-            holder_key,
-        }
-    }
-
-    fn wake(polled: Polled<'_>, signalled: bool) -> (Duration, Option<i64>) {
-        let w = next_wake(&polled, &Config::default(), signalled);
-        (w.after, w.holder_key)
-    }
-
-    #[test]
-    fn a_follower_wakes_when_the_holders_lease_runs_out_capped_at_max_poll_without_signals() {
-        let soon = held(S(2), Some(7));
-        let late = held(S(9), Some(7));
-        assert_eq!(wake(Polled::Refused(&soon), false), (S(2), None));
-        assert_eq!(wake(Polled::Refused(&late), false), (S(5), None));
-        assert_eq!(wake(Polled::Refused(&late), true), (S(9), Some(7)));
-        let keyless = held(S(9), None);
-        assert_eq!(wake(Polled::Refused(&keyless), true), (S(9), None));
-    }
-
-    #[test]
-    fn a_role_not_due_wakes_at_its_due_time_and_a_paused_one_is_asked_every_max_poll() {
-        let due = Refusal::NotDue {
-            due_at: SystemTime::UNIX_EPOCH,
-            remaining: S(3600),
-        };
-        assert_eq!(wake(Polled::Refused(&due), false).0, S(5));
-        assert_eq!(wake(Polled::Refused(&due), true).0, SIGNALLED_SLEEP_MAX);
-        let paused = Refusal::Paused {
-            by: "ops".into(),
-            reason: String::new(),
-        };
-        assert_eq!(wake(Polled::Refused(&paused), false).0, S(5));
-        // An unpause from psql notifies no one: a session does not help.
-        assert_eq!(wake(Polled::Refused(&paused), true).0, S(5));
-    }
-
-    #[test]
-    fn after_a_term_the_loop_asks_at_once_and_after_a_failure_it_waits_max_poll() {
-        assert_eq!(wake(Polled::TermEnded, true).0, Duration::ZERO);
-        assert_eq!(wake(Polled::Failed, true).0, S(5));
-        assert_eq!(
-            wake(Polled::Refused(&Refusal::Contended), false).0,
-            CONTENDED_RETRY
-        );
-    }
 }

@@ -2,8 +2,8 @@
 
 use tokio_postgres::types::{ToSql, Type};
 
-use crate::role::Role;
-use crate::token::Token;
+use crate::term::role::Role;
+use crate::term::token::Token;
 
 /// A role and the token of a term this process acquired. Only [`crate::Manager::lead`]
 /// makes one, so a leader-only store method that takes `&Fence` cannot run outside

@@ -12,21 +12,25 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::batch::Batcher;
 use crate::config::{Config, DURATION_MAX};
-use crate::drift::Drift;
 use crate::error::Error;
-use crate::fence::Fence;
-use crate::heartbeat::Heartbeat;
-use crate::holder::HolderId;
-use crate::metrics::{LostReason, Metrics, TickOutcome};
-use crate::role::Role;
-use crate::step::panic_message;
+use crate::leader::drift::Drift;
+use crate::leader::heartbeat::Heartbeat;
+use crate::ops::metrics::{LostReason, Metrics, TickOutcome};
+use crate::ops::outcome::panic_message;
+use crate::store::batch::Batcher;
 use crate::store::{Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing};
-use crate::token::Token;
+use crate::term::fence::Fence;
+use crate::term::holder::HolderId;
+use crate::term::role::Role;
+use crate::term::token::Token;
 
 /// The error type work may return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The work of a scheduled job, run once per tick.
+pub(crate) type Work =
+    Arc<dyn Fn(Tick) -> futures::future::BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
 
 /// Why a tick's cancellation fired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

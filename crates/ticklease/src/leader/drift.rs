@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 /// Database-vs-local clock offset seen in ACQUIRE/RENEW replies. Observed
 /// only: no decision ever compares a database timestamp with a local one.

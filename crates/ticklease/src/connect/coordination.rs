@@ -28,9 +28,9 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::connect::hosts::Hosts;
+use crate::connect::tls::PgConnect;
 use crate::error::StoreError;
-use crate::store::hosts::Hosts;
-use crate::tls::PgConnect;
 
 /// The channel RELEASE, pause, unpause and run-now notify.
 const CHANNEL: &str = "ticklease";

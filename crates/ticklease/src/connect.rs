@@ -1,0 +1,6 @@
+//! Connecting to Postgres: TLS and URLs, multi-host connects, and the
+//! coordination session (liveness keys, notifications, key waiters).
+
+pub(crate) mod coordination;
+pub(crate) mod hosts;
+pub mod tls;

@@ -1,0 +1,3 @@
+-- SEED: $1 roles. Creates the rows missing, in role order.
+-- Calls: leader_seed(text[])
+SELECT leader_seed($1)
