@@ -139,19 +139,28 @@
 //!    hashes of the schema and role, each with the token's low 32 bits),
 //!    held to the transaction's end and visible in `pg_locks`. The ACQUIRE
 //!    that takes over a term never released, and a pause, end the backends
-//!    holding both locks of a term that is over (`leader_fence_sweep`; the
-//!    terms are read from the lease row, so no caller can aim it at a live
-//!    term; another role is mistaken for this one only if both 32-bit hashes
-//!    collide): a frozen claimer's rows are free when its term is taken over,
-//!    that is within the takeover bound of 5. It relies on the schema owner's
-//!    right to end backends (a superuser, or a member of `pg_signal_backend`;
-//!    without it other logins' backends are skipped and their rows stay
-//!    locked until their client moves). Each backend is looked at again just
-//!    before it is ended, so a pooled backend that moved on to another
-//!    client's transaction is spared unless that transaction began within
-//!    the microseconds between the look and the signal. A transaction that
-//!    outlives its term without a takeover fails its COMMIT: keep fenced
-//!    transactions inside their term.
+//!    holding both locks of a term that is over (`leader_fence_sweep`, inside
+//!    their statement): a frozen claimer's rows are free when its term is
+//!    taken over, that is within the takeover bound of 5. Over means a newer
+//!    token, a release or a pause, read from the lease row (never from the
+//!    caller, so no caller can aim it at a live term; an expired term that
+//!    no one took over may still be renewed, so it is not over); another role
+//!    is mistaken for this one only if both 32-bit hashes collide. What it
+//!    relies on, and where it falls short: the schema owner's right to end
+//!    backends (a superuser, or a member of `pg_signal_backend`; without it
+//!    other logins' backends are skipped); a fence whose tried lock was not
+//!    granted (any login can queue for a key it sees in `pg_locks`) leaves
+//!    its transaction invisible to the sweep; a transaction left open after
+//!    its own holder's RELEASE is ended by no sweep until the next takeover
+//!    or pause; if the ACQUIRE's or pause's own transaction rolls back after
+//!    the sweep, the claims it ended were of a term that goes on. In every
+//!    such case the claimer's rows stay locked until its client moves, and
+//!    its COMMIT fails. Each backend is looked at again, alone, just before
+//!    it is ended, so a pooled backend that moved on to another client's
+//!    transaction is spared unless that transaction began in the
+//!    milliseconds between the look and the signal; at most 64 are ended a
+//!    call. A transaction that outlives its term without a takeover fails
+//!    its COMMIT: keep fenced transactions inside their term.
 //!    The fence refuses (`feature_not_supported`) what would skip or stretch
 //!    that check: REPEATABLE READ and SERIALIZABLE (their snapshot may predate
 //!    a pause), `SET CONSTRAINTS … IMMEDIATE` (before or after the fence, at

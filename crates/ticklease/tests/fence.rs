@@ -14,7 +14,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
-use ticklease::{Acquire, Fence, Lead, LeaseStore, Manager, PgStore, PgStoreOptions, Refusal, Role, Token};
+use ticklease::{
+    Acquire, Fence, Lead, LeaseStore, Manager, PgStore, PgStoreOptions, Refusal, Renew, Role, Token,
+};
 use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
 
 const JOBS: &str = "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint);
@@ -518,6 +520,60 @@ async fn a_batched_takeover_ends_the_taken_over_terms_open_claims() {
         err.is_closed() || err.code() == Some(&SqlState::ADMIN_SHUTDOWN),
         "ended, not refused at COMMIT: {err:?}"
     );
+}
+
+/// From the review of the automatic sweep: it counted an expired term as
+/// over, but no one had taken it over and its RENEW still extends it; its
+/// claim was ended. Only a newer token, a release or a pause end a term.
+#[tokio::test]
+async fn a_sweep_spares_an_expired_term_that_no_one_took_over() {
+    let s = setup().await;
+    let t = term_of(&s, Duration::from_millis(300)).await;
+    let mut claimer = connect(&s.db).await.unwrap();
+    let tx = claimer.transaction().await.unwrap();
+    assert_eq!(
+        tx.execute_typed(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+            &[(&"billing", Type::TEXT), (&t.0, Type::INT8)],
+        )
+        .await
+        .unwrap(),
+        1
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let sweeper = connect(&ticklease_testkit::direct(&s.db)).await.unwrap();
+    let ended: i32 = ticklease_testkit::scalar(&sweeper, "SELECT leader_fence_sweep(ARRAY['billing'])").await;
+    assert_eq!(ended, 0, "an expired term no one took over is not over");
+    let renewed = s
+        .manager
+        .store()
+        .renew(&billing(), t, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(matches!(renewed, Renew::Renewed { .. }), "{renewed:?}");
+    tx.commit().await.expect("the renewed term's claim commits");
+}
+
+/// From the review of the automatic sweep: it paired every advisory lock of
+/// the cluster with every other before looking at the roles' hashes, so a
+/// login holding thousands of locks made every takeover's ACQUIRE run for
+/// seconds, past its statement timeout.
+#[tokio::test]
+async fn thousands_of_advisory_locks_of_another_login_slow_no_takeover() {
+    let s = setup().await;
+    term_of(&s, Duration::from_millis(300)).await;
+    let hog = connect(&ticklease_testkit::direct(&s.db)).await.unwrap();
+    hog.batch_execute(
+        "SELECT count(pg_advisory_lock(leader_role_hash('billing', 1), g)) FROM generate_series(1, 3000) g;
+         SELECT count(pg_advisory_lock(7, g)) FROM generate_series(1, 3000) g",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let started = Instant::now();
+    take_over(&s, "b").await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "the takeover took {took:?}");
 }
 
 /// A claim statement that runs on past its term (here it sleeps after the

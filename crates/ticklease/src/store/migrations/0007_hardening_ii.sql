@@ -172,7 +172,8 @@ AS $fn$
     -- Two independent 32-bit hashes of this schema's role: the fence's locks
     -- carry both, so the sweep mistakes another role (or another schema's
     -- role of the same name) for this one only when both collide (2^-64).
-    SELECT hashtext('ticklease:' || p_which || ':' || @schema_text@ || ':' || p_role)
+    -- The schema goes with its length: `a:b` + `c` is not `a` + `b:c`.
+    SELECT hashtext('ticklease:' || p_which || ':' || length(@schema_text@) || ':' || @schema_text@ || ':' || p_role)
 $fn$
 $def$,
 $def$
@@ -240,27 +241,29 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- Ends the transactions that passed the fence in a term of p_roles[i] that
 -- is over: every term before the role's current one, and the current one
--- too once it is released, expired or paused. So a claimer frozen in a
--- superseded term gives back the rows it locked. The terms are read from
--- the lease row, never from the caller: whoever calls it ends only
--- transactions whose COMMIT would fail anyway, never a live term's. ACQUIRE
+-- too once it is released or paused. So a claimer frozen in a superseded
+-- term gives back the rows it locked. The terms are read from the lease
+-- row, never from the caller, and only a newer token, a release or a pause
+-- counts (not an expiry nor a lost key, after which RENEW may still extend
+-- the term): a snapshot older than the row only sees less to end. ACQUIRE
 -- calls it when it takes over a term never released, and pause when it
--- ends a term. Earlier is read from the tokens' low 32 bits (the lock's
--- objid): tokens of one role that both have fenced transactions open
--- differ by far less than 2^31. Each backend found is looked at again just
--- before it is ended (a pooled backend may have finished that transaction
--- and begun another client's: then it holds the locks no more), which
--- leaves microseconds between the look and the signal. It ends backends
--- with its owner's rights: a superuser, or a member of pg_signal_backend
--- (others' backends are skipped, and never a superuser's unless the owner
--- is one). Returns how many it ended.
+-- ends a term, inside their statements. Earlier is read from the tokens'
+-- low 32 bits (the lock's objid): tokens are epoch milliseconds at least,
+-- so a term counts as earlier for about 24 days of later acquisitions.
+-- Each backend found is looked at again, alone, just before it is ended (a
+-- pooled backend may have finished that transaction and begun another
+-- client's: then it holds the locks no more). At most 64 a call: the locks
+-- are public, and a login's own backends holding matching pairs only cost
+-- a look each. It ends backends with its owner's rights: a superuser, or a
+-- member of pg_signal_backend (others' backends are skipped, and never a
+-- superuser's unless the owner is one). Returns how many it ended.
 DECLARE
     claimer integer;
     ended integer := 0;
 BEGIN
     PERFORM @schema@.leader_check_batch('leader_fence_sweep', p_roles);
-    FOR claimer IN SELECT DISTINCT s.pid FROM @schema@.leader_fence_swept(p_roles) AS s LOOP
-        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM @schema@.leader_fence_swept(p_roles) AS s WHERE s.pid = claimer);
+    FOR claimer IN SELECT s.pid FROM @schema@.leader_fence_swept(p_roles, NULL) AS s LIMIT 64 LOOP
+        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM @schema@.leader_fence_swept(p_roles, claimer));
         BEGIN
             IF pg_terminate_backend(claimer) THEN
                 ended := ended + 1;
@@ -274,38 +277,35 @@ END
 $fn$
 $def$,
 $def$
-CREATE FUNCTION @schema@.leader_fence_swept(p_roles text[]) RETURNS TABLE (pid integer)
+CREATE FUNCTION @schema@.leader_fence_swept(p_roles text[], p_pid integer) RETURNS TABLE (pid integer)
 LANGUAGE sql VOLATILE
 AS $fn$
-    -- The backends holding both fence locks of a term of p_roles that is
-    -- over (leader_fence_sweep), from two reads of the lock table (the live
-    -- coordination keys, the fence locks), whatever the number of roles.
-    WITH live AS (SELECT ARRAY(SELECT @schema@.leader_live_keys()) AS keys),
-    over AS (
+    -- The backends (all, or p_pid alone) holding both fence locks of a
+    -- term of p_roles that is over (leader_fence_sweep): one read of the
+    -- lock table, joined to the roles' two hashes by equality, so its cost
+    -- grows with the locks and roles, not with their product.
+    WITH over AS (
         SELECT l.role,
-               l.holder_token
-               + CASE WHEN l.paused_at IS NOT NULL
-                        OR NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key,
-                                                               clock_timestamp(), live.keys)
-                      THEN 1 ELSE 0 END AS before
-          FROM @schema@.leader_leases AS l CROSS JOIN live
+               l.holder_token + CASE WHEN l.holder_id IS NULL OR l.paused_at IS NOT NULL THEN 1 ELSE 0 END
+                   AS before
+          FROM @schema@.leader_leases AS l
          WHERE l.role = ANY (p_roles)
     ),
-    fence AS (
-        SELECT k.pid, k.classid, k.objid, k.objsubid
-          FROM pg_catalog.pg_locks AS k
-         WHERE k.locktype = 'advisory' AND k.objsubid = 2 AND k.granted AND k.pid <> pg_backend_pid()
-           AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
+    hashes AS (
+        SELECT o.role, o.before, h.which,
+               (@schema@.leader_role_hash(o.role, h.which)::bigint & 4294967295)::oid AS classid
+          FROM over AS o CROSS JOIN (VALUES (1), (2)) AS h(which)
     )
-    SELECT a.pid
-      FROM over AS t
-      JOIN fence AS a
-        ON a.classid = (@schema@.leader_role_hash(t.role, 1)::bigint & 4294967295)::oid
-       AND ((t.before - a.objid::bigint) & 4294967295) BETWEEN 1 AND 2147483647
-      -- The same backend holds the second hash's lock of the same term.
-      JOIN fence AS b
-        ON b.pid = a.pid AND b.objid = a.objid
-       AND b.classid = (@schema@.leader_role_hash(t.role, 2)::bigint & 4294967295)::oid
+    SELECT DISTINCT k.pid
+      FROM pg_catalog.pg_locks AS k
+      JOIN hashes AS h ON h.classid = k.classid
+     WHERE k.locktype = 'advisory' AND k.objsubid = 2 AND k.granted AND k.pid <> pg_backend_pid()
+       AND (p_pid IS NULL OR k.pid = p_pid)
+       AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
+       AND ((h.before - k.objid::bigint) & 4294967295) BETWEEN 1 AND 2147483647
+     -- The same backend holds both hashes' locks of the same term.
+     GROUP BY h.role, k.pid, k.objid
+    HAVING count(DISTINCT h.which) = 2
 $fn$
 $def$,
 $def$
