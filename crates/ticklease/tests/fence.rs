@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use ticklease::{
@@ -409,6 +409,34 @@ async fn pause_during_an_open_claim_returns_at_once_and_the_claim_rolls_back() {
     assert_eq!(unclaimed(&s.client).await, 100);
 }
 
+/// Claims the first 10 jobs in `tx` under the fence of (`role`, `token`) and
+/// leaves the transaction open: a claimer frozen in its term.
+async fn freeze_ten(tx: &tokio_postgres::Transaction<'_>, role: &str, token: i64) {
+    let sql =
+        "UPDATE jobs SET claimed_by = $2 WHERE id IN (SELECT id FROM jobs ORDER BY id LIMIT 10 FOR UPDATE)
+                 AND (SELECT leader_fence($1, $2)) RETURNING id";
+    let claimed = tx
+        .query_typed(sql, &[(&role, Type::TEXT), (&token, Type::INT8)])
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 10);
+}
+
+/// Claims jobs one by one as billing's term `token` for up to 2 s (skipping
+/// locked rows): how many it got.
+async fn claim_all(s: &Setup, token: Token) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut claimed = 0;
+    while claimed < 100 && Instant::now() < deadline {
+        let n = claim_with(&s.client, "leader_fence", "billing", token).await;
+        claimed += n;
+        if n == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    claimed
+}
+
 /// A claimer that froze idle inside its fenced transaction: the role is taken
 /// over when the lease runs out, and the server ends the frozen session soon
 /// after, so the rows it locked become claimable by the new leader.
@@ -420,14 +448,7 @@ async fn a_frozen_idle_in_transaction_claimer_delays_neither_takeover_nor_its_ro
     let t = term_of(&s, ttl).await;
     let mut frozen = connect(&s.db).await.unwrap();
     let tx = frozen.transaction().await.unwrap();
-    let sql =
-        "UPDATE jobs SET claimed_by = $2 WHERE id IN (SELECT id FROM jobs ORDER BY id LIMIT 10 FOR UPDATE)
-                 AND (SELECT leader_fence($1, $2)) RETURNING id";
-    let params = [
-        (&"billing" as &(dyn ToSql + Sync), Type::TEXT),
-        (&t.0, Type::INT8),
-    ];
-    assert_eq!(tx.query_typed(sql, &params).await.unwrap().len(), 10);
+    freeze_ten(&tx, "billing", t.0).await;
 
     // The takeover's ACQUIRE ends the superseded term's open transactions.
     let (_, new_token) = take_over(&s, "b").await;
@@ -438,16 +459,11 @@ async fn a_frozen_idle_in_transaction_claimer_delays_neither_takeover_nor_its_ro
     );
     // The new leader's claim skips locked rows; once the frozen session is
     // ended, all 100 are claimable.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut claimed = 0;
-    while claimed < 100 && Instant::now() < deadline {
-        let n = claim_with(&s.client, "leader_fence", "billing", new_token).await;
-        claimed += n;
-        if n == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    assert_eq!(claimed, 100, "the frozen claimer's rows stayed locked");
+    assert_eq!(
+        claim_all(&s, new_token).await,
+        100,
+        "the frozen claimer's rows stayed locked"
+    );
     assert!(tx.commit().await.is_err(), "the frozen session was ended");
 }
 
@@ -460,28 +476,16 @@ async fn a_pause_frees_the_rows_of_a_claimer_frozen_in_the_paused_term() {
     let t = term_of(&s, Duration::from_secs(30)).await;
     let mut frozen = connect(&s.db).await.unwrap();
     let tx = frozen.transaction().await.unwrap();
-    let sql =
-        "UPDATE jobs SET claimed_by = $2 WHERE id IN (SELECT id FROM jobs ORDER BY id LIMIT 10 FOR UPDATE)
-                 AND (SELECT leader_fence($1, $2)) RETURNING id";
-    let params = [
-        (&"billing" as &(dyn ToSql + Sync), Type::TEXT),
-        (&t.0, Type::INT8),
-    ];
-    assert_eq!(tx.query_typed(sql, &params).await.unwrap().len(), 10);
+    freeze_ten(&tx, "billing", t.0).await;
     let store = s.manager.store();
     assert!(store.pause(&billing(), "ops", "frozen claimer").await.unwrap());
     assert!(store.unpause(&billing()).await.unwrap());
     let next = term_of(&s, Duration::from_secs(30)).await;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut claimed = 0;
-    while claimed < 100 && Instant::now() < deadline {
-        let n = claim_with(&s.client, "leader_fence", "billing", next).await;
-        claimed += n;
-        if n == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    assert_eq!(claimed, 100, "the frozen claimer's rows stayed locked");
+    assert_eq!(
+        claim_all(&s, next).await,
+        100,
+        "the frozen claimer's rows stayed locked"
+    );
     assert!(tx.commit().await.is_err(), "the frozen session was ended");
 }
 
@@ -497,14 +501,7 @@ async fn a_batched_takeover_ends_the_taken_over_terms_open_claims() {
     .await;
     let mut frozen = connect(&s.db).await.unwrap();
     let tx = frozen.transaction().await.unwrap();
-    let sql =
-        "UPDATE jobs SET claimed_by = $2 WHERE id IN (SELECT id FROM jobs ORDER BY id LIMIT 10 FOR UPDATE)
-                 AND (SELECT leader_fence($1, $2)) RETURNING id";
-    let params = [
-        (&"fam:k1" as &(dyn ToSql + Sync), Type::TEXT),
-        (&token, Type::INT8),
-    ];
-    assert_eq!(tx.query_typed(sql, &params).await.unwrap().len(), 10);
+    freeze_ten(&tx, "fam:k1", token).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let taken: i64 = ticklease_testkit::scalar(
         &s.client,
