@@ -251,7 +251,7 @@ async fn three_replicas_share_a_familys_keys_evenly() {
 }
 
 /// A replica that dies (its runtime stops: no RELEASE, its connections
-/// close) has its keys led again by the others within a second and a half,
+/// close) has its keys led again by the others within three seconds (a loaded CI machine took 1.5 s once),
 /// far inside its 10 s leases: its coordination session's end is heard.
 #[tokio::test]
 async fn a_dead_replicas_keys_are_taken_over_at_once_by_the_others() {
@@ -325,7 +325,7 @@ async fn a_dead_replicas_keys_are_taken_over_at_once_by_the_others() {
             }
         }
         assert!(
-            killed.elapsed() < Duration::from_millis(1500),
+            killed.elapsed() < Duration::from_secs(3),
             "{taken} of the dead replica's {victim_terms} keys led again after {:?}",
             killed.elapsed()
         );
