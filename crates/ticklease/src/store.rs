@@ -14,6 +14,7 @@ use crate::term::token::Token;
 
 pub(crate) mod batch;
 mod cancel;
+mod definitions;
 pub mod migrate;
 mod postgres;
 

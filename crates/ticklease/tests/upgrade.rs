@@ -1,5 +1,6 @@
-//! Migrations 0003 and 0004 upgrade a database in place, with a live term
-//! whose holder keeps renewing through the upgrade.
+//! Migrations upgrade a database in place, with live terms whose holders
+//! keep renewing through the upgrade; the definitions are applied when they
+//! change and never over newer ones.
 
 use std::time::Duration;
 
@@ -8,7 +9,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
-use ticklease::migrate::{MigrationSet, LIBRARY, MIGRATIONS};
+use ticklease::migrate::{
+    MigrationSet, DEFINITIONS, DEFINITIONS_GENERATION, DEFINITIONS_TABLE, LIBRARY, MIGRATIONS,
+};
 use ticklease::{LeaseStore, PgStore, PgStoreOptions, Renew, Role, Token};
 use ticklease_testkit::{connect, scalar, test_config, PgCluster};
 
@@ -223,4 +226,163 @@ async fn migration_0004_keeps_a_live_term_and_0003_statements_keep_working() {
     )
     .await;
     assert_eq!(key, store.holder_key(), "a new RENEW records the replica's key");
+}
+
+/// A database at 0006 (the families release) moves to 0007 and the
+/// definitions in place: a single term and a family's batched term keep
+/// renewing with 0006's statements throughout, and keep their tokens.
+#[tokio::test]
+async fn a_database_at_0006_moves_to_the_definitions_with_its_holders_renewing() {
+    let cluster = PgCluster::shared();
+    let name = cluster.create_database().await.unwrap();
+    let owner = cluster.config(&name);
+    let mut client = connect(&owner).await.unwrap();
+    let at_0006 = MigrationSet {
+        migrations: &MIGRATIONS[..6],
+        ..LIBRARY
+    };
+    at_0006.apply(&mut client, "").await.unwrap();
+    client
+        .batch_execute("CREATE ROLE upgrade_app6 LOGIN IN ROLE ticklease_app")
+        .await
+        .unwrap();
+    let mut app = owner.clone();
+    app.user("upgrade_app6");
+    let app_client = connect(&app).await.unwrap();
+    let single: i64 = scalar(
+        &app_client,
+        "SELECT holder_token FROM leader_acquire('billing', 'old-holder', 2000, 1, NULL)",
+    )
+    .await;
+    let batched: i64 = scalar(
+        &app_client,
+        "SELECT holder_token FROM leader_acquire_many(ARRAY['shard:a'], 'old-holder', 2000, 1, NULL, 10)",
+    )
+    .await;
+
+    let stop = CancellationToken::new();
+    let holder = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut renewed = 0;
+            while !stop.is_cancelled() {
+                let one: bool = scalar(
+                    &app_client,
+                    &format!("SELECT renewed FROM leader_renew('billing', {single}, 2000, NULL)"),
+                )
+                .await;
+                let many: i64 = scalar(
+                    &app_client,
+                    &format!(
+                        "SELECT count(*) FROM leader_renew_many(ARRAY['shard:a'], ARRAY[{batched}::int8], 2000, NULL)
+                          WHERE renewed"
+                    ),
+                )
+                .await;
+                assert!(one && many == 1, "a live term was lost during the upgrade");
+                renewed += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            renewed
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let report = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(report.applied, [7]);
+    let all: Vec<&str> = DEFINITIONS.iter().map(|d| d.name).collect();
+    assert_eq!(report.definitions, all);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.cancel();
+    assert!(holder.await.unwrap() >= 6, "renewed before and after the upgrade");
+
+    let store = PgStore::connect(app.clone(), PgStoreOptions::from_config(&test_config()))
+        .await
+        .unwrap();
+    for (role, token) in [("billing", single), ("shard:a", batched)] {
+        let row = ticklease_testkit::lease_row(&store, role).await;
+        assert_eq!((row.token, row.held), (Token(token), true), "{role}");
+    }
+}
+
+/// A second run applies nothing; a changed file is applied alone, and the
+/// SECURITY DEFINER functions it replaced are pinned again.
+#[tokio::test]
+async fn a_definition_is_applied_again_only_when_its_checksum_changes() {
+    let cluster = PgCluster::shared();
+    let name = cluster.create_database().await.unwrap();
+    let mut client = connect(&cluster.config(&name)).await.unwrap();
+    let first = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(first.definitions.len(), DEFINITIONS.len());
+    assert_eq!(
+        first.applied,
+        [1, 2, 3, 4, 5, 6, 7],
+        "recorded from the tables file"
+    );
+    let again = ticklease::migrate(&mut client).await.unwrap();
+    assert!(
+        again.definitions.is_empty() && again.applied.is_empty(),
+        "{again:?}"
+    );
+
+    client
+        .batch_execute(&format!(
+            "UPDATE {DEFINITIONS_TABLE} SET checksum = 'edited' WHERE name = '60_operator';
+             ALTER FUNCTION leader_pause(text, text, text) RESET search_path"
+        ))
+        .await
+        .unwrap();
+    let changed = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(changed.definitions, ["60_operator"]);
+    let pinned: String = scalar(
+        &client,
+        "SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE oid = 'leader_pause(text, text, text)'::regprocedure",
+    )
+    .await;
+    assert!(pinned.ends_with("pg_temp"), "{pinned}");
+}
+
+/// During a rolling deploy a replica of an older release migrates after a
+/// newer one: it leaves the newer definitions in place, and a store of a
+/// newer release refuses a database whose definitions are older.
+#[tokio::test]
+async fn a_run_never_applies_definitions_older_than_the_databases() {
+    let cluster = PgCluster::shared();
+    let name = cluster.create_database().await.unwrap();
+    let owner = cluster.config(&name);
+    let mut client = connect(&owner).await.unwrap();
+    ticklease::migrate(&mut client).await.unwrap();
+    let newer = DEFINITIONS_GENERATION + 1;
+    client
+        .batch_execute(&format!(
+            "UPDATE {DEFINITIONS_TABLE} SET checksum = 'newer', generation = {newer}"
+        ))
+        .await
+        .unwrap();
+    let report = ticklease::migrate(&mut client).await.unwrap();
+    assert!(report.definitions.is_empty(), "{report:?}");
+    let kept: i64 = scalar(
+        &client,
+        &format!("SELECT count(*) FROM {DEFINITIONS_TABLE} WHERE checksum = 'newer'"),
+    )
+    .await;
+    assert_eq!(kept, DEFINITIONS.len() as i64);
+
+    client
+        .batch_execute(&format!("UPDATE {DEFINITIONS_TABLE} SET generation = 0"))
+        .await
+        .unwrap();
+    let app = ticklease_testkit::app_config(cluster, &name);
+    let err = PgStore::connect(app, PgStoreOptions::from_config(&test_config()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ticklease::StoreError::NotMigrated { .. }) && err.to_string().contains("generation 0"),
+        "{err}"
+    );
 }

@@ -17,6 +17,8 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::error::MigrateError;
+use crate::store::definitions;
+pub use crate::store::definitions::{Definition, DEFINITIONS, DEFINITIONS_GENERATION, DEFINITIONS_TABLE};
 
 /// One embedded migration file.
 #[derive(Debug, Clone, Copy)]
@@ -32,11 +34,16 @@ pub struct Migration {
 impl Migration {
     /// SHA-256 of the file, hex.
     pub fn checksum(&self) -> String {
-        Sha256::digest(self.sql.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        checksum(self.sql)
     }
+}
+
+/// SHA-256 of a file, hex.
+pub(crate) fn checksum(sql: &str) -> String {
+    Sha256::digest(sql.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The library's migrations, in order.
@@ -174,6 +181,8 @@ pub struct MigrateReport {
     pub applied: Vec<i32>,
     /// Versions found applied before.
     pub already_applied: Vec<i32>,
+    /// Definition files applied by this run (`definitions/`).
+    pub definitions: Vec<String>,
 }
 
 /// Applies every pending migration in one transaction, granting to the default roles.
@@ -201,14 +210,22 @@ pub async fn migrate_with(
         "SELECT leader_grant('{}', '{}')",
         options.app_role, options.operator_role
     );
-    apply(client, &LIBRARY, &settings, &grant).await
+    apply(client, &LIBRARY, &settings, Library::Yes, &grant).await
+}
+
+/// Whether a run is the library's own: a fresh database then starts from
+/// the tables file, and the definitions follow the versioned migrations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Library {
+    Yes,
+    No,
 }
 
 impl MigrationSet {
     /// Applies every pending migration in one transaction, after running
     /// `prelude` (transaction-local settings; may be empty) in it.
     pub async fn apply(&self, client: &mut Client, prelude: &str) -> Result<MigrateReport, MigrateError> {
-        apply(client, self, prelude, "").await
+        apply(client, self, prelude, Library::No, "").await
     }
 
     /// Checks that every migration is applied, unchanged; `NotMigrated`
@@ -254,11 +271,13 @@ impl MigrationSet {
 }
 
 /// Applies `set` in one transaction under its advisory lock: `prelude`, the
-/// pending migrations, then `epilogue` (each may be empty).
+/// pending migrations (for the library: the tables file first on a fresh
+/// database, the definitions after), then `epilogue` (each may be empty).
 async fn apply(
     client: &mut Client,
     set: &MigrationSet,
     prelude: &str,
+    library: Library,
     epilogue: &str,
 ) -> Result<MigrateReport, MigrateError> {
     let db = |step: &str| {
@@ -302,8 +321,7 @@ async fn apply(
     if !prelude.is_empty() {
         tx.batch_execute(prelude).await.map_err(db("prelude"))?;
     }
-    let applied = applied(&tx, table).await.map_err(db("read applied migrations"))?;
-
+    let mut applied = applied(&tx, table).await.map_err(db("read applied migrations"))?;
     let mut report = MigrateReport::default();
     for (version, checksum) in &applied {
         match set.migrations.iter().find(|m| m.version == *version) {
@@ -317,6 +335,10 @@ async fn apply(
             Some(m) => report.already_applied.push(m.version),
         }
     }
+    if library == Library::Yes && applied.is_empty() {
+        report.applied = start_from_tables(&tx, set).await?;
+        applied = applied_of(set, &report.applied);
+    }
     for m in set
         .migrations
         .iter()
@@ -324,21 +346,63 @@ async fn apply(
     {
         let step = format!("{:04}_{}", m.version, m.name);
         tx.batch_execute(m.sql).await.map_err(db(&step))?;
-        tx.batch_execute(&format!(
-            "INSERT INTO {table} (version, name, checksum) VALUES ({}, '{}', '{}')",
-            m.version,
-            m.name,
-            m.checksum()
-        ))
-        .await
-        .map_err(db(&step))?;
+        record(&tx, table, m).await.map_err(db(&step))?;
         report.applied.push(m.version);
+    }
+    if library == Library::Yes {
+        report.definitions = definitions::apply(&tx).await?;
     }
     if !epilogue.is_empty() {
         tx.batch_execute(epilogue).await.map_err(db("grant"))?;
     }
     tx.commit().await.map_err(db("commit"))?;
     Ok(report)
+}
+
+/// Creates the tables of a fresh database from the tables file and records
+/// the migrations it stands in for as applied, with their checksums: the
+/// catalog test holds the result equal to running them.
+async fn start_from_tables(
+    tx: &tokio_postgres::Transaction<'_>,
+    set: &MigrationSet,
+) -> Result<Vec<i32>, MigrateError> {
+    let db = |source| MigrateError::Db {
+        step: "tables_at_0007.sql".into(),
+        source,
+    };
+    tx.batch_execute(definitions::TABLES).await.map_err(db)?;
+    let mut versions = Vec::new();
+    for m in set
+        .migrations
+        .iter()
+        .filter(|m| m.version <= definitions::TABLES_AT)
+    {
+        record(tx, set.table, m).await.map_err(db)?;
+        versions.push(m.version);
+    }
+    Ok(versions)
+}
+
+fn applied_of(set: &MigrationSet, versions: &[i32]) -> Vec<(i32, String)> {
+    set.migrations
+        .iter()
+        .filter(|m| versions.contains(&m.version))
+        .map(|m| (m.version, m.checksum()))
+        .collect()
+}
+
+async fn record(
+    tx: &tokio_postgres::Transaction<'_>,
+    table: &str,
+    m: &Migration,
+) -> Result<(), tokio_postgres::Error> {
+    tx.batch_execute(&format!(
+        "INSERT INTO {table} (version, name, checksum) VALUES ({}, '{}', '{}')",
+        m.version,
+        m.name,
+        m.checksum()
+    ))
+    .await
 }
 
 /// Who holds advisory lock `key` (a migration lock that was waited for

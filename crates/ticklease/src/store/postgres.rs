@@ -780,10 +780,15 @@ fn unknown_role(e: StoreError, role: &Role) -> StoreError {
     }
 }
 
-/// Checks that every library migration is applied, unchanged: the store's
+/// Checks that every library migration is applied, unchanged, and the
+/// definitions of this build or newer ones: the store's
 /// startup check, as a store error (`NotMigrated`, `PermissionDenied`, …).
 async fn check_schema(client: &tokio_postgres::Client) -> Result<(), StoreError> {
-    LIBRARY.verify(client).await.map_err(|e| match e {
+    let checked = match LIBRARY.verify(client).await {
+        Ok(()) => super::definitions::verify(client).await,
+        failed => failed,
+    };
+    checked.map_err(|e| match e {
         MigrateError::NotMigrated { detail, command } => StoreError::NotMigrated { detail, command },
         MigrateError::Db { source, .. } => classify("schema check", source),
         other => StoreError::NotMigrated {

@@ -1,0 +1,174 @@
+//! The protocol's current SQL, one file per concept in `definitions/`: every
+//! function, the view and the trigger, each body in one place. Versioned
+//! migrations (`migrations/`) change tables and data only; the shipped
+//! 0001–0007 also created functions and stay as they are, since databases
+//! hold their checksums.
+//!
+//! A migration run applies the definitions in their fixed order, inside its
+//! own transaction and advisory lock, each file whose checksum differs from
+//! the one the database recorded (`ticklease_schema_definitions`), then pins
+//! `search_path` on every SECURITY DEFINER function and re-grants. A run
+//! never applies definitions older than the database's: a replica of an
+//! older release that migrates during a rolling deploy leaves the newer
+//! bodies in place (the compatibility file keeps its signatures working).
+//!
+//! A database created from nothing starts from `migrations/tables_at_0007.sql` (the tables as
+//! 0001–0007 leave them) and records those versions as applied; the catalog
+//! test holds it equal to a database upgraded through every migration.
+
+use tokio_postgres::Transaction;
+
+use super::migrate::checksum;
+use crate::error::MigrateError;
+
+/// One file of current definitions.
+#[derive(Debug, Clone, Copy)]
+pub struct Definition {
+    /// The file's name without `.sql`, recorded with its checksum.
+    pub name: &'static str,
+    /// The SQL; `@schema@` stands for the schema's quoted name, `@schema_text@` for it as a literal.
+    pub sql: &'static str,
+}
+
+macro_rules! definition {
+    ($name:literal) => {
+        Definition {
+            name: $name,
+            sql: include_str!(concat!("definitions/", $name, ".sql")),
+        }
+    };
+}
+
+/// The definitions, in the order they are applied (each uses only the ones before it).
+pub const DEFINITIONS: &[Definition] = &[
+    definition!("10_liveness"),
+    definition!("20_history"),
+    definition!("30_fence"),
+    definition!("40_terms"),
+    definition!("50_families"),
+    definition!("60_operator"),
+    definition!("70_compatibility"),
+    definition!("80_privileges"),
+];
+
+/// Raised with every change to a definitions file: a run applies its
+/// definitions only over a database at this generation or an older one.
+pub const DEFINITIONS_GENERATION: i32 = 1;
+
+/// The table that records the applied definitions.
+pub const DEFINITIONS_TABLE: &str = "ticklease_schema_definitions";
+
+/// The tables as the shipped migrations up to [`TABLES_AT`] leave them.
+pub(crate) const TABLES: &str = include_str!("migrations/tables_at_0007.sql");
+
+/// The last versioned migration that [`TABLES`] stands in for.
+pub(crate) const TABLES_AT: i32 = 7;
+
+/// Applies every definition whose recorded checksum or generation differs
+/// from this build's; returns the names applied (none when the database
+/// holds a newer generation).
+pub(crate) async fn apply(tx: &Transaction<'_>) -> Result<Vec<String>, MigrateError> {
+    let db = |step: &str| {
+        let step = step.to_string();
+        move |source| MigrateError::Db { step, source }
+    };
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {DEFINITIONS_TABLE} (
+             name       text PRIMARY KEY,
+             checksum   text NOT NULL,
+             generation integer NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now())"
+    ))
+    .await
+    .map_err(db("create the definitions table"))?;
+    let recorded = tx
+        .query_typed(
+            &format!("SELECT name, checksum, generation FROM {DEFINITIONS_TABLE}"),
+            &[],
+        )
+        .await
+        .map_err(db("read applied definitions"))?;
+    if recorded
+        .iter()
+        .any(|r| r.get::<_, i32>(2) > DEFINITIONS_GENERATION)
+    {
+        return Ok(Vec::new());
+    }
+    let rows = tx
+        .query_typed(
+            "SELECT quote_ident(current_schema()), quote_literal(current_schema())",
+            &[],
+        )
+        .await
+        .map_err(db("read the schema"))?;
+    let (ident, literal): (String, String) = rows.first().map(|r| (r.get(0), r.get(1))).unwrap_or_default();
+    let mut applied = Vec::new();
+    for d in DEFINITIONS {
+        let sum = checksum(d.sql);
+        let current = recorded.iter().any(|r| {
+            r.get::<_, &str>(0) == d.name
+                && r.get::<_, &str>(1) == sum
+                && r.get::<_, i32>(2) == DEFINITIONS_GENERATION
+        });
+        if current {
+            continue;
+        }
+        let step = format!("definitions/{}.sql", d.name);
+        tx.batch_execute(
+            &d.sql
+                .replace("@schema_text@", &literal)
+                .replace("@schema@", &ident),
+        )
+        .await
+        .map_err(db(&step))?;
+        // Names and checksums are this build's constants ([0-9a-z_]).
+        tx.batch_execute(&format!(
+            "INSERT INTO {DEFINITIONS_TABLE} (name, checksum, generation)
+             VALUES ('{}', '{sum}', {DEFINITIONS_GENERATION})
+             ON CONFLICT (name) DO UPDATE
+                SET checksum = excluded.checksum, generation = excluded.generation, applied_at = now()",
+            d.name
+        ))
+        .await
+        .map_err(db(&step))?;
+        applied.push(d.name.to_string());
+    }
+    let names: Vec<String> = DEFINITIONS.iter().map(|d| format!("'{}'", d.name)).collect();
+    tx.batch_execute(&format!(
+        "DELETE FROM {DEFINITIONS_TABLE} WHERE name NOT IN ({})",
+        names.join(", ")
+    ))
+    .await
+    .map_err(db("forget removed definitions"))?;
+    if !applied.is_empty() {
+        // A replaced function lost its pinned search_path; a new one is executable by PUBLIC.
+        tx.batch_execute("SELECT leader_secure_functions(); SELECT leader_regrant()")
+            .await
+            .map_err(db("secure and re-grant the functions"))?;
+    }
+    Ok(applied)
+}
+
+/// Checks that the database holds this build's definitions or newer ones.
+pub(crate) async fn verify(client: &tokio_postgres::Client) -> Result<(), MigrateError> {
+    let sql = format!("SELECT coalesce(min(generation), 0) FROM {DEFINITIONS_TABLE}");
+    let generation: i32 = match client.query_typed(&sql, &[]).await {
+        Ok(rows) => rows.first().map_or(0, |r| r.get(0)),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => 0,
+        Err(source) => {
+            return Err(MigrateError::Db {
+                step: "verify the definitions".into(),
+                source,
+            })
+        }
+    };
+    if generation >= DEFINITIONS_GENERATION {
+        return Ok(());
+    }
+    Err(MigrateError::NotMigrated {
+        detail: format!(
+            "the SQL definitions are at generation {generation}, this build needs {DEFINITIONS_GENERATION}"
+        ),
+        command: super::migrate::LIBRARY.command,
+    })
+}

@@ -1,0 +1,122 @@
+-- Tokens start at the epoch in milliseconds, so a table dropped and re-created
+-- (rollback + re-apply) reseeds above every token issued before, as long as a
+-- role was acquired fewer than 1000 times a second on average.
+-- [from 0001_leader_leases.sql]
+CREATE OR REPLACE FUNCTION leader_token_seed() RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+-- Every new row's first token. Set only where it differs (a database created
+-- from migrations/tables_at_0007.sql), so an upgrade takes no lock on the lease table.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attrdef AS d JOIN pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                    WHERE d.adrelid = 'leader_leases'::regclass AND a.attname = 'holder_token') THEN
+        ALTER TABLE leader_leases ALTER COLUMN holder_token SET DEFAULT leader_token_seed();
+    END IF;
+END
+$$;
+
+-- Durations in ms, bounded like ticklease::Config (0 < d <= 24 h).
+-- [from 0003_hardening.sql]
+CREATE OR REPLACE FUNCTION leader_check_ms(p_name text, p_ms bigint) RETURNS interval
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_ms IS NULL OR p_ms <= 0 OR p_ms > 86400000 THEN
+        RAISE EXCEPTION 'ticklease: % must be within 1 ms .. 24 h, got % ms', p_name, p_ms
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN p_ms * interval '1 millisecond';
+END
+$$;
+
+-- [from 0006_families.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_check_batch(p_name text, p_roles text[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $fn$
+BEGIN
+    IF p_roles IS NULL OR cardinality(p_roles) > 10000 OR array_ndims(p_roles) > 1 THEN
+        RAISE EXCEPTION 'ticklease: % takes a list of 0 to 10000 roles, got %', p_name, cardinality(p_roles)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(p_roles, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'ticklease: % got a NULL role', p_name USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
+-- The expiry predicate, in one place: every statement that asks "is this
+-- term live?" asks it here, so a later liveness rule changes one function.
+-- [from 0001_leader_leases.sql]
+CREATE OR REPLACE FUNCTION leader_lease_live(p_holder_id text, p_expires_at timestamptz, p_at timestamptz)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT p_holder_id IS NOT NULL AND p_expires_at > p_at $$;
+
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_live_keys() RETURNS SETOF bigint
+LANGUAGE sql VOLATILE
+AS $fn$
+    -- The coordination keys held now, each by the backend that took it: a
+    -- session advisory lock on a bigint key shows as (classid, objid) = its
+    -- high and low 32 bits with objsubid 1, and a coordination key's high 32
+    -- bits are its backend's pid. One read of the lock table (its size is
+    -- max_locks_per_transaction x max_connections, whatever the app role
+    -- creates); it takes no lock. Qualified: the view calls this with the
+    -- reader's search_path.
+    SELECT (k.classid::bigint << 32) | k.objid::bigint
+      FROM pg_catalog.pg_locks AS k
+     WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.mode = 'ExclusiveLock' AND k.granted
+       AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
+       AND k.pid::bigint = k.classid::bigint
+$fn$;
+
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_key_alive(p_key bigint) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $fn$
+    -- True unless no session of this database holds the key, or only a
+    -- backend other than the one that took it. NULL (a holder without a
+    -- coordination session): the lease alone decides.
+    SELECT p_key IS NULL OR p_key IN (SELECT @schema@.leader_live_keys())
+$fn$;
+
+-- [from 0004_coordination.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_term_live(p_holder_id text, p_expires_at timestamptz, p_key bigint, p_at timestamptz)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $fn$
+    -- The one liveness predicate of a term, for ACQUIRE and leader_status:
+    -- the lease has not run out on the database clock and its holder's
+    -- coordination session (if it had one) lives. The fence and its commit
+    -- check use leader_lease_live (token and expiry) alone. Qualified: the
+    -- view calls this with the reader's search_path.
+    SELECT @schema@.leader_lease_live(p_holder_id, p_expires_at, p_at) AND @schema@.leader_key_alive(p_key)
+$fn$;
+
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_term_live_among(p_holder_id text, p_expires_at timestamptz, p_key bigint,
+                                                p_at timestamptz, p_live bigint[])
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $fn$
+    -- leader_term_live with the live keys read once for a whole statement.
+    SELECT @schema@.leader_lease_live(p_holder_id, p_expires_at, p_at) AND (p_key IS NULL OR p_key = ANY (p_live))
+$fn$;
+
+-- [from 0004_coordination.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_require_key(p_key bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- A key a replica passes must be held: otherwise its direct URL reaches
+-- another database than its pooled one, and every term it starts would be
+-- acquirable by anyone at once.
+BEGIN
+    IF NOT @schema@.leader_key_alive(p_key) THEN
+        RAISE EXCEPTION 'ticklease: coordination key % is held by no session of this database', p_key
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'The coordination session ended, or the direct URL reaches another database than the pooled URL.';
+    END IF;
+END
+$fn$;

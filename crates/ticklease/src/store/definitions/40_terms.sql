@@ -1,0 +1,137 @@
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint, p_key bigint)
+RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
+               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- ACQUIRE as in 0005, refusing a holder id over 200 characters (as the
+-- batched ACQUIRE does). A term it takes over that was never released (its
+-- holder died, froze or lost its link) is recorded as lost: expired, or
+-- holder_gone when its holder's coordination key was held no more; and the
+-- transactions still open in it are ended (leader_fence_sweep). `s` is
+-- the row as of the statement's start; if a RELEASE of that term committed
+-- in between, it recorded the term first and this row is not written.
+#variable_conflict use_column
+BEGIN
+    IF p_holder IS NULL OR length(p_holder) > 200 THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire needs a holder id of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @schema@.leader_require_key(p_key);
+    RETURN QUERY
+    WITH acquired AS (
+        INSERT INTO @schema@.leader_leases AS l (role, holder_token, holder_id, acquired_at, expires_at, holder_key)
+        VALUES (p_role, @schema@.leader_token_seed(), p_holder, now(),
+                now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms), p_key)
+        ON CONFLICT (role) DO UPDATE
+           SET role = EXCLUDED.role,
+               holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
+               holder_id = EXCLUDED.holder_id,
+               acquired_at = EXCLUDED.acquired_at,
+               expires_at = EXCLUDED.expires_at,
+               holder_key = EXCLUDED.holder_key
+         WHERE l.paused_at IS NULL
+           AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
+           AND (l.last_tick_ended_at IS NULL
+                OR l.last_tick_ended_at <= now() - @schema@.leader_check_ms('interval', p_interval_ms))
+           AND (l.not_before IS NULL OR l.not_before <= now())
+        RETURNING l.holder_token
+    ),
+    taken_over AS (
+        SELECT @schema@.leader_history_add(p_role, 'term', s.holder_token, s.holder_id, s.acquired_at, 'lost',
+                   CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL),
+               @schema@.leader_fence_sweep(ARRAY[p_role])
+          FROM acquired AS a
+          JOIN @schema@.leader_leases AS s ON s.role = p_role AND s.holder_id IS NOT NULL
+    )
+    SELECT a.holder_token,
+           now(),
+           s.holder_id,
+           s.expires_at,
+           @schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now()),
+           s.paused_by,
+           s.pause_reason,
+           greatest(s.last_tick_ended_at + @schema@.leader_check_ms('interval', p_interval_ms), s.not_before),
+           s.holder_key
+      FROM (SELECT 1) AS one
+      LEFT JOIN acquired AS a ON true
+      LEFT JOIN @schema@.leader_leases AS s ON s.role = p_role
+      -- Referenced, so the planner cannot drop the join and the row with it.
+      JOIN (SELECT count(*) AS n FROM taken_over) AS recorded ON recorded.n IS NOT NULL;
+END
+$fn$;
+
+-- [from 0004_coordination.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint, p_key bigint)
+RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_id text, paused boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- RENEW as in 0003; it records the holder's current coordination key (a
+-- replica whose session reconnected has a new one; NULL: none now).
+BEGIN
+    PERFORM @schema@.leader_require_key(p_key);
+    UPDATE @schema@.leader_leases AS l
+       SET expires_at = now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms),
+           holder_key = p_key
+     WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NOT NULL;
+    IF FOUND THEN
+        RETURN QUERY SELECT true, now(), p_token, NULL::text, false;
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT false, now(), s.holder_token, s.holder_id, s.paused_at IS NOT NULL
+          FROM (SELECT 1) AS one
+          LEFT JOIN @schema@.leader_leases AS s ON s.role = p_role;
+END
+$fn$;
+
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, p_stamp boolean, p_cooldown_ms bigint,
+                                         p_outcome text, p_reason text, p_error text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- RELEASE as in 0005, recording how the term ended. It notifies no one:
+-- the library notifies after the commit, in a statement of its own.
+DECLARE
+    cooldown interval := CASE WHEN p_cooldown_ms IS NOT NULL
+                              THEN @schema@.leader_check_ms('cooldown', p_cooldown_ms) END;
+    ended @schema@.leader_leases;
+BEGIN
+    IF p_stamp IS NULL OR p_outcome IS NULL
+       OR p_outcome NOT IN ('completed', 'interrupted', 'lost', 'failed', 'panicked')
+       OR p_reason NOT IN ('taken_over', 'paused', 'released', 'heartbeat_timeout') THEN
+        RAISE EXCEPTION 'ticklease: leader_release needs p_stamp, an outcome and a known loss reason, got % / % / %',
+                        p_stamp, p_outcome, left(p_reason, 40)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The lock RELEASE's UPDATE takes anyway (no key column changes), so it
+    -- still never waits for a claim's commit check.
+    SELECT * INTO ended FROM @schema@.leader_leases AS l
+     WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NOT NULL
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE @schema@.leader_leases AS l
+       SET holder_id = NULL,
+           acquired_at = NULL,
+           expires_at = NULL,
+           holder_key = NULL,
+           last_tick_ended_at = CASE WHEN p_stamp THEN now() ELSE l.last_tick_ended_at END,
+           last_tick_holder = CASE WHEN p_stamp THEN l.holder_id ELSE l.last_tick_holder END,
+           not_before = now() + cooldown
+     WHERE l.role = p_role;
+    PERFORM @schema@.leader_history_add(p_role, 'term', p_token, ended.holder_id, ended.acquired_at,
+                                        p_outcome, p_reason, NULL, p_error);
+    RETURN true;
+END
+$fn$;
+
+-- [from 0003_hardening.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_seed(p_roles text[]) RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $fn$
+    -- Creates the rows of roles that have none; existing rows are untouched.
+    INSERT INTO @schema@.leader_leases (role) SELECT unnest(p_roles) ON CONFLICT (role) DO NOTHING
+$fn$;

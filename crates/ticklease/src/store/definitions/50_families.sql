@@ -1,0 +1,262 @@
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire_many(p_roles text[], p_holder text, p_ttl_ms bigint,
+                                              p_interval_ms bigint, p_key bigint, p_limit integer)
+RETURNS TABLE (role text, holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
+               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
+               over_limit boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- ACQUIRE for many roles of one interval: starts terms on at most p_limit
+-- of them, taken in the caller's order (its preferred roles first) among
+-- those that look acquirable. The picked rows are locked in role order and
+-- checked again under the lock with ACQUIRE's predicate (a row another
+-- replica took meanwhile drops out), each gets ACQUIRE's token and
+-- expiry, and a term taken over without a RELEASE is recorded as lost
+-- (expired, or holder_gone) as the one-row ACQUIRE of 0005 does, its open
+-- transactions ended (leader_fence_sweep). Rows it
+-- does not pick are read without a lock, so a batch never waits on terms
+-- held elsewhere. over_limit: acquirable, but past the limit. The live
+-- coordination keys are read once (leader_live_keys), not once per row.
+#variable_conflict use_column
+DECLARE
+    picked text[];
+    won_roles text[];
+    won_tokens bigint[];
+    gone text[];
+    every_interval interval := @schema@.leader_check_ms('interval', p_interval_ms);
+    ttl interval := @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
+    live bigint[] := ARRAY(SELECT @schema@.leader_live_keys());
+BEGIN
+    PERFORM @schema@.leader_check_batch('leader_acquire_many', p_roles);
+    IF p_limit IS NULL OR p_limit < 0 THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_many needs a limit of 0 or more, got %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_holder IS NULL OR length(p_holder) > 200 THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_many needs a holder id of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT (p_key IS NULL OR p_key = ANY (live)) THEN
+        PERFORM @schema@.leader_require_key(p_key);
+    END IF;
+    SELECT coalesce(array_agg(c.role ORDER BY c.ord), '{}') INTO picked
+      FROM (SELECT f.role, f.ord
+              FROM (SELECT u.role, min(u.ord) AS ord
+                      FROM unnest(p_roles) WITH ORDINALITY AS u(role, ord)
+                     GROUP BY u.role) AS f
+              -- Row by row through the primary key: the table is updated
+              -- all the time, and a scan of it would grow with its dead rows.
+              LEFT JOIN LATERAL (SELECT x.* FROM @schema@.leader_leases AS x WHERE x.role = f.role) AS l ON true
+             WHERE l.role IS NULL
+                OR (l.paused_at IS NULL
+                    AND NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, now(), live)
+                    AND (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - every_interval)
+                    AND (l.not_before IS NULL OR l.not_before <= now()))
+             ORDER BY f.ord
+             LIMIT p_limit) AS c;
+    -- Picked roles without a row get one first (a new statement: visible
+    -- below), created in role order: batches that create the same new rows
+    -- in their callers' orders would deadlock on each other's inserts.
+    PERFORM @schema@.leader_seed(ARRAY(SELECT p FROM unnest(picked) AS p ORDER BY p));
+    -- The picked rows locked first, in role order; then the live keys read
+    -- once more, fresh for every locked row (a holder may have renewed with
+    -- a new key since the first read), instead of once per row.
+    PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = ANY (picked) ORDER BY l.role FOR UPDATE OF l;
+    live := ARRAY(SELECT @schema@.leader_live_keys());
+    WITH locked AS (
+        SELECT l.role, l.holder_token, l.holder_id, l.acquired_at, l.expires_at
+          FROM @schema@.leader_leases AS l
+         WHERE l.role = ANY (picked)
+           AND l.paused_at IS NULL
+           AND NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, now(), live)
+           AND (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - every_interval)
+           AND (l.not_before IS NULL OR l.not_before <= now())
+         ORDER BY l.role
+           FOR UPDATE OF l
+    ),
+    started AS (
+        UPDATE @schema@.leader_leases AS l
+           SET holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
+               holder_id = p_holder,
+               acquired_at = now(),
+               expires_at = now() + ttl,
+               holder_key = p_key
+          FROM locked AS k
+         WHERE l.role = k.role
+        RETURNING l.role, l.holder_token
+    ),
+    taken_over AS (
+        SELECT k.role,
+               @schema@.leader_history_add(k.role, 'term', k.holder_token, k.holder_id, k.acquired_at, 'lost',
+                   CASE WHEN k.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL)
+          FROM locked AS k
+         WHERE k.holder_id IS NOT NULL
+    )
+    SELECT coalesce(array_agg(t.role), '{}'), coalesce(array_agg(t.holder_token), '{}'),
+           -- Referenced, so the planner keeps it.
+           (SELECT array_agg(o.role) FROM taken_over AS o)
+      INTO won_roles, won_tokens, gone
+      FROM started AS t;
+    -- The taken-over terms' open transactions end, in one read of the lock table.
+    IF cardinality(gone) > 0 THEN
+        PERFORM @schema@.leader_fence_sweep(gone);
+    END IF;
+    RETURN QUERY
+        SELECT w.role, w.token, now(), p_holder, now() + ttl, true, NULL::text, NULL::text, NULL::timestamptz,
+               p_key, false
+          FROM unnest(won_roles, won_tokens) AS w(role, token);
+    -- The others, as they are now (a fresh snapshot: a race's winner shows).
+    RETURN QUERY
+        SELECT DISTINCT ON (u.role)
+               u.role, NULL::bigint, now(), s.holder_id, s.expires_at,
+               coalesce(@schema@.leader_term_live_among(s.holder_id, s.expires_at, s.holder_key, now(), live), false),
+               s.paused_by, s.pause_reason,
+               greatest(s.last_tick_ended_at + every_interval, s.not_before),
+               s.holder_key,
+               u.role <> ALL (picked)
+               AND (s.role IS NULL
+                    OR (s.paused_at IS NULL
+                        AND NOT @schema@.leader_term_live_among(s.holder_id, s.expires_at, s.holder_key, now(), live)
+                        AND (s.last_tick_ended_at IS NULL OR s.last_tick_ended_at <= now() - every_interval)
+                        AND (s.not_before IS NULL OR s.not_before <= now())))
+          FROM unnest(p_roles) AS u(role)
+          LEFT JOIN LATERAL (SELECT x.* FROM @schema@.leader_leases AS x WHERE x.role = u.role) AS s ON true
+         WHERE u.role <> ALL (won_roles)
+         ORDER BY u.role;
+END
+$fn$;
+
+-- [from 0006_families.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_renew_many(p_roles text[], p_tokens bigint[], p_ttl_ms bigint, p_key bigint)
+RETURNS TABLE (role text, token bigint, renewed boolean, db_now timestamptz, holder_token bigint,
+               holder_id text, paused boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- RENEW for many terms in one UPDATE, rows locked in role order, each
+-- term-scoped as the one-row RENEW of 0004: (role, token) still holding.
+-- renewed = false is that term's definitive loss; the other columns name
+-- the reason, read after the UPDATE (a fresh snapshot: a pause that
+-- committed meanwhile shows).
+#variable_conflict use_column
+DECLARE
+    ttl interval := @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
+    renewed_roles text[];
+    renewed_tokens bigint[];
+BEGIN
+    PERFORM @schema@.leader_check_batch('leader_renew_many', p_roles);
+    IF p_tokens IS NULL OR cardinality(p_tokens) <> cardinality(p_roles) OR array_ndims(p_tokens) > 1
+       OR array_position(p_tokens, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'ticklease: leader_renew_many needs one token per role'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @schema@.leader_require_key(p_key);
+    WITH input AS (
+        SELECT u.role, u.token FROM unnest(p_roles, p_tokens) AS u(role, token)
+    ),
+    locked AS (
+        SELECT l.role, l.holder_token
+          FROM @schema@.leader_leases AS l
+         WHERE l.role = ANY (p_roles)
+           AND (l.role, l.holder_token) IN (SELECT i.role, i.token FROM input AS i)
+           AND l.holder_id IS NOT NULL
+         ORDER BY l.role
+           FOR UPDATE OF l
+    ),
+    done AS (
+        UPDATE @schema@.leader_leases AS l
+           SET expires_at = now() + ttl,
+               holder_key = p_key
+          FROM locked AS k
+         WHERE l.role = k.role AND l.holder_token = k.holder_token AND l.holder_id IS NOT NULL
+        RETURNING l.role, l.holder_token
+    )
+    SELECT coalesce(array_agg(d.role), '{}'), coalesce(array_agg(d.holder_token), '{}')
+      INTO renewed_roles, renewed_tokens
+      FROM done AS d;
+    RETURN QUERY
+        SELECT i.role, i.token, r.role IS NOT NULL, now(),
+               CASE WHEN r.role IS NOT NULL THEN i.token ELSE s.holder_token END,
+               CASE WHEN r.role IS NOT NULL THEN NULL ELSE s.holder_id END,
+               r.role IS NULL AND s.paused_at IS NOT NULL
+          FROM unnest(p_roles, p_tokens) AS i(role, token)
+          LEFT JOIN unnest(renewed_roles, renewed_tokens) AS r(role, token)
+                 ON r.role = i.role AND r.token = i.token
+          LEFT JOIN LATERAL (SELECT x.* FROM @schema@.leader_leases AS x WHERE x.role = i.role) AS s ON true;
+END
+$fn$;
+
+-- [from 0006_families.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_release_many(p_roles text[], p_tokens bigint[], p_stamps boolean[],
+                                              p_cooldowns_ms bigint[], p_outcomes text[], p_reasons text[],
+                                              p_errors text[])
+RETURNS TABLE (role text, token bigint, released boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- RELEASE for many terms, each the one-row RELEASE of 0005 (history,
+-- notification), in role order.
+#variable_conflict use_column
+DECLARE
+    n integer := cardinality(p_roles);
+    i integer;
+BEGIN
+    PERFORM @schema@.leader_check_batch('leader_release_many', p_roles);
+    IF cardinality(p_tokens) IS DISTINCT FROM n OR cardinality(p_stamps) IS DISTINCT FROM n
+       OR cardinality(p_cooldowns_ms) IS DISTINCT FROM n OR cardinality(p_outcomes) IS DISTINCT FROM n
+       OR cardinality(p_reasons) IS DISTINCT FROM n OR cardinality(p_errors) IS DISTINCT FROM n
+       OR array_position(p_tokens, NULL) IS NOT NULL OR array_ndims(p_tokens) > 1 THEN
+        RAISE EXCEPTION 'ticklease: leader_release_many needs one entry per role in every array'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN SELECT o.i FROM generate_subscripts(p_roles, 1) AS o(i) ORDER BY p_roles[o.i], p_tokens[o.i] LOOP
+        RETURN QUERY SELECT p_roles[i], p_tokens[i],
+                            @schema@.leader_release(p_roles[i], p_tokens[i], p_stamps[i], p_cooldowns_ms[i],
+                                                    p_outcomes[i], p_reasons[i], p_errors[i]);
+    END LOOP;
+END
+$fn$;
+
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_replica_beat(p_family text, p_holder text, p_ttl_ms bigint, p_key bigint)
+RETURNS TABLE (holder_id text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- Registers this replica as serving the family for another lease TTL (at
+-- most a minute, whatever the caller asks: a registration no one renews
+-- is gone within a minute) and returns the replicas that do, ordered by
+-- holder id, at most 1,000 (this one always among them). Rows dead for a
+-- minute are deleted, at most 1,000 a beat.
+#variable_conflict use_column
+BEGIN
+    PERFORM @schema@.leader_require_key(p_key);
+    INSERT INTO @schema@.leader_replicas AS x (family, holder_id, holder_key, seen_at, expires_at)
+    VALUES (p_family, p_holder, p_key, now(),
+            now() + least(@schema@.leader_check_ms('lease_ttl', p_ttl_ms), interval '1 minute'))
+    ON CONFLICT (family, holder_id) DO UPDATE
+       SET holder_key = EXCLUDED.holder_key, seen_at = EXCLUDED.seen_at, expires_at = EXCLUDED.expires_at;
+    -- Rows another beat is deleting are skipped: two beats never wait on each other.
+    DELETE FROM @schema@.leader_replicas AS x
+     WHERE x.ctid IN (SELECT d.ctid FROM @schema@.leader_replicas AS d
+                       WHERE d.family = p_family AND d.expires_at < now() - interval '1 minute'
+                       LIMIT 1000
+                       FOR UPDATE SKIP LOCKED);
+    RETURN QUERY
+        SELECT r.holder_id
+          FROM (SELECT x.holder_id FROM @schema@.leader_replicas AS x
+                 WHERE x.family = p_family AND x.expires_at > now()
+                   AND (x.holder_key IS NULL OR x.holder_key IN (SELECT @schema@.leader_live_keys()))
+                 ORDER BY x.holder_id = p_holder DESC, x.holder_id
+                 LIMIT 1000) AS r
+         ORDER BY r.holder_id;
+END
+$fn$;
+
+-- [from 0006_families.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_replica_leave(p_family text, p_holder text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- A replica stopping: the others count without it at once.
+BEGIN
+    DELETE FROM @schema@.leader_replicas AS x WHERE x.family = p_family AND x.holder_id = p_holder;
+    RETURN FOUND;
+END
+$fn$;

@@ -1,0 +1,137 @@
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_pause(p_role text, p_by text, p_reason text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- Pause as in 0005, recording the pause and the term it ended (lost: paused).
+-- Who and why are cut to 200 and 500 characters, as the history keeps them.
+-- It notifies no one (see leader_release).
+DECLARE
+    ended @schema@.leader_leases;
+    changed boolean;
+BEGIN
+    p_by := left(p_by, 200);
+    p_reason := left(p_reason, 500);
+    IF p_by IS NULL OR btrim(p_by) = '' THEN
+        RAISE EXCEPTION 'ticklease: leader_pause(%): who paused it must be named', p_role
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The mark's own lock (it conflicts with no claim), taken first so the
+    -- term recorded is the one the mark ends.
+    SELECT * INTO ended FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR NO KEY UPDATE;
+    UPDATE @schema@.leader_leases AS l
+       SET paused_at = now(), paused_by = p_by, pause_reason = coalesce(p_reason, ''),
+           holder_id = NULL, acquired_at = NULL, expires_at = NULL, holder_key = NULL
+     WHERE l.role = p_role AND l.paused_at IS NULL
+    RETURNING true INTO changed;
+    PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
+    END IF;
+    IF changed THEN
+        IF ended.holder_id IS NOT NULL THEN
+            PERFORM @schema@.leader_history_add(p_role, 'term', ended.holder_token, ended.holder_id,
+                                                ended.acquired_at, 'lost',
+                                                CASE WHEN ended.expires_at <= now() THEN 'expired' ELSE 'paused' END,
+                                                NULL, NULL);
+        END IF;
+        PERFORM @schema@.leader_history_add(p_role, 'pause', NULL, NULL, NULL, NULL,
+                                            coalesce(p_reason, ''), p_by, NULL);
+        -- The paused term's open transactions end (their COMMIT would fail).
+        PERFORM @schema@.leader_fence_sweep(ARRAY[p_role]);
+    END IF;
+    RETURN coalesce(changed, false);
+END
+$fn$;
+
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_unpause(p_role text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- Unpause as in 0005, recorded with the session's login user; it notifies
+-- no one (see leader_release).
+DECLARE
+    changed boolean;
+BEGIN
+    UPDATE @schema@.leader_leases AS l
+       SET paused_at = NULL, paused_by = NULL, pause_reason = NULL
+     WHERE l.role = p_role AND l.paused_at IS NOT NULL
+    RETURNING true INTO changed;
+    IF changed IS NULL THEN
+        PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
+        END IF;
+        RETURN false;
+    END IF;
+    PERFORM @schema@.leader_history_add(p_role, 'unpause', NULL, NULL, NULL, NULL, NULL, session_user, NULL);
+    RETURN true;
+END
+$fn$;
+
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_run_now(p_role text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- Run-now as in 0005, recorded with the session's login user; it notifies
+-- no one (see leader_release).
+DECLARE
+    had boolean;
+BEGIN
+    SELECT l.not_before IS NOT NULL INTO had FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
+    END IF;
+    UPDATE @schema@.leader_leases AS l SET not_before = NULL WHERE l.role = p_role;
+    PERFORM @schema@.leader_history_add(p_role, 'run_now', NULL, NULL, NULL, NULL, NULL, session_user, NULL);
+    RETURN had;
+END
+$fn$;
+
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION @schema@.leader_forget(p_role text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- An operator's way out for a role that is gone for good (a removed family
+-- key, a retired job): deletes its lease row and its history, unless a term
+-- is live or the role is paused (false). An ACQUIRE of the role later
+-- creates the row afresh, its token seeded from the clock. Unknown role:
+-- no_data_found.
+DECLARE
+    gone @schema@.leader_leases;
+BEGIN
+    SELECT * INTO gone FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'ticklease: unknown role %', left(p_role, 63) USING ERRCODE = 'no_data_found';
+    END IF;
+    IF gone.paused_at IS NOT NULL
+       OR @schema@.leader_term_live(gone.holder_id, gone.expires_at, gone.holder_key, now()) THEN
+        RETURN false;
+    END IF;
+    DELETE FROM @schema@.leader_leases AS l WHERE l.role = p_role;
+    DELETE FROM @schema@.leader_history AS h WHERE h.role = p_role;
+    RETURN true;
+END
+$fn$;
+
+-- leader_status as in 0005, reading the live keys once for all its rows.
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE VIEW leader_status AS
+WITH live AS (SELECT ARRAY(SELECT leader_live_keys()) AS keys)
+SELECT l.role,
+       leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, statement_timestamp(), live.keys) AS held,
+       l.holder_id,
+       l.holder_token,
+       l.acquired_at,
+       l.expires_at,
+       statement_timestamp() AS db_now,
+       CASE WHEN leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, statement_timestamp(), live.keys)
+            THEN l.expires_at - statement_timestamp() END AS remaining,
+       l.paused_at,
+       l.paused_by,
+       l.pause_reason,
+       l.last_tick_ended_at,
+       l.last_tick_holder,
+       l.not_before,
+       (SELECT h.outcome FROM leader_history AS h
+         WHERE h.role = l.role AND h.kind = 'term' ORDER BY h.id DESC LIMIT 1) AS last_outcome
+  FROM leader_leases AS l CROSS JOIN live;

@@ -1,0 +1,105 @@
+-- As in 0003: pin search_path (pg_temp last) on every SECURITY DEFINER
+-- function, and revoke EXECUTE from PUBLIC on every function of ours. A
+-- function from here on, so each later migration runs the same code.
+-- [from 0004_coordination.sql]
+CREATE OR REPLACE FUNCTION leader_secure_functions() RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+              WHERE p.pronamespace = current_schema()::regnamespace AND p.prosecdef LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', f, current_schema());
+    END LOOP;
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+              WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'leader\_%' LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+END
+$$;
+
+-- leader_grant of 0006; readers of leader_status also call leader_live_keys
+-- and leader_term_live_among.
+-- [from 0007_hardening_ii.sql]
+CREATE OR REPLACE FUNCTION leader_grant(p_app text, p_operator text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY array_remove(ARRAY[p_app, p_operator], NULL) LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL; -- created concurrently by a migration of another database
+            END;
+        END IF;
+        EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', current_schema(), r);
+        EXECUTE format('GRANT SELECT ON leader_status, leader_history, leader_replicas,
+                        ticklease_schema_migrations, ticklease_schema_definitions TO %I', r);
+        -- leader_status calls them with the reader's rights.
+        EXECUTE format('GRANT EXECUTE ON FUNCTION leader_lease_live(text, timestamptz, timestamptz),
+                        leader_key_alive(bigint), leader_term_live(text, timestamptz, bigint, timestamptz),
+                        leader_live_keys(), leader_term_live_among(text, timestamptz, bigint, timestamptz, bigint[])
+                        TO %I', r);
+    END LOOP;
+    IF p_app IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_roles r, pg_class c
+                    WHERE r.rolname = p_app AND c.oid = 'leader_leases'::regclass
+                      AND (r.rolsuper OR pg_has_role(r.oid, c.relowner, 'USAGE'))) THEN
+            RAISE EXCEPTION 'ticklease: % owns the schema (or is a superuser): it cannot be the application role', p_app
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Create a separate login role for the application, a member of the app role.';
+        END IF;
+        -- The app reads the tables and writes them only through these functions.
+        EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leader_leases, leader_history, leader_replicas
+                        FROM %I', p_app);
+        EXECUTE format('GRANT SELECT ON leader_leases TO %I', p_app);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION leader_acquire(text, text, bigint, bigint),
+                        leader_acquire(text, text, bigint, bigint, bigint),
+                        leader_renew(text, bigint, bigint), leader_renew(text, bigint, bigint, bigint),
+                        leader_release(text, bigint, boolean, bigint),
+                        leader_release(text, bigint, boolean, bigint, text, text, text),
+                        leader_acquire_many(text[], text, bigint, bigint, bigint, integer),
+                        leader_renew_many(text[], bigint[], bigint, bigint),
+                        leader_release_many(text[], bigint[], boolean[], bigint[], text[], text[], text[]),
+                        leader_replica_beat(text, text, bigint, bigint), leader_replica_leave(text, text),
+                        leader_seed(text[]), leader_fence(text, bigint), leader_fence_lock(text, bigint),
+                        leader_fence_sweep(text[])
+                        TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION leader_pause(text, text, text), leader_unpause(text),
+                        leader_run_now(text), leader_fence_sweep(text[]), leader_forget(text)
+                        TO %I', p_operator);
+    END IF;
+END
+$$;
+
+-- Re-grant every role granted before (by 0002, 0003 or `ticklease grant`),
+-- so replicas of 0003 and new ones both find what they call. A function
+-- from here on, for later migrations that grant more.
+-- [from 0004_coordination.sql]
+CREATE OR REPLACE FUNCTION leader_regrant() RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT DISTINCT g.rolname
+               FROM pg_proc p, aclexplode(p.proacl) a, pg_roles g
+              WHERE p.oid = 'leader_acquire(text, text, bigint, bigint)'::regprocedure AND g.oid = a.grantee
+                AND a.privilege_type = 'EXECUTE' AND NOT g.rolsuper
+                AND NOT pg_has_role(g.oid, p.proowner, 'USAGE') LOOP
+        PERFORM leader_grant(r, NULL);
+    END LOOP;
+    FOR r IN SELECT DISTINCT g.rolname
+               FROM pg_proc p, aclexplode(p.proacl) a, pg_roles g
+              WHERE p.oid = 'leader_pause(text, text, text)'::regprocedure AND g.oid = a.grantee
+                AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner LOOP
+        PERFORM leader_grant(NULL, r);
+    END LOOP;
+END
+$$;
