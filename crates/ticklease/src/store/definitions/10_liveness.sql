@@ -1,7 +1,10 @@
+-- Liveness and bounds: when a term counts as live (its expiry and, for a
+-- holder with a coordination session, its key), the first token of a role,
+-- and the checks every lease statement applies to its inputs.
+
 -- Tokens start at the epoch in milliseconds, so a table dropped and re-created
 -- (rollback + re-apply) reseeds above every token issued before, as long as a
 -- role was acquired fewer than 1000 times a second on average.
--- [from 0001_leader_leases.sql]
 CREATE OR REPLACE FUNCTION leader_token_seed() RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
@@ -18,7 +21,6 @@ END
 $$;
 
 -- Durations in ms, bounded like ticklease::Config (0 < d <= 24 h).
--- [from 0003_hardening.sql]
 CREATE OR REPLACE FUNCTION leader_check_ms(p_name text, p_ms bigint) RETURNS interval
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -31,7 +33,6 @@ BEGIN
 END
 $$;
 
--- [from 0006_families.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_check_batch(p_name text, p_roles text[]) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 AS $fn$
@@ -48,13 +49,11 @@ $fn$;
 
 -- The expiry predicate, in one place: every statement that asks "is this
 -- term live?" asks it here, so a later liveness rule changes one function.
--- [from 0001_leader_leases.sql]
 CREATE OR REPLACE FUNCTION leader_lease_live(p_holder_id text, p_expires_at timestamptz, p_at timestamptz)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT p_holder_id IS NOT NULL AND p_expires_at > p_at $$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_live_keys() RETURNS SETOF bigint
 LANGUAGE sql VOLATILE
 AS $fn$
@@ -72,7 +71,6 @@ AS $fn$
        AND k.pid::bigint = k.classid::bigint
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_key_alive(p_key bigint) RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $fn$
@@ -82,7 +80,6 @@ AS $fn$
     SELECT p_key IS NULL OR p_key IN (SELECT @schema@.leader_live_keys())
 $fn$;
 
--- [from 0004_coordination.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_term_live(p_holder_id text, p_expires_at timestamptz, p_key bigint, p_at timestamptz)
 RETURNS boolean
 LANGUAGE sql VOLATILE
@@ -95,7 +92,6 @@ AS $fn$
     SELECT @schema@.leader_lease_live(p_holder_id, p_expires_at, p_at) AND @schema@.leader_key_alive(p_key)
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_term_live_among(p_holder_id text, p_expires_at timestamptz, p_key bigint,
                                                 p_at timestamptz, p_live bigint[])
 RETURNS boolean
@@ -105,7 +101,6 @@ AS $fn$
     SELECT @schema@.leader_lease_live(p_holder_id, p_expires_at, p_at) AND (p_key IS NULL OR p_key = ANY (p_live))
 $fn$;
 
--- [from 0004_coordination.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_require_key(p_key bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$

@@ -1,4 +1,6 @@
--- [from 0007_hardening_ii.sql]
+-- History: one row per ended term and per operator action, bounded per role
+-- and by age (leader_history_settings).
+
 CREATE OR REPLACE FUNCTION @schema@.leader_history_add(p_role text, p_kind text, p_token bigint, p_holder text,
                                              p_acquired_at timestamptz, p_outcome text, p_reason text,
                                              p_by text, p_error text) RETURNS void

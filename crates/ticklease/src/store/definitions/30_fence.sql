@@ -1,4 +1,8 @@
--- [from 0007_hardening_ii.sql]
+-- The fence and its commit check: a claim statement passes the fence while
+-- its term is live, the commit check refuses its COMMIT once the term is
+-- over, and the next term's leader ends a superseded term's open
+-- transactions (the sweep), through two advisory locks per term.
+
 CREATE OR REPLACE FUNCTION @schema@.leader_role_hash(p_role text, p_which integer) RETURNS integer
 LANGUAGE sql IMMUTABLE
 AS $fn$
@@ -9,7 +13,6 @@ AS $fn$
     SELECT hashtext('ticklease:' || p_which || ':' || length(@schema_text@) || ':' || @schema_text@ || ':' || p_role)
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_token_low(p_token bigint) RETURNS integer
 LANGUAGE sql IMMUTABLE
 AS $fn$
@@ -18,7 +21,6 @@ AS $fn$
     SELECT ((p_token & 4294967295) - CASE WHEN (p_token & 2147483648) <> 0 THEN 4294967296 ELSE 0 END)::integer
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_fence_swept(p_roles text[], p_pid integer) RETURNS TABLE (pid integer)
 LANGUAGE sql VOLATILE
 AS $fn$
@@ -50,7 +52,6 @@ AS $fn$
     HAVING count(DISTINCT h.which) = 2
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_fence_sweep(p_roles text[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
@@ -91,7 +92,6 @@ BEGIN
 END
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_fence(p_role text, p_token bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
@@ -141,7 +141,6 @@ BEGIN
 END
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_fence_commit() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$

@@ -1,11 +1,15 @@
--- [from 0007_hardening_ii.sql]
+-- The lease statements of one role: ACQUIRE, RENEW, RELEASE, each
+-- term-scoped by (role, token), and the seeding of declared roles.
+
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint, p_key bigint)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- ACQUIRE as in 0005, refusing a holder id over 200 characters (as the
--- batched ACQUIRE does). A term it takes over that was never released (its
+-- ACQUIRE: starts a term when the role is unheld (or its term expired, or
+-- its holder's coordination key is gone), unpaused and due; otherwise
+-- says who holds it until when. A holder id over 200 characters is
+-- refused (as the batched ACQUIRE does). A term it takes over that was never released (its
 -- holder died, froze or lost its link) is recorded as lost: expired, or
 -- holder_gone when its holder's coordination key was held no more; and the
 -- transactions still open in it are ended (leader_fence_sweep). `s` is
@@ -61,12 +65,11 @@ BEGIN
 END
 $fn$;
 
--- [from 0004_coordination.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint, p_key bigint)
 RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_id text, paused boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- RENEW as in 0003; it records the holder's current coordination key (a
+-- RENEW: extends the term while (role, token) still holds it; it records the holder's current coordination key (a
 -- replica whose session reconnected has a new one; NULL: none now).
 BEGIN
     PERFORM @schema@.leader_require_key(p_key);
@@ -85,13 +88,13 @@ BEGIN
 END
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, p_stamp boolean, p_cooldown_ms bigint,
                                          p_outcome text, p_reason text, p_error text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- RELEASE as in 0005, recording how the term ended. It notifies no one:
+-- RELEASE: ends the term (role, token), stamps a completed tick and the
+-- cooldown, and records how the term ended. It notifies no one:
 -- the library notifies after the commit, in a statement of its own.
 DECLARE
     cooldown interval := CASE WHEN p_cooldown_ms IS NOT NULL
@@ -128,7 +131,6 @@ BEGIN
 END
 $fn$;
 
--- [from 0003_hardening.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_seed(p_roles text[]) RETURNS void
 LANGUAGE sql VOLATILE SECURITY DEFINER
 AS $fn$

@@ -1,4 +1,6 @@
--- [from 0007_hardening_ii.sql]
+-- Families: the batched lease statements (one statement for many roles of
+-- one family) and the registry of the replicas that serve a family.
+
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire_many(p_roles text[], p_holder text, p_ttl_ms bigint,
                                               p_interval_ms bigint, p_key bigint, p_limit integer)
 RETURNS TABLE (role text, holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
@@ -12,7 +14,7 @@ AS $fn$
 -- checked again under the lock with ACQUIRE's predicate (a row another
 -- replica took meanwhile drops out), each gets ACQUIRE's token and
 -- expiry, and a term taken over without a RELEASE is recorded as lost
--- (expired, or holder_gone) as the one-row ACQUIRE of 0005 does, its open
+-- (expired, or holder_gone) as the one-row ACQUIRE does, its open
 -- transactions ended (leader_fence_sweep). Rows it
 -- does not pick are read without a lock, so a batch never waits on terms
 -- held elsewhere. over_limit: acquirable, but past the limit. The live
@@ -126,14 +128,13 @@ BEGIN
 END
 $fn$;
 
--- [from 0006_families.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_renew_many(p_roles text[], p_tokens bigint[], p_ttl_ms bigint, p_key bigint)
 RETURNS TABLE (role text, token bigint, renewed boolean, db_now timestamptz, holder_token bigint,
                holder_id text, paused boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- RENEW for many terms in one UPDATE, rows locked in role order, each
--- term-scoped as the one-row RENEW of 0004: (role, token) still holding.
+-- term-scoped as the one-row RENEW: (role, token) still holding.
 -- renewed = false is that term's definitive loss; the other columns name
 -- the reason, read after the UPDATE (a fresh snapshot: a pause that
 -- committed meanwhile shows).
@@ -185,15 +186,14 @@ BEGIN
 END
 $fn$;
 
--- [from 0006_families.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_release_many(p_roles text[], p_tokens bigint[], p_stamps boolean[],
                                               p_cooldowns_ms bigint[], p_outcomes text[], p_reasons text[],
                                               p_errors text[])
 RETURNS TABLE (role text, token bigint, released boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- RELEASE for many terms, each the one-row RELEASE of 0005 (history,
--- notification), in role order.
+-- RELEASE for many terms, each the one-row RELEASE (history), in
+-- role order.
 #variable_conflict use_column
 DECLARE
     n integer := cardinality(p_roles);
@@ -215,7 +215,6 @@ BEGIN
 END
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_replica_beat(p_family text, p_holder text, p_ttl_ms bigint, p_key bigint)
 RETURNS TABLE (holder_id text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -250,7 +249,6 @@ BEGIN
 END
 $fn$;
 
--- [from 0006_families.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_replica_leave(p_family text, p_holder text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$

@@ -1,8 +1,11 @@
--- [from 0007_hardening_ii.sql]
+-- The operator's surface: pause, unpause, run now, forget a role, and the
+-- leader_status view every reader (CLI, status page, metrics) shares.
+
 CREATE OR REPLACE FUNCTION @schema@.leader_pause(p_role text, p_by text, p_reason text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- Pause as in 0005, recording the pause and the term it ended (lost: paused).
+-- Pause: ends the current term (its claims refused from here on), marks
+-- the role paused so no ACQUIRE starts a term, and records the pause and the term it ended (lost: paused).
 -- Who and why are cut to 200 and 500 characters, as the history keeps them.
 -- It notifies no one (see leader_release).
 DECLARE
@@ -43,11 +46,10 @@ BEGIN
 END
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_unpause(p_role text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- Unpause as in 0005, recorded with the session's login user; it notifies
+-- Unpause: ACQUIRE may start terms again; recorded with the session's login user; it notifies
 -- no one (see leader_release).
 DECLARE
     changed boolean;
@@ -68,11 +70,10 @@ BEGIN
 END
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_run_now(p_role text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- Run-now as in 0005, recorded with the session's login user; it notifies
+-- Run now: the role is due at once (its cooldown cleared); recorded with the session's login user; it notifies
 -- no one (see leader_release).
 DECLARE
     had boolean;
@@ -87,7 +88,6 @@ BEGIN
 END
 $fn$;
 
--- [from 0007_hardening_ii.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_forget(p_role text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
@@ -113,8 +113,8 @@ BEGIN
 END
 $fn$;
 
--- leader_status as in 0005, reading the live keys once for all its rows.
--- [from 0007_hardening_ii.sql]
+-- One row per role: its term, whether it is live (the live keys read once
+-- for all rows), its pause, its last tick and outcome.
 CREATE OR REPLACE VIEW leader_status AS
 WITH live AS (SELECT ARRAY(SELECT leader_live_keys()) AS keys)
 SELECT l.role,

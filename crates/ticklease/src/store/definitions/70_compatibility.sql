@@ -1,4 +1,18 @@
--- [from 0004_coordination.sql]
+-- Signatures kept only for callers of older releases; this build's library
+-- calls none of them. Each delegates to the current function, so it has no
+-- logic of its own. One goes by a versioned migration that drops it (and its
+-- name leaves leader_grant in 80_privileges.sql) once no caller remains:
+--
+-- * leader_acquire(text, text, bigint, bigint), leader_renew(text, bigint,
+--   bigint): replicas of the releases up to migration 0003 (no coordination
+--   session). Can go when no replica older than 0004 runs.
+-- * leader_release(text, bigint, boolean, bigint): replicas of the release
+--   of 0004 (no outcome). Can go when no replica older than 0005 runs.
+-- * leader_fence_lock(text, bigint): claim statements written against 0002,
+--   when the spec's leader_fence was unsound and this was the fence to use
+--   (0003 made leader_fence sound). Can go at the next major version,
+--   announced one release before.
+
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz)
@@ -9,7 +23,6 @@ AS $fn$
       FROM @schema@.leader_acquire(p_role, p_holder, p_ttl_ms, p_interval_ms, NULL) AS a
 $fn$;
 
--- [from 0004_coordination.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint)
 RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_id text, paused boolean)
 LANGUAGE sql VOLATILE SECURITY DEFINER
@@ -17,7 +30,6 @@ AS $fn$
     SELECT * FROM @schema@.leader_renew(p_role, p_token, p_ttl_ms, NULL)
 $fn$;
 
--- [from 0005_history.sql]
 CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, p_stamp boolean, p_cooldown_ms bigint)
 RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY DEFINER
@@ -30,9 +42,7 @@ AS $fn$
                                         ELSE 'failed' END, NULL, NULL)
 $fn$;
 
--- The spec-named fence of 0001 was STABLE and unsound; callers built against
--- 0002 call leader_fence_lock. Both now are the one fence above.
--- [from 0003_hardening.sql]
+-- The one fence, under the name claims written against 0002 use.
 CREATE OR REPLACE FUNCTION @schema@.leader_fence_lock(p_role text, p_token bigint) RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $fn$ SELECT @schema@.leader_fence(p_role, p_token) $fn$;

@@ -1,7 +1,11 @@
--- As in 0003: pin search_path (pg_temp last) on every SECURITY DEFINER
--- function, and revoke EXECUTE from PUBLIC on every function of ours. A
--- function from here on, so each later migration runs the same code.
--- [from 0004_coordination.sql]
+-- Grants and privileges: the app role writes our tables only through these
+-- functions, the operator role pauses, unpauses, runs now and reads; every
+-- SECURITY DEFINER function pins search_path (pg_temp last), and no
+-- function of ours is executable by PUBLIC. The migration runner calls
+-- leader_secure_functions and leader_regrant after applying any definition.
+
+-- Pins search_path (pg_temp last) on every SECURITY DEFINER function, and
+-- revokes EXECUTE from PUBLIC on every function of ours.
 CREATE OR REPLACE FUNCTION leader_secure_functions() RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -19,9 +23,10 @@ BEGIN
 END
 $$;
 
--- leader_grant of 0006; readers of leader_status also call leader_live_keys
--- and leader_term_live_among.
--- [from 0007_hardening_ii.sql]
+-- Grants one application role and/or one operator role (created if missing)
+-- what they need and no more; either may be NULL. Idempotent; run again
+-- (ticklease grant) for other role names. Readers of leader_status also
+-- call its liveness functions.
 CREATE OR REPLACE FUNCTION leader_grant(p_app text, p_operator text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -78,10 +83,8 @@ BEGIN
 END
 $$;
 
--- Re-grant every role granted before (by 0002, 0003 or `ticklease grant`),
--- so replicas of 0003 and new ones both find what they call. A function
--- from here on, for later migrations that grant more.
--- [from 0004_coordination.sql]
+-- Re-grants every role granted before (by a migration or `ticklease
+-- grant`), so replicas of older releases and new ones find what they call.
 CREATE OR REPLACE FUNCTION leader_regrant() RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
