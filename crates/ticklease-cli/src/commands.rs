@@ -137,8 +137,8 @@ async fn cmd_migrate(db: Db, roles: RoleNames) -> anyhow::Result<()> {
         })
         .await?;
     println!(
-        "migrations applied: {:?}; already applied: {:?}",
-        report.applied, report.already_applied
+        "migrations applied: {:?}; already applied: {:?}; definitions applied: {:?}",
+        report.applied, report.already_applied, report.definitions
     );
     Ok(())
 }

@@ -30,6 +30,21 @@
 //! [`migrate::MIGRATION_STATEMENT_TIMEOUT`] (5 min); the CLI connects within
 //! 10 s per host and ends a run after 15 min.
 //!
+//! **The schema.** Every function, the view and the trigger have their current
+//! text in one place: `src/store/definitions/`, a file per concept (liveness,
+//! history, fence, terms, families, operator, compatibility, privileges).
+//! A migration run applies, in its one transaction, the pending versioned
+//! migrations (tables, columns, constraints, data), then each definitions
+//! file whose checksum differs from the one the database recorded
+//! ([`migrate::DEFINITIONS_TABLE`]), then pins and re-grants. It never applies
+//! definitions of an older [`migrate::DEFINITIONS_GENERATION`] than the
+//! database holds, so an older replica migrating during a rolling deploy
+//! leaves the newer bodies in place; a store refuses a database whose
+//! definitions are older than its own (`NotMigrated`). A database created
+//! from nothing starts from the tables as migration 0007 leaves them and
+//! records 0001–0007 as applied; a test compares its catalog with one
+//! upgraded through every migration since 0001.
+//!
 //! ## What the local clock is for
 //!
 //! Only for stepping down early, and for pacing. The heartbeat keeps
@@ -605,7 +620,9 @@
 //! 3. `connect`: reaching Postgres (URLs and TLS, multi-host connects, the
 //!    coordination session).
 //! 4. `store`: the [`LeaseStore`] trait and its Postgres store, a SQL file
-//!    per statement, batching, migrations.
+//!    per statement, batching, and the schema: the protocol's current SQL in
+//!    one file per concept (`definitions/`), versioned migrations for tables
+//!    and data.
 //! 5. `ops`: what operators see (tick outcomes, the history, metrics, the
 //!    status page).
 //! 6. `leader`: leading one term ([`Manager`], [`Tick`], the heartbeat,
