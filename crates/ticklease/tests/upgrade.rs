@@ -19,24 +19,67 @@ use ticklease_testkit::{connect, scalar, test_config, PgCluster};
 const RENEW_0002: &str = "UPDATE leader_leases SET expires_at = now() + $3::int8 * interval '1 millisecond'
                            WHERE role = $1 AND holder_token = $2 AND holder_id IS NOT NULL";
 
-#[tokio::test]
-async fn migration_0003_keeps_a_live_term_whose_holder_renews_through_it() {
+/// A database migrated as the release of migration `at` left it, the
+/// owner's client, and a login of the app role with its own client.
+struct OldRelease {
+    client: tokio_postgres::Client,
+    app: tokio_postgres::Config,
+    app_client: tokio_postgres::Client,
+}
+
+async fn database_at(at: usize, login: &str) -> OldRelease {
     let cluster = PgCluster::shared();
     let name = cluster.create_database().await.unwrap();
     let owner = cluster.config(&name);
     let mut client = connect(&owner).await.unwrap();
-    let at_0002 = MigrationSet {
-        migrations: &MIGRATIONS[..2],
+    let release = MigrationSet {
+        migrations: &MIGRATIONS[..at],
         ..LIBRARY
     };
-    at_0002.apply(&mut client, "").await.unwrap();
+    release.apply(&mut client, "").await.unwrap();
     client
-        .batch_execute("CREATE ROLE upgrade_app LOGIN IN ROLE ticklease_app")
+        .batch_execute(&format!("CREATE ROLE {login} LOGIN IN ROLE ticklease_app"))
         .await
         .unwrap();
     let mut app = owner.clone();
-    app.user("upgrade_app");
+    app.user(login);
     let app_client = connect(&app).await.unwrap();
+    OldRelease {
+        client,
+        app,
+        app_client,
+    }
+}
+
+/// Runs `renewals` (each answers true while its term holds) every 50 ms
+/// until `stop`; panics on a lost term; returns the rounds.
+fn renew_until(
+    stop: &CancellationToken,
+    client: tokio_postgres::Client,
+    renewals: Vec<String>,
+) -> tokio::task::JoinHandle<usize> {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        let mut rounds = 0;
+        while !stop.is_cancelled() {
+            for sql in &renewals {
+                let held: bool = scalar(&client, sql).await;
+                assert!(held, "a live term was lost during the upgrade: {sql}");
+            }
+            rounds += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        rounds
+    })
+}
+
+#[tokio::test]
+async fn migration_0003_keeps_a_live_term_whose_holder_renews_through_it() {
+    let OldRelease {
+        mut client,
+        app,
+        app_client,
+    } = database_at(2, "upgrade_app").await;
     let token: i64 = scalar(
         &app_client,
         "SELECT holder_token FROM leader_acquire('billing', 'old-holder', 2000, 1000)",
@@ -131,22 +174,11 @@ async fn migration_0003_keeps_a_live_term_whose_holder_renews_through_it() {
 /// role, then renews the term it acquires with its key.
 #[tokio::test]
 async fn migration_0004_keeps_a_live_term_and_0003_statements_keep_working() {
-    let cluster = PgCluster::shared();
-    let name = cluster.create_database().await.unwrap();
-    let owner = cluster.config(&name);
-    let mut client = connect(&owner).await.unwrap();
-    let at_0003 = MigrationSet {
-        migrations: &MIGRATIONS[..3],
-        ..LIBRARY
-    };
-    at_0003.apply(&mut client, "").await.unwrap();
-    client
-        .batch_execute("CREATE ROLE upgrade_app4 LOGIN IN ROLE ticklease_app")
-        .await
-        .unwrap();
-    let mut app = owner.clone();
-    app.user("upgrade_app4");
-    let app_client = connect(&app).await.unwrap();
+    let OldRelease {
+        mut client,
+        app,
+        app_client,
+    } = database_at(3, "upgrade_app4").await;
     let token: i64 = scalar(
         &app_client,
         "SELECT holder_token FROM leader_acquire('billing', 'old-holder', 2000, 1)",
@@ -154,23 +186,8 @@ async fn migration_0004_keeps_a_live_term_and_0003_statements_keep_working() {
     .await;
 
     let stop = CancellationToken::new();
-    let holder = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            let mut renewed = 0;
-            while !stop.is_cancelled() {
-                let ok: bool = scalar(
-                    &app_client,
-                    &format!("SELECT renewed FROM leader_renew('billing', {token}, 2000)"),
-                )
-                .await;
-                assert!(ok, "the live term was lost during the upgrade");
-                renewed += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            renewed
-        }
-    });
+    let renewal = format!("SELECT renewed FROM leader_renew('billing', {token}, 2000)");
+    let holder = renew_until(&stop, app_client, vec![renewal]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let report = ticklease::migrate(&mut client).await.unwrap();
@@ -233,22 +250,11 @@ async fn migration_0004_keeps_a_live_term_and_0003_statements_keep_working() {
 /// renewing with 0006's statements throughout, and keep their tokens.
 #[tokio::test]
 async fn a_database_at_0006_moves_to_the_definitions_with_its_holders_renewing() {
-    let cluster = PgCluster::shared();
-    let name = cluster.create_database().await.unwrap();
-    let owner = cluster.config(&name);
-    let mut client = connect(&owner).await.unwrap();
-    let at_0006 = MigrationSet {
-        migrations: &MIGRATIONS[..6],
-        ..LIBRARY
-    };
-    at_0006.apply(&mut client, "").await.unwrap();
-    client
-        .batch_execute("CREATE ROLE upgrade_app6 LOGIN IN ROLE ticklease_app")
-        .await
-        .unwrap();
-    let mut app = owner.clone();
-    app.user("upgrade_app6");
-    let app_client = connect(&app).await.unwrap();
+    let OldRelease {
+        mut client,
+        app,
+        app_client,
+    } = database_at(6, "upgrade_app6").await;
     let single: i64 = scalar(
         &app_client,
         "SELECT holder_token FROM leader_acquire('billing', 'old-holder', 2000, 1, NULL)",
@@ -261,31 +267,14 @@ async fn a_database_at_0006_moves_to_the_definitions_with_its_holders_renewing()
     .await;
 
     let stop = CancellationToken::new();
-    let holder = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            let mut renewed = 0;
-            while !stop.is_cancelled() {
-                let one: bool = scalar(
-                    &app_client,
-                    &format!("SELECT renewed FROM leader_renew('billing', {single}, 2000, NULL)"),
-                )
-                .await;
-                let many: i64 = scalar(
-                    &app_client,
-                    &format!(
-                        "SELECT count(*) FROM leader_renew_many(ARRAY['shard:a'], ARRAY[{batched}::int8], 2000, NULL)
-                          WHERE renewed"
-                    ),
-                )
-                .await;
-                assert!(one && many == 1, "a live term was lost during the upgrade");
-                renewed += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            renewed
-        }
-    });
+    let renewals = vec![
+        format!("SELECT renewed FROM leader_renew('billing', {single}, 2000, NULL)"),
+        format!(
+            "SELECT count(*) = 1 FROM leader_renew_many(ARRAY['shard:a'], ARRAY[{batched}::int8], 2000, NULL)
+              WHERE renewed"
+        ),
+    ];
+    let holder = renew_until(&stop, app_client, renewals);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let report = ticklease::migrate(&mut client).await.unwrap();
@@ -341,7 +330,7 @@ async fn a_definition_is_applied_again_only_when_its_checksum_changes() {
     assert_eq!(changed.definitions, ["60_operator"]);
     let pinned: String = scalar(
         &client,
-        "SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE oid = 'leader_pause(text, text, text)'::regprocedure",
+        "SELECT coalesce(array_to_string(proconfig, ','), 'unpinned') FROM pg_proc WHERE oid = 'leader_pause(text, text, text)'::regprocedure",
     )
     .await;
     assert!(pinned.ends_with("pg_temp"), "{pinned}");
