@@ -51,8 +51,10 @@ pub const DEFINITIONS: &[Definition] = &[
     definition!("80_privileges"),
 ];
 
-/// Raised with every change to a definitions file: a run applies its
-/// definitions only over a database at this generation or an older one.
+/// Raised with every change to a definitions file that lands: a run
+/// applies its definitions only over a database at this generation or an
+/// older one. `definitions/generations.txt` holds each generation's
+/// checksums; a unit test fails on a changed file without a new block.
 pub const DEFINITIONS_GENERATION: i32 = 1;
 
 /// The table that records the applied definitions.
@@ -171,4 +173,54 @@ pub(crate) async fn verify(client: &tokio_postgres::Client) -> Result<(), Migrat
         ),
         command: super::migrate::LIBRARY.command,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (generation, file, checksum) of `definitions/generations.txt`.
+    fn generations() -> Vec<(i32, String, String)> {
+        include_str!("definitions/generations.txt")
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                assert_eq!(f.len(), 3, "generations.txt: {l:?}");
+                (f[0].parse().unwrap(), f[1].to_string(), f[2].to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_changed_definition_comes_with_a_new_generation() {
+        let all = generations();
+        let newest = all.iter().map(|(g, _, _)| *g).max().unwrap();
+        assert_eq!(
+            newest, DEFINITIONS_GENERATION,
+            "generations.txt ends at the constant"
+        );
+        for g in 1..=newest {
+            assert!(all.iter().any(|(n, _, _)| *n == g), "generation {g} has a block");
+        }
+        let current: Vec<(&str, &str)> = all
+            .iter()
+            .filter(|(g, _, _)| *g == DEFINITIONS_GENERATION)
+            .map(|(_, f, s)| (f.as_str(), s.as_str()))
+            .collect();
+        let files: Vec<(&str, String)> = DEFINITIONS.iter().map(|d| (d.name, checksum(d.sql))).collect();
+        for (name, sum) in &files {
+            assert!(
+                current.contains(&(*name, sum.as_str())),
+                "definitions/{name}.sql differs from generation {DEFINITIONS_GENERATION}: add a block for \
+                 generation {} to generations.txt and raise DEFINITIONS_GENERATION (its checksum is {sum})",
+                DEFINITIONS_GENERATION + 1
+            );
+        }
+        assert_eq!(
+            current.len(),
+            files.len(),
+            "one line per file in the newest block"
+        );
+    }
 }
