@@ -16,9 +16,9 @@
 //! 0001–0007 leave them) and records those versions as applied; the catalog
 //! test holds it equal to a database upgraded through every migration.
 
+use sha2::{Digest, Sha256};
 use tokio_postgres::Transaction;
 
-use super::migrate::checksum;
 use crate::error::MigrateError;
 
 /// One file of current definitions.
@@ -65,6 +65,14 @@ pub(crate) const TABLES: &str = include_str!("migrations/tables_at_0007.sql");
 
 /// The last versioned migration that [`TABLES`] stands in for.
 pub(crate) const TABLES_AT: i32 = 7;
+
+/// SHA-256 of a schema file (a migration or a definition), hex.
+pub(crate) fn checksum(sql: &str) -> String {
+    Sha256::digest(sql.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 /// Applies every definition whose recorded checksum or generation differs
 /// from this build's; returns the names applied (none when the database
@@ -151,8 +159,12 @@ pub(crate) async fn apply(tx: &Transaction<'_>) -> Result<Vec<String>, MigrateEr
     Ok(applied)
 }
 
-/// Checks that the database holds this build's definitions or newer ones.
-pub(crate) async fn verify(client: &tokio_postgres::Client) -> Result<(), MigrateError> {
+/// Checks that the database holds this build's definitions or newer ones;
+/// `command` applies them.
+pub(crate) async fn verify(
+    client: &tokio_postgres::Client,
+    command: &'static str,
+) -> Result<(), MigrateError> {
     let sql = format!("SELECT coalesce(min(generation), 0) FROM {DEFINITIONS_TABLE}");
     let generation: i32 = match client.query_typed(&sql, &[]).await {
         Ok(rows) => rows.first().map_or(0, |r| r.get(0)),
@@ -171,7 +183,7 @@ pub(crate) async fn verify(client: &tokio_postgres::Client) -> Result<(), Migrat
         detail: format!(
             "the SQL definitions are at generation {generation}, this build needs {DEFINITIONS_GENERATION}"
         ),
-        command: super::migrate::LIBRARY.command,
+        command,
     })
 }
 

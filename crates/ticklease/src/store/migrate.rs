@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::error::MigrateError;
@@ -34,16 +33,8 @@ pub struct Migration {
 impl Migration {
     /// SHA-256 of the file, hex.
     pub fn checksum(&self) -> String {
-        checksum(self.sql)
+        definitions::checksum(self.sql)
     }
-}
-
-/// SHA-256 of a file, hex.
-pub(crate) fn checksum(sql: &str) -> String {
-    Sha256::digest(sql.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// The library's migrations, in order.

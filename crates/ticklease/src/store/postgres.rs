@@ -785,7 +785,7 @@ fn unknown_role(e: StoreError, role: &Role) -> StoreError {
 /// startup check, as a store error (`NotMigrated`, `PermissionDenied`, …).
 async fn check_schema(client: &tokio_postgres::Client) -> Result<(), StoreError> {
     let checked = match LIBRARY.verify(client).await {
-        Ok(()) => super::definitions::verify(client).await,
+        Ok(()) => super::definitions::verify(client, LIBRARY.command).await,
         failed => failed,
     };
     checked.map_err(|e| match e {
