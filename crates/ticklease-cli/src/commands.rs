@@ -140,6 +140,12 @@ async fn cmd_migrate(db: Db, roles: RoleNames) -> anyhow::Result<()> {
         "migrations applied: {:?}; already applied: {:?}; definitions applied: {:?}",
         report.applied, report.already_applied, report.definitions
     );
+    if let Some(newer) = report.definitions_newer {
+        eprintln!(
+            "warning: the database holds definitions of generation {newer}, newer than this build's {}: left in place",
+            ticklease::migrate::DEFINITIONS_GENERATION
+        );
+    }
     Ok(())
 }
 

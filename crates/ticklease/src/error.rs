@@ -201,6 +201,25 @@ pub enum MigrateError {
         /// The name given.
         name: String,
     },
+    /// The migrating login is not the owner of ticklease's tables: the
+    /// objects it would create would have another owner.
+    #[error("migrations run as the owner of leader_leases ({owner}), not as {user}: connect as {owner}")]
+    NotOwner {
+        /// The migrating login.
+        user: String,
+        /// The owner of `leader_leases`.
+        owner: String,
+    },
+    /// A login other than the owner can create objects in the schema, or
+    /// created some our functions would resolve to: it could run code with
+    /// the owner's rights. Nothing was written.
+    #[error("schema {schema} is not safe for ticklease: {detail}")]
+    UnsafeSchema {
+        /// The schema.
+        schema: String,
+        /// Who can write it, or what was planted.
+        detail: String,
+    },
     /// A migration of the set is missing or differs.
     #[error("the database is not migrated: {detail} (run `{command}`)")]
     NotMigrated {

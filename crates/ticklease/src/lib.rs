@@ -44,6 +44,14 @@
 //! from nothing starts from the tables as migration 0007 leaves them and
 //! records 0001–0007 as applied; a test compares its catalog with one
 //! upgraded through every migration since 0001.
+//! A run refuses, before writing anything, a login that does not own
+//! `leader_leases` (what it created would have another owner) and a schema
+//! where PUBLIC or a member of the app or operator role may create objects,
+//! or where another owner left a function named like ours or like a
+//! built-in: our definer functions call this schema's functions with the
+//! owner's rights, and a better-matching overload planted beside them would
+//! run instead. Give ticklease a schema of its own if the application needs
+//! CREATE on `public`.
 //!
 //! ## What the local clock is for
 //!

@@ -348,3 +348,196 @@ fn arguments_of(text: &str) -> usize {
         0
     }
 }
+
+/// A fresh database on the shared cluster, its owner's config and client.
+async fn fresh_database() -> (String, tokio_postgres::Config, tokio_postgres::Client) {
+    let cluster = PgCluster::shared();
+    let name = cluster.create_database().await.unwrap();
+    let owner = cluster.config(&name);
+    let client = connect(&owner).await.unwrap();
+    (name, owner, client)
+}
+
+/// A login role of the cluster named for the test's database (roles are cluster-wide).
+async fn login(owner: &tokio_postgres::Client, db: &str, what: &str, attributes: &str) -> String {
+    let name = format!("{what}_{db}");
+    owner
+        .batch_execute(&format!("CREATE ROLE {name} LOGIN {attributes}"))
+        .await
+        .unwrap();
+    name
+}
+
+fn as_login(config: &tokio_postgres::Config, user: &str) -> tokio_postgres::Config {
+    let mut config = config.clone();
+    config.user(user);
+    config
+}
+
+#[tokio::test]
+async fn migrate_refuses_a_schema_where_anyone_may_create_and_writes_nothing() {
+    let (_, _, mut client) = fresh_database().await;
+    client
+        .batch_execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        .await
+        .unwrap();
+    let err = ticklease::migrate(&mut client).await.unwrap_err();
+    assert!(
+        matches!(&err, MigrateError::UnsafeSchema { detail, .. } if detail.starts_with("PUBLIC") && detail.contains("may create objects")),
+        "{err}"
+    );
+    let written: bool = client
+        .query_one("SELECT to_regclass('leader_leases') IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!written);
+}
+
+/// A login that could create in the schema once planted an overload of a
+/// built-in our privileges function calls: the owner's next migrate would
+/// have run it with the owner's rights (it granted the planter the lease table).
+#[tokio::test]
+async fn migrate_refuses_a_function_another_login_planted_in_the_schema() {
+    let (name, owner, mut client) = fresh_database().await;
+    ticklease::migrate(&mut client).await.unwrap();
+    let planter = login(&client, &name, "planter", "").await;
+    client
+        .batch_execute(&format!("GRANT CREATE ON SCHEMA public TO {planter}"))
+        .await
+        .unwrap();
+    connect(&as_login(&owner, &planter))
+        .await
+        .unwrap()
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.format(text, regprocedure, name) RETURNS text LANGUAGE plpgsql AS $$
+             BEGIN
+                 EXECUTE 'GRANT UPDATE ON public.leader_leases TO {planter}';
+                 RETURN pg_catalog.format($1, $2, $3);
+             END $$"
+        ))
+        .await
+        .unwrap();
+    client
+        .batch_execute(&format!(
+            "REVOKE CREATE ON SCHEMA public FROM {planter};
+             UPDATE ticklease_schema_definitions SET checksum = 'edited' WHERE name = '80_privileges'"
+        ))
+        .await
+        .unwrap();
+    let err = ticklease::migrate(&mut client).await.unwrap_err();
+    assert!(
+        matches!(&err, MigrateError::UnsafeSchema { detail, .. }
+                 if detail.contains("format(text,regprocedure,name)") && detail.contains(&planter)),
+        "{err}"
+    );
+    let granted: bool = client
+        .query_one(
+            &format!("SELECT has_table_privilege('{planter}', 'leader_leases', 'UPDATE')"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!granted, "the planted function ran as the owner");
+}
+
+#[tokio::test]
+async fn migrate_refuses_a_login_that_does_not_own_the_tables() {
+    let (name, owner, mut client) = fresh_database().await;
+    ticklease::migrate(&mut client).await.unwrap();
+    let other = login(&client, &name, "other", "SUPERUSER").await;
+    let mut other_client = connect(&as_login(&owner, &other)).await.unwrap();
+    let err = ticklease::migrate(&mut other_client).await.unwrap_err();
+    assert!(
+        matches!(&err, MigrateError::NotOwner { user, .. } if *user == other),
+        "{err}"
+    );
+}
+
+/// Default privileges that give the app role every table it gains do not
+/// let it write ours: the grant takes writes away from all of them.
+#[tokio::test]
+async fn the_app_role_writes_none_of_our_tables_even_with_default_privileges() {
+    let (name, owner, mut client) = fresh_database().await;
+    client
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE ticklease_app NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             ALTER DEFAULT PRIVILEGES GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO ticklease_app",
+        )
+        .await
+        .unwrap();
+    ticklease::migrate(&mut client).await.unwrap();
+    let app = login(&client, &name, "app", "IN ROLE ticklease_app").await;
+    let app_client = connect(&as_login(&owner, &app)).await.unwrap();
+    for table in [
+        "ticklease_schema_definitions",
+        "ticklease_schema_migrations",
+        "leader_history_settings",
+        "leader_fence_claims",
+    ] {
+        let err = app_client
+            .batch_execute(&format!("DELETE FROM {table}"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+            "{table}: {err}"
+        );
+    }
+}
+
+/// Replacing the view waits for every lock on it, and any login can hold
+/// one: the run fails after its lock wait, naming the holder, and writes
+/// nothing; it succeeds once the holder is gone.
+#[tokio::test]
+async fn a_migration_kept_from_the_status_view_names_who_holds_it() {
+    let (name, owner, mut client) = fresh_database().await;
+    ticklease::migrate(&mut client).await.unwrap();
+    client
+        .batch_execute(&format!(
+            "UPDATE {} SET checksum = 'edited' WHERE name = '65_status_view'",
+            ticklease::migrate::DEFINITIONS_TABLE
+        ))
+        .await
+        .unwrap();
+    let nobody = login(&client, &name, "nobody", "").await;
+    let holder = connect(&as_login(&owner, &nobody)).await.unwrap();
+    holder
+        .batch_execute("BEGIN; PREPARE peek AS SELECT * FROM leader_status")
+        .await
+        .unwrap();
+    let err = ticklease::migrate(&mut client).await.unwrap_err();
+    let text = format!("{err}");
+    assert!(
+        text.contains("65_status_view") && text.contains(&format!("user {nobody}")),
+        "{text}"
+    );
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let report = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(report.definitions, ["65_status_view"]);
+}
+
+/// The schema's name is quoted wherever the definitions use it.
+#[tokio::test]
+async fn a_schema_with_a_mixed_case_quoted_name_migrates_and_pins_its_functions() {
+    let (_, mut owner, client) = fresh_database().await;
+    client
+        .batch_execute(r#"CREATE SCHEMA "Tick""Lease""#)
+        .await
+        .unwrap();
+    owner.options(r#"-c search_path="Tick""Lease""#);
+    let mut client = connect(&owner).await.unwrap();
+    ticklease::migrate(&mut client).await.unwrap();
+    let unpinned: i64 = client
+        .query_one(
+            r#"SELECT count(*) FROM pg_proc WHERE pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = 'Tick"Lease')
+                 AND prosecdef AND NOT coalesce(array_to_string(proconfig, ',') LIKE '%pg_temp', false)"#,
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unpinned, 0);
+}

@@ -355,6 +355,7 @@ async fn a_run_never_applies_definitions_older_than_the_databases() {
         .unwrap();
     let report = ticklease::migrate(&mut client).await.unwrap();
     assert!(report.definitions.is_empty(), "{report:?}");
+    assert_eq!(report.definitions_newer, Some(newer), "the run says it left them");
     let kept: i64 = scalar(
         &client,
         &format!("SELECT count(*) FROM {DEFINITIONS_TABLE} WHERE checksum = 'newer'"),

@@ -17,8 +17,10 @@
 //! test holds it equal to a database upgraded through every migration.
 
 use sha2::{Digest, Sha256};
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Transaction;
 
+use super::migrate::MigrateOptions;
 use crate::error::MigrateError;
 
 /// One file of current definitions.
@@ -47,6 +49,7 @@ pub const DEFINITIONS: &[Definition] = &[
     definition!("40_terms"),
     definition!("50_families"),
     definition!("60_operator"),
+    definition!("65_status_view"),
     definition!("70_compatibility"),
     definition!("80_privileges"),
 ];
@@ -66,6 +69,66 @@ pub(crate) const TABLES: &str = include_str!("migrations/tables_at_0007.sql");
 /// The last versioned migration that [`TABLES`] stands in for.
 pub(crate) const TABLES_AT: i32 = 7;
 
+/// Refuses a schema that a login other than the owner could plant objects
+/// in: our SECURITY DEFINER functions call functions of this schema with
+/// the owner's rights, and a better-matching overload planted beside them
+/// (or beside a built-in) would be called instead. Also refuses a run by a
+/// login that does not own the tables.
+pub(crate) async fn check_writers(
+    tx: &Transaction<'_>,
+    options: &MigrateOptions,
+) -> Result<(), MigrateError> {
+    let db = |source| MigrateError::Db {
+        step: "check who may write the schema".into(),
+        source,
+    };
+    let owner = tx.query_typed(OWNER, &[]).await.map_err(db)?;
+    if let Some(row) = owner.first() {
+        let (user, owner): (String, String) = (row.get(0), row.get(1));
+        if user != owner {
+            return Err(MigrateError::NotOwner { user, owner });
+        }
+    }
+    let roles: [(&(dyn ToSql + Sync), Type); 2] = [
+        (&options.app_role, Type::TEXT),
+        (&options.operator_role, Type::TEXT),
+    ];
+    let rows = tx.query_typed(WRITERS, &roles).await.map_err(db)?;
+    let (schema, creators, planted): (String, String, String) =
+        (rows[0].get(0), rows[0].get(1), rows[0].get(2));
+    let detail = if !creators.is_empty() {
+        format!("{creators} may create objects in it (revoke CREATE on the schema, or give ticklease a schema of its own)")
+    } else if !planted.is_empty() {
+        format!("functions of another owner shadow ours or built-ins: {planted} (drop them)")
+    } else {
+        return Ok(());
+    };
+    Err(MigrateError::UnsafeSchema { schema, detail })
+}
+
+/// The migrating login and the owner of `leader_leases` (no row on a fresh database).
+const OWNER: &str = "SELECT current_user::text, pg_get_userbyid(c.relowner)::text FROM pg_class AS c
+                      WHERE c.oid = to_regclass(quote_ident(current_schema()) || '.leader_leases')";
+
+/// The schema; who of PUBLIC and the members of the app and operator roles
+/// may create in it; functions in it of another owner named like ours or a built-in.
+const WRITERS: &str = r"
+    SELECT current_schema()::text,
+           coalesce((SELECT string_agg(w, ', ' ORDER BY w) FROM (
+               SELECT 'PUBLIC' AS w FROM pg_namespace AS n, aclexplode(n.nspacl) AS a
+                WHERE n.nspname = current_schema() AND a.grantee = 0 AND a.privilege_type = 'CREATE'
+               UNION
+               SELECT m.rolname::text FROM pg_roles AS m, pg_roles AS g
+                WHERE g.rolname IN ($1, $2) AND pg_has_role(m.oid, g.oid, 'MEMBER') AND NOT m.rolsuper
+                  AND m.rolname <> current_user
+                  AND has_schema_privilege(m.oid, current_schema(), 'CREATE')) AS c), ''),
+           coalesce((SELECT string_agg(p.oid::regprocedure::text || ' of ' || pg_get_userbyid(p.proowner), ', ')
+                       FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace
+                      WHERE n.nspname = current_schema() AND pg_get_userbyid(p.proowner) <> current_user
+                        AND (p.proname LIKE 'leader\_%' OR EXISTS (
+                            SELECT 1 FROM pg_proc AS b
+                             WHERE b.pronamespace = 'pg_catalog'::regnamespace AND b.proname = p.proname))), '')";
+
 /// SHA-256 of a schema file (a migration or a definition), hex.
 pub(crate) fn checksum(sql: &str) -> String {
     Sha256::digest(sql.as_bytes())
@@ -75,9 +138,9 @@ pub(crate) fn checksum(sql: &str) -> String {
 }
 
 /// Applies every definition whose recorded checksum or generation differs
-/// from this build's; returns the names applied (none when the database
-/// holds a newer generation).
-pub(crate) async fn apply(tx: &Transaction<'_>) -> Result<Vec<String>, MigrateError> {
+/// from this build's; returns the names applied, or none and the
+/// database's generation when it is newer.
+pub(crate) async fn apply(tx: &Transaction<'_>) -> Result<(Vec<String>, Option<i32>), MigrateError> {
     let db = |step: &str| {
         let step = step.to_string();
         move |source| MigrateError::Db { step, source }
@@ -98,11 +161,9 @@ pub(crate) async fn apply(tx: &Transaction<'_>) -> Result<Vec<String>, MigrateEr
         )
         .await
         .map_err(db("read applied definitions"))?;
-    if recorded
-        .iter()
-        .any(|r| r.get::<_, i32>(2) > DEFINITIONS_GENERATION)
-    {
-        return Ok(Vec::new());
+    let newest = recorded.iter().map(|r| r.get::<_, i32>(2)).max();
+    if let Some(newer) = newest.filter(|g| *g > DEFINITIONS_GENERATION) {
+        return Ok((Vec::new(), Some(newer)));
     }
     let rows = tx
         .query_typed(
@@ -156,7 +217,7 @@ pub(crate) async fn apply(tx: &Transaction<'_>) -> Result<Vec<String>, MigrateEr
             .await
             .map_err(db("secure and re-grant the functions"))?;
     }
-    Ok(applied)
+    Ok((applied, None))
 }
 
 /// Checks that the database holds this build's definitions or newer ones;

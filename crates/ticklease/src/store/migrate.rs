@@ -174,6 +174,9 @@ pub struct MigrateReport {
     pub already_applied: Vec<i32>,
     /// Definition files applied by this run (`definitions/`).
     pub definitions: Vec<String>,
+    /// The database's definitions generation when it is newer than this
+    /// build's: they were left in place (a rolling deploy's older replica).
+    pub definitions_newer: Option<i32>,
 }
 
 /// Applies every pending migration in one transaction, granting to the default roles.
@@ -201,22 +204,14 @@ pub async fn migrate_with(
         "SELECT leader_grant('{}', '{}')",
         options.app_role, options.operator_role
     );
-    apply(client, &LIBRARY, &settings, Library::Yes, &grant).await
-}
-
-/// Whether a run is the library's own: a fresh database then starts from
-/// the tables file, and the definitions follow the versioned migrations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Library {
-    Yes,
-    No,
+    apply(client, &LIBRARY, &settings, Some(options), &grant).await
 }
 
 impl MigrationSet {
     /// Applies every pending migration in one transaction, after running
     /// `prelude` (transaction-local settings; may be empty) in it.
     pub async fn apply(&self, client: &mut Client, prelude: &str) -> Result<MigrateReport, MigrateError> {
-        apply(client, self, prelude, Library::No, "").await
+        apply(client, self, prelude, None, "").await
     }
 
     /// Checks that every migration is applied, unchanged; `NotMigrated`
@@ -262,13 +257,15 @@ impl MigrationSet {
 }
 
 /// Applies `set` in one transaction under its advisory lock: `prelude`, the
-/// pending migrations (for the library: the tables file first on a fresh
-/// database, the definitions after), then `epilogue` (each may be empty).
+/// pending migrations, then `epilogue` (each may be empty). `library`: the
+/// library's own run, with its roles: it first checks who may write the
+/// schema, a fresh database starts from the tables file, and the
+/// definitions follow the versioned migrations.
 async fn apply(
     client: &mut Client,
     set: &MigrationSet,
     prelude: &str,
-    library: Library,
+    library: Option<&MigrateOptions>,
     epilogue: &str,
 ) -> Result<MigrateReport, MigrateError> {
     let db = |step: &str| {
@@ -326,7 +323,10 @@ async fn apply(
             Some(m) => report.already_applied.push(m.version),
         }
     }
-    if library == Library::Yes && applied.is_empty() {
+    if let Some(options) = library {
+        definitions::check_writers(&tx, options).await?;
+    }
+    if library.is_some() && applied.is_empty() {
         report.applied = start_from_tables(&tx, set).await?;
         applied = applied_of(set, &report.applied);
     }
@@ -340,8 +340,24 @@ async fn apply(
         record(&tx, table, m).await.map_err(db(&step))?;
         report.applied.push(m.version);
     }
-    if library == Library::Yes {
-        report.definitions = definitions::apply(&tx).await?;
+    if library.is_some() {
+        match definitions::apply(&tx).await {
+            Ok(applied) => (report.definitions, report.definitions_newer) = applied,
+            Err(MigrateError::Db { step, source })
+                if source.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+            {
+                drop(tx);
+                let holders = relation_lock_holders(client, "leader_status").await;
+                return Err(MigrateError::Db {
+                    step: format!(
+                        "{step} (waited {}s for a lock; leader_status is locked by {holders})",
+                        MIGRATION_LOCK_WAIT.as_secs()
+                    ),
+                    source,
+                });
+            }
+            Err(e) => return Err(e),
+        }
     }
     if !epilogue.is_empty() {
         tx.batch_execute(epilogue).await.map_err(db("grant"))?;
@@ -396,6 +412,29 @@ async fn record(
     .await
 }
 
+/// Who holds a lock on `relation` of the current schema, as a phrase for an error.
+async fn relation_lock_holders(client: &Client, relation: &str) -> String {
+    let sql = format!(
+        "SELECT coalesce(string_agg(DISTINCT format('pid %s (user %s, application %L)', l.pid,
+                                                    coalesce(a.usename::text, '?'), a.application_name), ', '),
+                         'a session that has gone since')
+           FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+          WHERE l.locktype = 'relation' AND l.granted
+            AND l.relation = to_regclass(quote_ident(current_schema()) || '.{relation}')"
+    );
+    first_text(client, &sql)
+        .await
+        .unwrap_or_else(|| "another session".into())
+}
+
+/// The first column of the first row, through the simple protocol.
+async fn first_text(client: &Client, sql: &str) -> Option<String> {
+    client.simple_query(sql).await.ok()?.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    })
+}
+
 /// Who holds advisory lock `key` (a migration lock that was waited for
 /// in vain), as a phrase for an error: backend pid, login and application.
 async fn lock_holders(client: &Client, key: i64) -> String {
@@ -408,16 +447,9 @@ async fn lock_holders(client: &Client, key: i64) -> String {
             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
             AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
     );
-    match client.simple_query(&sql).await {
-        Ok(rows) => rows
-            .iter()
-            .find_map(|m| match m {
-                SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-                _ => None,
-            })
-            .unwrap_or_else(|| "another session".into()),
-        Err(_) => "another session (pg_locks unreadable)".into(),
-    }
+    first_text(client, &sql)
+        .await
+        .unwrap_or_else(|| "another session (pg_locks unreadable)".into())
 }
 
 async fn applied(

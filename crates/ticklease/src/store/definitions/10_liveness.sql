@@ -9,8 +9,9 @@ CREATE OR REPLACE FUNCTION leader_token_seed() RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
 
--- Every new row's first token. Set only where it differs (a database created
--- from migrations/tables_at_0007.sql), so an upgrade takes no lock on the lease table.
+-- Every new row's first token. Set only where the column has no default (a
+-- database created from migrations/tables_at_0007.sql), so an upgrade takes
+-- no lock on the lease table.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_attrdef AS d JOIN pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum

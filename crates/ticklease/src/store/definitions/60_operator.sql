@@ -1,5 +1,4 @@
--- The operator's surface: pause, unpause, run now, forget a role, and the
--- leader_status view every reader (CLI, status page, metrics) shares.
+-- The operator's surface: pause, unpause, run now, forget a role.
 
 CREATE OR REPLACE FUNCTION @schema@.leader_pause(p_role text, p_by text, p_reason text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -112,26 +111,3 @@ BEGIN
     RETURN true;
 END
 $fn$;
-
--- One row per role: its term, whether it is live (the live keys read once
--- for all rows), its pause, its last tick and outcome.
-CREATE OR REPLACE VIEW leader_status AS
-WITH live AS (SELECT ARRAY(SELECT leader_live_keys()) AS keys)
-SELECT l.role,
-       leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, statement_timestamp(), live.keys) AS held,
-       l.holder_id,
-       l.holder_token,
-       l.acquired_at,
-       l.expires_at,
-       statement_timestamp() AS db_now,
-       CASE WHEN leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, statement_timestamp(), live.keys)
-            THEN l.expires_at - statement_timestamp() END AS remaining,
-       l.paused_at,
-       l.paused_by,
-       l.pause_reason,
-       l.last_tick_ended_at,
-       l.last_tick_holder,
-       l.not_before,
-       (SELECT h.outcome FROM leader_history AS h
-         WHERE h.role = l.role AND h.kind = 'term' ORDER BY h.id DESC LIMIT 1) AS last_outcome
-  FROM leader_leases AS l CROSS JOIN live;

@@ -12,13 +12,16 @@ AS $$
 DECLARE
     f regprocedure;
 BEGIN
-    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-              WHERE p.pronamespace = current_schema()::regnamespace AND p.prosecdef LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', f, current_schema());
+    -- The schema by name (a cast to regnamespace would parse it again as an
+    -- identifier); built-ins qualified, as everywhere in this file.
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = pg_catalog.current_schema() AND p.prosecdef LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', f,
+                                  pg_catalog.current_schema());
     END LOOP;
-    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-              WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'leader\_%' LOOP
-        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = pg_catalog.current_schema() AND p.proname LIKE 'leader\_%' LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
 END
 $$;
@@ -32,37 +35,39 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     r text;
+    tables constant text := 'leader_leases, leader_history, leader_history_settings, leader_replicas,
+                             leader_fence_claims, ticklease_schema_migrations, ticklease_schema_definitions';
 BEGIN
-    FOREACH r IN ARRAY array_remove(ARRAY[p_app, p_operator], NULL) LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+    FOREACH r IN ARRAY pg_catalog.array_remove(ARRAY[p_app, p_operator], NULL) LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
             BEGIN
-                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+                EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
             EXCEPTION WHEN duplicate_object OR unique_violation THEN
                 NULL; -- created concurrently by a migration of another database
             END;
         END IF;
-        EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', current_schema(), r);
-        EXECUTE format('GRANT SELECT ON leader_status, leader_history, leader_replicas,
+        EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA %I TO %I', pg_catalog.current_schema(), r);
+        EXECUTE pg_catalog.format('GRANT SELECT ON leader_status, leader_history, leader_replicas,
                         ticklease_schema_migrations, ticklease_schema_definitions TO %I', r);
         -- leader_status calls them with the reader's rights.
-        EXECUTE format('GRANT EXECUTE ON FUNCTION leader_lease_live(text, timestamptz, timestamptz),
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION leader_lease_live(text, timestamptz, timestamptz),
                         leader_key_alive(bigint), leader_term_live(text, timestamptz, bigint, timestamptz),
                         leader_live_keys(), leader_term_live_among(text, timestamptz, bigint, timestamptz, bigint[])
                         TO %I', r);
     END LOOP;
     IF p_app IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM pg_roles r, pg_class c
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles r, pg_catalog.pg_class c
                     WHERE r.rolname = p_app AND c.oid = 'leader_leases'::regclass
-                      AND (r.rolsuper OR pg_has_role(r.oid, c.relowner, 'USAGE'))) THEN
+                      AND (r.rolsuper OR pg_catalog.pg_has_role(r.oid, c.relowner, 'USAGE'))) THEN
             RAISE EXCEPTION 'ticklease: % owns the schema (or is a superuser): it cannot be the application role', p_app
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Create a separate login role for the application, a member of the app role.';
         END IF;
-        -- The app reads the tables and writes them only through these functions.
-        EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leader_leases, leader_history, leader_replicas
-                        FROM %I', p_app);
-        EXECUTE format('GRANT SELECT ON leader_leases TO %I', p_app);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION leader_acquire(text, text, bigint, bigint),
+        -- The app reads the tables and writes them only through these functions
+        -- (also what default privileges gave it).
+        EXECUTE pg_catalog.format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON %s FROM %I', tables, p_app);
+        EXECUTE pg_catalog.format('GRANT SELECT ON leader_leases TO %I', p_app);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION leader_acquire(text, text, bigint, bigint),
                         leader_acquire(text, text, bigint, bigint, bigint),
                         leader_renew(text, bigint, bigint), leader_renew(text, bigint, bigint, bigint),
                         leader_release(text, bigint, boolean, bigint),
@@ -76,7 +81,12 @@ BEGIN
                         TO %I', p_app);
     END IF;
     IF p_operator IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION leader_pause(text, text, text), leader_unpause(text),
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r, pg_catalog.pg_class c
+                        WHERE r.rolname = p_operator AND c.oid = 'leader_leases'::regclass
+                          AND (r.rolsuper OR pg_catalog.pg_has_role(r.oid, c.relowner, 'USAGE'))) THEN
+            EXECUTE pg_catalog.format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON %s FROM %I', tables, p_operator);
+        END IF;
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION leader_pause(text, text, text), leader_unpause(text),
                         leader_run_now(text), leader_fence_sweep(text[]), leader_forget(text)
                         TO %I', p_operator);
     END IF;
@@ -92,14 +102,14 @@ DECLARE
     r text;
 BEGIN
     FOR r IN SELECT DISTINCT g.rolname
-               FROM pg_proc p, aclexplode(p.proacl) a, pg_roles g
-              WHERE p.oid = 'leader_acquire(text, text, bigint, bigint)'::regprocedure AND g.oid = a.grantee
+               FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a, pg_catalog.pg_roles g
+              WHERE p.oid = 'leader_acquire(text, text, bigint, bigint, bigint)'::regprocedure AND g.oid = a.grantee
                 AND a.privilege_type = 'EXECUTE' AND NOT g.rolsuper
-                AND NOT pg_has_role(g.oid, p.proowner, 'USAGE') LOOP
+                AND NOT pg_catalog.pg_has_role(g.oid, p.proowner, 'USAGE') LOOP
         PERFORM leader_grant(r, NULL);
     END LOOP;
     FOR r IN SELECT DISTINCT g.rolname
-               FROM pg_proc p, aclexplode(p.proacl) a, pg_roles g
+               FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a, pg_catalog.pg_roles g
               WHERE p.oid = 'leader_pause(text, text, text)'::regprocedure AND g.oid = a.grantee
                 AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner LOOP
         PERFORM leader_grant(NULL, r);

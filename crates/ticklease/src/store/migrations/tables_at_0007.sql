@@ -4,8 +4,6 @@
 -- this, as on an upgraded database; the functions, the view and the trigger
 -- come from ../definitions/. tests/catalog.rs holds the two paths equal.
 
-SET LOCAL lock_timeout = '5s';
-
 -- One row per role: its current term (holder, token, expiry), its last
 -- completed tick and its pause. Tokens only grow.
 CREATE TABLE leader_leases (
