@@ -188,11 +188,24 @@ async fn the_page_for_50_roles_and_a_day_of_minute_ticks_reads_a_bounded_number_
     // The cost: 50 roles × 30 slices of 48 minutes (48 terms each) read at
     // most TERMS_READ terms and as many notable ones per cell, not every
     // term of the window (72,000).
+    // The function's own body, prepared and explained (a function call's
+    // plan hides it); it runs without JIT, whose compile alone took 0.7 s.
+    let (body, config): (String, String) = {
+        let row = owner
+            .query_one(
+                "SELECT prosrc, array_to_string(proconfig, ',') FROM pg_proc
+                  WHERE oid = 'leader_timeline(int8, int4, int4, int4)'::regprocedure",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(config, "jit=off");
     let (buckets, day_ms) = (30, 86_400_000i64);
     let explain = format!(
-        "PREPARE timeline (int8, int4, int4, int4) AS {};
+        "PREPARE timeline (int8, int4, int4, int4) AS {body};
          EXPLAIN (ANALYZE, TIMING off) EXECUTE timeline ({day_ms}, {buckets}, {}, {})",
-        TimelineSlice::SQL,
         TimelineSlice::CELLS_MAX,
         TimelineSlice::TERMS_READ
     );

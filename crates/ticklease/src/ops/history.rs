@@ -75,45 +75,10 @@ impl TimelineSlice {
     /// Most terms a timeline reads per cell, and most that did not
     /// complete: [`TimelineSlice::terms`] counts up to this.
     pub const TERMS_READ: u32 = 10;
-
-    /// The timeline's SQL (`$1` window in ms, `$2` slices, `$3` most cells,
-    /// `$4` most terms read per cell), for tests that measure its cost.
-    #[doc(hidden)]
-    pub const SQL: &'static str = TIMELINE;
 }
 
-/// Per role (the lease rows, in order, at most `$3`) and cell of `f`
-/// adjacent slices (`f` = the fewest that keep roles × cells within `$3`):
-/// how many terms ended in it (an index-only probe of at most `$4` entries
-/// of `leader_history_term_at`), and the worst of at most `$4` terms that
-/// did not complete (`leader_history_notable_at`). Empty cells are left out.
-const TIMELINE: &str = "WITH p AS (
-       SELECT now() - $1::int8 * interval '1 millisecond' AS since,
-              $1::int8 * interval '1 millisecond' / $2::int4 AS width,
-              greatest(1, least($2::int4, ceil($2::int4 * (SELECT count(*) FROM leader_leases)::numeric
-                                                / $3::int4)::int4)) AS f),
-     r AS (SELECT l.role FROM leader_leases AS l ORDER BY l.role LIMIT $3::int4),
-     g AS (SELECT b AS bucket, least($2::int4, b + p.f) - b AS span, p.since + b * p.width AS lo,
-                  CASE WHEN b + p.f >= $2::int4 THEN 'infinity'::timestamptz
-                       ELSE p.since + (b + p.f) * p.width END AS hi
-             FROM p, generate_series(0, $2::int4 - 1, p.f) AS b)
-SELECT r.role, g.bucket::int4 AS bucket, g.span::int4 AS span, c.terms,
-       (ARRAY['completed', 'interrupted', 'lost', 'failed', 'panicked'])[coalesce(n.rank, 1)] AS outcome,
-       coalesce(n.takeover, false) AS takeover
-  FROM r CROSS JOIN g
- CROSS JOIN LATERAL (SELECT count(*) AS terms
-                       FROM (SELECT 1 FROM leader_history AS h
-                              WHERE h.role = r.role AND h.kind = 'term' AND h.at >= g.lo AND h.at < g.hi
-                              LIMIT $4::int4) AS x) AS c
- CROSS JOIN LATERAL (SELECT max(CASE y.outcome WHEN 'interrupted' THEN 2 WHEN 'lost' THEN 3
-                                               WHEN 'failed' THEN 4 ELSE 5 END) AS rank,
-                            bool_or(y.reason IN ('expired', 'holder_gone')) AS takeover
-                       FROM (SELECT h.outcome, h.reason FROM leader_history AS h
-                              WHERE h.role = r.role AND h.kind = 'term' AND h.outcome <> 'completed'
-                                AND h.at >= g.lo AND h.at < g.hi
-                              LIMIT $4::int4) AS y) AS n
- WHERE c.terms > 0
- ORDER BY r.role, g.bucket";
+/// The timeline: `leader_timeline` (store/definitions/20_history.sql) does the work.
+const TIMELINE: &str = include_str!("../store/timeline.sql");
 
 /// Most entries one read returns.
 pub const HISTORY_LIMIT_MAX: usize = 10_000;

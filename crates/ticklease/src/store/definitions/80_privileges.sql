@@ -29,7 +29,7 @@ $$;
 -- Grants one application role and/or one operator role (created if missing)
 -- what they need and no more; either may be NULL. Idempotent; run again
 -- (ticklease grant) for other role names. Readers of leader_status also
--- call its liveness functions.
+-- call its liveness functions; the status page reads leader_timeline.
 CREATE OR REPLACE FUNCTION leader_grant(p_app text, p_operator text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -52,7 +52,8 @@ BEGIN
         -- leader_status calls them with the reader's rights.
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION leader_lease_live(text, timestamptz, timestamptz),
                         leader_key_alive(bigint), leader_term_live(text, timestamptz, bigint, timestamptz),
-                        leader_live_keys(), leader_term_live_among(text, timestamptz, bigint, timestamptz, bigint[])
+                        leader_live_keys(), leader_term_live_among(text, timestamptz, bigint, timestamptz, bigint[]),
+                        leader_timeline(bigint, integer, integer, integer)
                         TO %I', r);
     END LOOP;
     IF p_app IS NOT NULL THEN
