@@ -74,16 +74,31 @@ pub enum Command {
     },
     /// Pause a role: ends its current term now and refuses ACQUIRE on every replica.
     #[command(
-        after_help = "Examples:\n  ticklease pause email_outbox --by alice --reason 'SMTP key rotation'"
+        after_help = "Examples:\n  ticklease pause email_outbox\n  ticklease pause email_outbox --by alice --reason 'SMTP key rotation'"
     )]
     Pause {
         role: Role,
-        /// Who pauses (shown in status).
+        /// Who pauses (shown in status); default `$USER@host`, or the database login without `$USER`.
         #[arg(long)]
-        by: String,
-        /// Why (shown in status).
-        #[arg(long)]
+        by: Option<String>,
+        /// Why (shown in status); default none.
+        #[arg(long, default_value = "")]
         reason: String,
+    },
+    /// Print the Prometheus alert rules (or their promtool tests) for a metric prefix; needs no database.
+    #[command(
+        after_help = "The rules match series named <PREFIX>_leader_…: `ticklease metrics` and the worker export \
+ticklease_leader_…; a library user's Registry::with_prefix(\"myapp\") exports myapp_leader_….\n\n\
+Examples:\n  ticklease alerts --prefix myapp > ticklease-alerts.yml\n  ticklease alerts --prefix myapp --tests > \
+ticklease-alerts.test.yml && promtool test rules ticklease-alerts.test.yml"
+    )]
+    Alerts {
+        /// The registry's prefix.
+        #[arg(long, default_value = "ticklease")]
+        prefix: String,
+        /// Print the promtool tests instead (they read the rules from ticklease-alerts.yml beside them).
+        #[arg(long)]
+        tests: bool,
     },
     /// Unpause a role: due again at the next poll (a cooldown stays; see run-now).
     #[command(after_help = "Examples:\n  ticklease unpause email_outbox")]

@@ -26,8 +26,12 @@ pub async fn run(url: &str, command: Command) -> anyhow::Result<()> {
             limit,
             json,
         } => cmd_history(db, role, since, limit, json).await,
-        Command::Pause { role, by, reason } => cmd_pause(db, role, &by, &reason).await,
+        Command::Pause { role, by, reason } => {
+            let by = by.unwrap_or_else(|| db.operator());
+            cmd_pause(db, role, &by, &reason).await
+        }
         Command::Unpause { role } => cmd_unpause(db, role).await,
+        Command::Alerts { .. } => unreachable!("main prints the alert rules without a database"),
         Command::RunNow { role } => cmd_run_now(db, role).await,
         Command::Roles { declared } => cmd_roles(db, &declared).await,
         Command::Worker(WorkerCmd { action, run }) => match action {
@@ -73,6 +77,20 @@ const CONNECT_WAIT: Duration = Duration::from_secs(10);
 const RUN_WAIT: Duration = Duration::from_secs(900);
 
 impl Db {
+    /// Who runs this command, for `pause` without `--by`: `$USER@host`, or
+    /// the database login when `$USER` is unset.
+    fn operator(&self) -> String {
+        let host = gethostname::gethostname()
+            .into_string()
+            .ok()
+            .filter(|h| !h.is_empty());
+        match (std::env::var("USER").ok().filter(|u| !u.is_empty()), host) {
+            (Some(user), Some(host)) => format!("{user}@{host}"),
+            (Some(user), None) => user,
+            (None, _) => self.config.config().get_user().unwrap_or("unknown").to_string(),
+        }
+    }
+
     async fn client(&self) -> anyhow::Result<tokio_postgres::Client> {
         let pg = self.config.config();
         let hosts = u32::try_from(pg.get_hosts().len().max(1)).unwrap_or(u32::MAX);

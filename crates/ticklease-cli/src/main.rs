@@ -100,6 +100,23 @@ async fn main() -> ExitCode {
         };
         return cmd_demo(opts).await;
     }
+    if let Command::Alerts { prefix, tests } = &cli.command {
+        let text = if *tests {
+            ticklease::metrics::alert_rule_tests(prefix)
+        } else {
+            ticklease::metrics::alert_rules(prefix)
+        };
+        return match text {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                let _ = writeln!(LossyStderr, "ticklease: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let Some(url) = cli.database_url else {
         eprintln!("ticklease: --database-url (or DATABASE_URL) is required");
         return ExitCode::from(2);

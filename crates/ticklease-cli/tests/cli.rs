@@ -143,6 +143,41 @@ async fn migrated_url() -> (String, tokio_postgres::Client) {
     (url, client)
 }
 
+/// `ticklease pause ROLE` alone pauses: who defaults to `$USER@host`, the reason to none.
+#[tokio::test]
+async fn pause_needs_only_the_role() {
+    let (url, client) = migrated_url().await;
+    client
+        .batch_execute("SELECT leader_seed(ARRAY['dunning'])")
+        .await
+        .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["pause", "dunning", "--database-url", &url])
+        .env_remove("DATABASE_URL")
+        .env("USER", "carol")
+        .output()
+        .unwrap();
+    assert_eq!(
+        (o.status.code(), text(&o).trim()),
+        (Some(0), "dunning: paused"),
+        "{}",
+        text(&o)
+    );
+    let row = client
+        .query_one(
+            "SELECT paused_by, pause_reason FROM leader_leases WHERE role = 'dunning'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (by, reason): (String, String) = (row.get(0), row.get(1));
+    assert!(by.starts_with("carol@") && by.len() > "carol@".len(), "{by}");
+    assert_eq!(reason, "");
+    let table = text(&ticklease(&["status", "--database-url", &url]));
+    let line = table.lines().find(|l| l.starts_with("dunning")).unwrap();
+    assert!(line.contains(&by) && !line.contains(&format!("{by}:")), "{table}");
+}
+
 #[tokio::test]
 async fn pause_unpause_and_run_now_steer_a_role() {
     let (url, client) = migrated_url().await;
@@ -707,4 +742,46 @@ async fn migrate_gives_up_within_its_bound_when_another_login_holds_the_migratio
         .unwrap();
     let o = ticklease(&["migrate", "--database-url", &url]);
     assert_eq!(o.status.code(), Some(0), "free again: {}", text(&o));
+}
+
+/// The rules and their promtool tests for two prefixes pass promtool, and
+/// name only the prefixed series.
+#[test]
+fn alert_rules_for_any_prefix_pass_promtool() {
+    for prefix in ["ticklease", "shop_v2"] {
+        let dir = tempfile::tempdir().unwrap();
+        for (file, extra) in [
+            ("ticklease-alerts.yml", None),
+            ("ticklease-alerts.test.yml", Some("--tests")),
+        ] {
+            let mut args = vec!["alerts", "--prefix", prefix];
+            args.extend(extra);
+            let o = ticklease(&args);
+            assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+            let body = String::from_utf8(o.stdout).unwrap();
+            assert!(body.contains(&format!("{prefix}_leader_")), "{body}");
+            if prefix != "ticklease" {
+                assert!(!body.contains("ticklease_leader_"), "{body}");
+            }
+            std::fs::write(dir.path().join(file), body).unwrap();
+        }
+        for check in [
+            vec!["check", "rules", "ticklease-alerts.yml"],
+            vec!["test", "rules", "ticklease-alerts.test.yml"],
+        ] {
+            let o = Command::new("promtool")
+                .args(&check)
+                .current_dir(dir.path())
+                .output()
+                .expect("promtool runs (scripts/test installs it)");
+            assert!(o.status.success(), "{prefix}: promtool {check:?}: {}", text(&o));
+        }
+    }
+    let o = ticklease(&["alerts", "--prefix", "my-app"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("invalid metric prefix \"my-app\""),
+        "{}",
+        text(&o)
+    );
 }

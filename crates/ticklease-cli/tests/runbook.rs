@@ -6,7 +6,7 @@ use std::process::Command;
 use ticklease_testkit::{connect, PgCluster};
 
 const RUNBOOK: &str = include_str!("../../../docs/runbook.md");
-const ALERTS: &str = include_str!("../../../deploy/prometheus/ticklease-alerts.yml");
+const ALERTS: &str = include_str!("../../ticklease/src/ops/alerts/ticklease-alerts.yml");
 
 /// `(info string, body)` of every fenced block.
 fn blocks(markdown: &str) -> Vec<(String, String)> {

@@ -63,6 +63,12 @@ pub enum ConfigError {
         /// The limit.
         max: Duration,
     },
+    /// A metric name prefix Prometheus would not accept.
+    #[error("invalid metric prefix {prefix:?}: use [a-zA-Z_:][a-zA-Z0-9_:]*, at most 100 characters")]
+    MetricPrefix {
+        /// The prefix given.
+        prefix: String,
+    },
     /// A duration has a fraction of a millisecond (the statements take ms).
     #[error("{name} = {value:?} is not a whole number of milliseconds")]
     SubMillisecond {

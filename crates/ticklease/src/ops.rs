@@ -1,6 +1,8 @@
 //! Operations: how ticks end as metrics and history label them, the
 //! history reader, the Prometheus metrics and the status page.
 
+#[cfg(feature = "prometheus")]
+pub(crate) mod alerts;
 pub(crate) mod history;
 #[cfg(feature = "prometheus")]
 pub mod metrics;

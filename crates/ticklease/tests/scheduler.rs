@@ -525,3 +525,60 @@ async fn a_release_that_fails_at_shutdown_is_reported() {
     assert!(!stopped.all_released());
     assert!(ticklease_testkit::lease_row(&store, "billing").await.held);
 }
+
+/// A frozen leader resumes after another replica took its term over: the
+/// work's own database error arrives before the heartbeat notices. The tick
+/// is counted as lost (as the history records it), not as failed.
+#[tokio::test]
+async fn a_tick_whose_term_was_over_when_its_work_failed_is_counted_as_lost() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let r = replica(&db, &["billing"]).await;
+    let owner = connect(&db).await.unwrap();
+    let lead = r
+        .manager
+        .lead(&role("billing"), HOUR, |_| {
+            let owner = &owner;
+            async move {
+                owner
+                    .batch_execute(
+                        "UPDATE leader_leases SET holder_token = holder_token + 1, holder_id = 'other',
+                                acquired_at = now(), expires_at = now() + interval '1 minute'
+                          WHERE role = 'billing'",
+                    )
+                    .await
+                    .unwrap();
+                Err::<(), _>(std::io::Error::other("could not serialize access"))
+            }
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            lead,
+            Lead::Lost {
+                reason: ticklease::LossReason::TakenOver,
+                ..
+            }
+        ),
+        "{lead:?}"
+    );
+    let m = scrape(&r);
+    let series = |s: &str| m.get(s).copied().unwrap_or(0.0);
+    assert_eq!(
+        series(r#"ticklease_leader_lease_lost_total{role="billing",reason="taken_over"}"#),
+        1.0,
+        "{m:?}"
+    );
+    assert_eq!(
+        series(r#"ticklease_leader_lease_lost_total{role="billing",reason="failed"}"#),
+        0.0
+    );
+    assert_eq!(
+        series(r#"ticklease_leader_ticks_total{role="billing",outcome="lost"}"#),
+        1.0
+    );
+    assert_eq!(
+        series(r#"ticklease_leader_ticks_total{role="billing",outcome="failed"}"#),
+        0.0
+    );
+}

@@ -19,7 +19,9 @@ use crate::leader::heartbeat::Heartbeat;
 use crate::ops::metrics::{LostReason, Metrics, TickOutcome};
 use crate::ops::outcome::panic_message;
 use crate::store::batch::Batcher;
-use crate::store::{Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing};
+use crate::store::{
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew,
+};
 use crate::term::fence::Fence;
 use crate::term::holder::HolderId;
 use crate::term::role::Role;
@@ -122,7 +124,9 @@ pub enum Lead<T> {
         /// The term's token.
         token: Token,
     },
-    /// The term ended under the work; the work was cancelled and dropped.
+    /// The term ended under the work; the work was cancelled and dropped
+    /// (or it returned after the term was over: its RELEASE found a later
+    /// term or none, whatever the work returned).
     Lost {
         /// The term's token.
         token: Token,
@@ -497,6 +501,18 @@ impl<S: LeaseStore> Manager<S> {
             .await
     }
 
+    /// Why a term whose RELEASE found it over ended: a RENEW of it changes
+    /// nothing (term-scoped) and names the reason.
+    async fn why_over(&self, role: &Role, token: Token) -> LossReason {
+        let inner = &self.inner;
+        let bound = inner.config.statement_timeout();
+        let renew = inner.store.renew(role, token, inner.config.lease_ttl());
+        match tokio::time::timeout(bound, renew).await {
+            Ok(Ok(Renew::Lost(reason))) => reason,
+            _ => LossReason::TakenOver,
+        }
+    }
+
     /// The term `(role, token)` that an ACQUIRE sent at `sent` started: runs
     /// `work` under a heartbeat, then RELEASEs it with the outcome.
     pub(crate) async fn run_term<F, Fut, T, E>(
@@ -565,26 +581,24 @@ impl<S: LeaseStore> Manager<S> {
         }
         drop(work);
 
-        let Settled {
-            release,
-            outcome,
-            lost,
-            lead,
-        } = settle(token, ended, tick.is_cancelled());
-        if let Ok(Lead::Failed { error, .. }) = &lead {
+        let settled = settle(token, ended, tick.is_cancelled());
+        if let Ok(Lead::Failed { error, .. }) = &settled.lead {
             tracing::warn!(%role, %token, error = %crate::error::chain(&**error), "tick failed");
         }
-        let ending = Ending {
-            outcome: outcome.as_str(),
-            reason: match lost {
-                Some(LostReason::Lease(reason)) => Some(reason.as_str()),
-                _ => None,
-            },
-            error: match &lead {
-                Ok(Lead::Failed { error, .. }) => Some(crate::error::chain(&**error)),
-                Err(panic) => Some(panic_message(&**panic).to_string()),
-                Ok(_) => None,
-            },
+        let ending = ending(&settled);
+        let release = settled.release;
+        guard.armed = false;
+        let released = guard.release(release, ending).await;
+        tracing::debug!(%role, %token, outcome = release.as_str(), ?released, "released");
+        let Settled {
+            outcome, lost, lead, ..
+        } = match released {
+            Released::TermOver if settled.outcome != TickOutcome::Lost => {
+                let reason = self.why_over(role, token).await;
+                tracing::info!(%role, %token, %reason, "the term was over when the tick ended: counted as lost");
+                settled.lost(token, reason)
+            }
+            _ => settled,
         };
         if let Some(m) = &inner.metrics {
             if scope.per_role_metrics() {
@@ -594,9 +608,6 @@ impl<S: LeaseStore> Manager<S> {
                 m.family_tick_ended(&family.name, outcome, lost);
             }
         }
-        guard.armed = false;
-        let released = guard.release(release, ending).await;
-        tracing::debug!(%role, %token, outcome = release.as_str(), released, "released");
         match lead {
             Ok(lead) => Ok(lead),
             Err(panic) => std::panic::resume_unwind(panic),
@@ -620,6 +631,46 @@ struct Settled<T> {
     outcome: TickOutcome,
     lost: Option<LostReason>,
     lead: Result<Lead<T>, Panic>,
+}
+
+/// What RELEASE records of a settled tick: its outcome, why it was lost, the error or panic.
+fn ending<T>(s: &Settled<T>) -> Ending {
+    Ending {
+        outcome: s.outcome.as_str(),
+        reason: match s.lost {
+            Some(LostReason::Lease(reason)) => Some(reason.as_str()),
+            _ => None,
+        },
+        error: match &s.lead {
+            Ok(Lead::Failed { error, .. }) => Some(crate::error::chain(&**error)),
+            Err(panic) => Some(panic_message(&**panic).to_string()),
+            Ok(_) => None,
+        },
+    }
+}
+
+impl<T> Settled<T> {
+    /// The tick of a term that was over when it ended: lost, whatever the
+    /// work returned (a panic is raised again all the same).
+    fn lost(self, token: Token, reason: LossReason) -> Settled<T> {
+        Settled {
+            release: Release::Lost,
+            outcome: TickOutcome::Lost,
+            lost: Some(LostReason::Lease(reason)),
+            lead: self.lead.map(|_| Lead::Lost { token, reason }),
+        }
+    }
+}
+
+/// What a RELEASE found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Released {
+    /// It ended the term.
+    Yes,
+    /// The term was over already (0 rows): a later term, a pause, or none.
+    TermOver,
+    /// It failed or did not answer: the lease expires on its own.
+    Unknown,
 }
 
 /// Decides a tick's outcome. `interrupted`: shutdown cancelled the tick; it
@@ -688,7 +739,7 @@ struct TermGuard<S: LeaseStore> {
 
 impl<S: LeaseStore> TermGuard<S> {
     /// On the manager's release tracker, so a shutdown waits for it.
-    fn spawn_release(&self, outcome: Release, ending: Ending) -> tokio::task::JoinHandle<bool> {
+    fn spawn_release(&self, outcome: Release, ending: Ending) -> tokio::task::JoinHandle<Released> {
         let (inner, role, token, interval) =
             (self.inner.clone(), self.role.clone(), self.token, self.interval);
         let batched = self.scope.family.is_some();
@@ -712,15 +763,16 @@ impl<S: LeaseStore> TermGuard<S> {
                 }
             };
             let released = match tokio::time::timeout(bound, release).await {
-                Ok(Ok(released)) => return released,
+                Ok(Ok(true)) => return Released::Yes,
+                Ok(Ok(false)) => return Released::TermOver,
                 Ok(Err(error)) => {
                     tracing::warn!(%role, %token, error = &error as &dyn std::error::Error,
                         "RELEASE failed; the lease expires on its own");
-                    false
+                    Released::Unknown
                 }
                 Err(_) => {
                     tracing::warn!(%role, %token, "RELEASE did not answer; the lease expires on its own");
-                    false
+                    Released::Unknown
                 }
             };
             if inner.shutdown.is_cancelled() {
@@ -730,8 +782,10 @@ impl<S: LeaseStore> TermGuard<S> {
         })
     }
 
-    async fn release(&self, outcome: Release, ending: Ending) -> bool {
-        self.spawn_release(outcome, ending).await.unwrap_or(false)
+    async fn release(&self, outcome: Release, ending: Ending) -> Released {
+        self.spawn_release(outcome, ending)
+            .await
+            .unwrap_or(Released::Unknown)
     }
 }
 

@@ -1,6 +1,8 @@
 //! Prometheus metrics, registered into a registry the application passes in
 //! (no globals). Give the registry a prefix (`Registry::with_prefix("myapp")`)
-//! and the names below read `<prefix>_leader_…`.
+//! and the names below read `<prefix>_leader_…`; the shipped alert rules
+//! then need the same prefix: [`alert_rules`]`("myapp")` (and
+//! [`alert_rule_tests`] for promtool), or `ticklease alerts --prefix myapp`.
 //!
 //! Two kinds of series:
 //! - **cluster facts**, read from `leader_leases` on each scrape by any replica
@@ -9,7 +11,9 @@
 //!   `never_ran` or `error` (the age series is absent in the latter two, never
 //!   a stale or sentinel value), and `leader_paused{role}`;
 //! - **this replica**: `leader_is_leader{role}`, `leader_ticks_total{role,outcome}`,
-//!   `leader_lease_lost_total{role,reason}` (its `panicked` series exists at 0
+//!   `leader_lease_lost_total{role,reason}` (reason `taken_over`, `paused`,
+//!   `released`, `heartbeat_timeout` when the term was lost, `panicked` or
+//!   `failed` when the work panicked or returned `Err`; its `panicked` series exists at 0
 //!   from the start for every declared role, so the first panic after a start
 //!   is an increase an alert sees), `leader_tick_duration_seconds{role}`,
 //!   `leader_renew_duration_seconds`, `leader_db_clock_drift_seconds`,
@@ -27,6 +31,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+pub use crate::ops::alerts::{alert_rule_tests, alert_rules, DEFAULT_PREFIX};
 pub(crate) use crate::ops::outcome::{LostReason, TickOutcome};
 use crate::store::{LeaseStatus, LeaseStore};
 use crate::term::role::Role;
@@ -244,7 +249,9 @@ impl Inner {
 }
 
 impl Metrics {
-    /// Registers every metric for `roles` into `registry`.
+    /// Registers every metric for `roles` into `registry`. With a prefixed
+    /// registry (`Registry::with_prefix("myapp")`) alert with
+    /// [`alert_rules`]`("myapp")`: the shipped rules name `ticklease_leader_…`.
     pub fn register(registry: &mut Registry, roles: impl IntoIterator<Item = Role>) -> Metrics {
         let inner = Inner {
             roles: roles.into_iter().collect(),

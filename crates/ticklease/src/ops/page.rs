@@ -273,6 +273,7 @@ fn recent(out: &mut String, events: &[HistoryEntry], now: SystemTime) {
                 reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
                 error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
             ),
+            HistoryKind::Pause { by, reason } if reason.is_empty() => format!("paused by {by}"),
             HistoryKind::Pause { by, reason } => format!("paused by {by}: {reason}"),
             HistoryKind::Unpause { by } => format!("unpaused by {by}"),
             HistoryKind::RunNow { by } => format!("run now by {by}"),
