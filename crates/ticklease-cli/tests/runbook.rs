@@ -139,3 +139,30 @@ fn every_alert_links_a_runbook_section() {
         );
     }
 }
+
+/// The runbook's connection figures are the library's constants: every
+/// "up to N" / "at most N" next to "waiter" is `KEY_WAITERS_MAX`.
+#[test]
+fn the_runbooks_waiter_figures_are_the_librarys_constant() {
+    let mut figures = Vec::new();
+    for (at, _) in RUNBOOK.match_indices("waiter") {
+        let near = &RUNBOOK[at.saturating_sub(30)..(at + 40).min(RUNBOOK.len())];
+        for phrase in ["up to ", "at most "] {
+            for (i, _) in near.match_indices(phrase) {
+                let digits: String = near[i + phrase.len()..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                if let Ok(n) = digits.parse::<usize>() {
+                    figures.push(n);
+                }
+            }
+        }
+    }
+    assert!(!figures.is_empty(), "the runbook states the waiter bound");
+    assert!(
+        figures.iter().all(|n| *n == ticklease::KEY_WAITERS_MAX),
+        "waiter figures {figures:?}, KEY_WAITERS_MAX = {}",
+        ticklease::KEY_WAITERS_MAX
+    );
+}

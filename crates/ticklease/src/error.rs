@@ -234,6 +234,14 @@ pub enum MigrateError {
         /// The command that applies the missing migrations.
         command: &'static str,
     },
+    /// The server did not answer within the bound.
+    #[error("no answer to the {what} within {waited:?}")]
+    NoAnswer {
+        /// What waited: the connect or the run.
+        what: &'static str,
+        /// How long.
+        waited: std::time::Duration,
+    },
     /// A step failed in the database.
     #[error("migration step {step} failed")]
     Db {

@@ -662,7 +662,7 @@ pub use leader::lead::{BoxError, Cancel, Lead, Manager, RoleReport, Tick};
 pub use leader::step::Steps;
 #[cfg(feature = "prometheus")]
 pub use metrics::Metrics;
-pub use migrate::{migrate, migrate_with, MigrateOptions, MigrateReport};
+pub use migrate::{migrate, migrate_at, migrate_with, MigrateOptions, MigrateReport};
 pub use ops::history::{
     HistoryEntry, HistoryKind, HistoryStore, TimelineSlice, HISTORY_LIMIT_MAX, TIMELINE_BUCKETS_MAX,
 };

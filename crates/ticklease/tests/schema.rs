@@ -541,3 +541,61 @@ async fn a_schema_with_a_mixed_case_quoted_name_migrates_and_pins_its_functions(
         .get(0);
     assert_eq!(unpinned, 0);
 }
+
+/// One call from a URL: connect, migrate, close; then nothing is pending.
+#[tokio::test]
+async fn migrate_at_takes_a_url_and_applies_everything_once() {
+    let (name, owner, _) = fresh_database().await;
+    let host = owner.get_hosts().first().cloned().unwrap();
+    let port = owner.get_ports().first().copied().unwrap();
+    let user = owner.get_user().unwrap();
+    let host = match host {
+        tokio_postgres::config::Host::Tcp(h) => h,
+        tokio_postgres::config::Host::Unix(p) => p.to_string_lossy().into_owned(),
+    };
+    let url = format!("postgres://{user}@localhost/{name}?host={host}&port={port}&sslmode=disable");
+    let target: ticklease::tls::PgConnect = url.parse().unwrap();
+    let options = ticklease::MigrateOptions::default();
+    let first = ticklease::migrate_at(&target, &options).await.unwrap();
+    assert_eq!(first.applied.len(), MIGRATIONS.len());
+    let again = ticklease::migrate_at(&target, &options).await.unwrap();
+    assert!(
+        again.applied.is_empty() && again.definitions.is_empty(),
+        "{again:?}"
+    );
+
+    let closed: ticklease::tls::PgConnect = format!("postgres://{user}@127.0.0.1:1/{name}?sslmode=disable")
+        .parse()
+        .unwrap();
+    let err = ticklease::migrate_at(&closed, &options).await.unwrap_err();
+    assert!(
+        matches!(&err, MigrateError::Db { step, .. } if step == "connect"),
+        "{err:?}"
+    );
+}
+
+/// A second run on a migrated database sends the client no notice
+/// (`CREATE TABLE IF NOT EXISTS … skipping`), which drivers log at INFO.
+#[tokio::test]
+async fn a_second_migrate_sends_no_notice() {
+    use futures::StreamExt;
+    let (_, owner, _) = fresh_database().await;
+    let (mut client, mut connection) = owner.connect(tokio_postgres::NoTls).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notice(notice) = message {
+                let _ = tx.send(notice.message().to_string());
+            }
+        }
+    });
+    ticklease::migrate(&mut client).await.unwrap();
+    ticklease::migrate(&mut client).await.unwrap();
+    drop(client);
+    let mut notices = Vec::new();
+    while let Some(n) = rx.recv().await {
+        notices.push(n);
+    }
+    assert!(notices.is_empty(), "{notices:?}");
+}

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, SimpleQueryMessage};
 
+use crate::connect::tls::PgConnect;
 use crate::error::MigrateError;
 use crate::store::definitions;
 pub use crate::store::definitions::{Definition, DEFINITIONS, DEFINITIONS_GENERATION, DEFINITIONS_TABLE};
@@ -131,10 +132,20 @@ pub const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(10);
 /// server side): generous, for a migration that rewrites a large table.
 pub const MIGRATION_STATEMENT_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// `SET LOCAL` of the bounds above, for the start of a transaction.
+/// Longest wait of [`migrate_at`] for its connection, per host of the URL,
+/// when the URL sets no `connect_timeout` (TCP, TLS and authentication).
+pub const MIGRATION_CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// Longest run of [`migrate_at`] once connected, on the client's clock: a
+/// server that stops answering mid-run (a black-holed host) ends it too.
+pub const MIGRATION_RUN_MAX: Duration = Duration::from_secs(15 * 60);
+
+/// `SET LOCAL` of the bounds above, for the start of a transaction; notices
+/// are not sent (a second run's "already exists, skipping").
 pub fn bounded_transaction() -> String {
     format!(
-        "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+        "SET LOCAL client_min_messages = warning; \
+         SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
         MIGRATION_LOCK_WAIT.as_millis(),
         MIGRATION_STATEMENT_TIMEOUT.as_millis()
     )
@@ -182,6 +193,43 @@ pub struct MigrateReport {
 /// Applies every pending migration in one transaction, granting to the default roles.
 pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError> {
     migrate_with(client, &MigrateOptions::default()).await
+}
+
+/// Connects to `target` (TLS as its `sslmode` says), applies every pending
+/// migration with `options` as [`migrate_with`] does, and closes the
+/// connection: one call for an application's startup. The connect waits at
+/// most [`MIGRATION_CONNECT_WAIT`] per host, the run [`MIGRATION_RUN_MAX`].
+pub async fn migrate_at(target: &PgConnect, options: &MigrateOptions) -> Result<MigrateReport, MigrateError> {
+    let pg = target.config();
+    let hosts = u32::try_from(pg.get_hosts().len().max(1)).unwrap_or(u32::MAX);
+    let connect_wait = pg
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(MIGRATION_CONNECT_WAIT)
+        * hosts;
+    let (mut client, connection) = match tokio::time::timeout(connect_wait, target.connect()).await {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(source)) => {
+            return Err(MigrateError::Db {
+                step: "connect".into(),
+                source,
+            })
+        }
+        Err(_) => {
+            return Err(MigrateError::NoAnswer {
+                what: "connect",
+                waited: connect_wait,
+            })
+        }
+    };
+    let driver = tokio::spawn(connection);
+    let run = tokio::time::timeout(MIGRATION_RUN_MAX, migrate_with(&mut client, options)).await;
+    drop(client);
+    driver.abort();
+    run.unwrap_or(Err(MigrateError::NoAnswer {
+        what: "migration run",
+        waited: MIGRATION_RUN_MAX,
+    }))
 }
 
 /// Applies every pending migration in one transaction, then grants the
