@@ -380,13 +380,15 @@
 //! ACQUIRE later creates the row afresh. Every text is cut to 500 characters, and
 //! RELEASE takes only known loss reasons. The app and operator roles
 //! read it ([`HistoryStore`], `ticklease history`); neither can write it
-//! but through the lease functions. `metrics::serve` renders it at `/` as a
+//! but through the lease functions. `metrics::router` (merged into the
+//! application's own axum router) or `metrics::serve` renders it at `/` as a
 //! read-only status page (server-side HTML and inline SVG, no script,
 //! everything from the database escaped): the roles, a timeline of terms by
 //! outcome over the last hours with takeovers and pauses marked, and recent
 //! events. The timeline is read as roles × 300 slices, whatever the number
 //! of ticks: at most [`TimelineSlice::CELLS_MAX`] cells, each read through
-//! an index with at most 2 × [`TimelineSlice::TERMS_READ`] entries. A
+//! an index with at most 2 × [`TimelineSlice::TERMS_READ`] entries (one
+//! SQL function, `leader_timeline`, with JIT off). A
 //! requested window is rounded up to one of nine (1 to 168 hours), each
 //! page cached a second, so no sequence of requests reads the store more
 //! than once per window and second. Text from the database is escaped by
@@ -650,10 +652,18 @@ mod schedule;
 mod store;
 mod term;
 
+/// The HTTP framework [`metrics::router`] returns a router of.
+#[cfg(feature = "http")]
+pub use axum;
 pub use connect::tls;
 #[cfg(feature = "prometheus")]
 pub use ops::metrics;
+/// The metrics' crate, at the version [`Metrics::register`] takes a registry of.
+#[cfg(feature = "prometheus")]
+pub use prometheus_client;
 pub use store::migrate;
+/// The cancellation token [`Scheduler`] and `metrics::serve` take.
+pub use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, ConfigBuilder, DURATION_MAX};
 pub use connect::coordination::{Signals, KEY_WAITERS_MAX};

@@ -102,3 +102,63 @@ async fn a_scrape_flood_over_a_slow_link_costs_no_heartbeat() {
     assert!(matches!(lead, Lead::Completed { .. }), "{lead:?}");
     assert!(served >= 100, "the flood was served: {served} scrapes");
 }
+
+/// The routes join the application's own router, merged at its root or
+/// mounted under a path of a router with state, beside the app's routes;
+/// the re-exported crates are the ones the API takes.
+#[tokio::test]
+async fn the_routes_join_the_applications_own_router() {
+    use axum::routing::get;
+    let db = ticklease_testkit::migrated_db(PgCluster::shared()).await;
+    let config = Config::default();
+    let store = PgStore::connect(db, PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let billing = Role::new("billing").unwrap();
+    let mut registry = ticklease::prometheus_client::registry::Registry::with_prefix("myapp");
+    let metrics = Metrics::register(&mut registry, [billing]);
+    let registry = Arc::new(registry);
+    let ours = ticklease::metrics::router(registry, metrics, store);
+
+    #[derive(Clone)]
+    struct AppState(&'static str);
+    let app: axum::Router = axum::Router::new()
+        .route(
+            "/orders",
+            get(|axum::extract::State(s): axum::extract::State<AppState>| async move { s.0 }),
+        )
+        .nest_service("/ops", ours.clone())
+        .with_state(AppState("orders of the app"));
+    let merged: axum::Router = axum::Router::new()
+        .route("/hello", get(|| async { "hi" }))
+        .merge(ours);
+    let stop: ticklease::CancellationToken = ticklease::CancellationToken::new();
+    let mut addrs = Vec::new();
+    for router in [app, merged] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap());
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+        });
+    }
+    let (app, merged) = (addrs[0], addrs[1]);
+    assert!(get_ok(app, "/orders").await.contains("orders of the app"));
+    assert!(get_ok(app, "/ops/metrics")
+        .await
+        .contains("myapp_leader_is_leader"));
+    assert!(get_ok(app, "/ops/healthz").await.ends_with("ok\n"));
+    assert!(get_ok(merged, "/hello").await.ends_with("hi"));
+    assert!(get_ok(merged, "/metrics")
+        .await
+        .contains("myapp_leader_is_leader"));
+    stop.cancel();
+}
+
+async fn get_ok(addr: std::net::SocketAddr, path: &str) -> String {
+    let response = get(addr, path).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response:.300}");
+    response
+}

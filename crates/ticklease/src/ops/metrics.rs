@@ -519,15 +519,33 @@ pub const SCRAPES_MAX: usize = 16;
 #[cfg(feature = "http")]
 pub const PAGES_MAX: usize = 4;
 
-/// Serves `/metrics` (the registry in OpenMetrics text), `/healthz` and the
+/// The routes `/metrics` (the registry in OpenMetrics text), `/healthz` and the
 /// read-only status page `/` (`?hours=N`, 1..=168, default 6, rounded up to
-/// 1, 2, 3, 6, 12, 24, 48, 72 or 168; each window's page kept a second) until `shutdown`. The page shows holder ids, pause
+/// 1, 2, 3, 6, 12, 24, 48, 72 or 168; each window's page kept a second). The page shows holder ids, pause
 /// reasons and error summaries to whoever reaches this address: bind it
 /// where the metrics are private. The cluster facts are refreshed from `store` by at most one
 /// scrape at a time and at most once per [`SCRAPE_REFRESH_MIN`], so a flood of
 /// scrapes costs the store one STATUS statement a second; at most
 /// [`SCRAPES_MAX`] scrapes and page loads run at once. Give it a store of
 /// its own (a pool of one) so those statements never queue before a RENEW.
+///
+/// Merge it into the application's own router (`app.merge(router(…))`), or
+/// mount it under a path of a stateful one (`app.nest_service("/ops", router(…))`);
+/// [`serve`] is the same on a port of its own.
+#[cfg(feature = "http")]
+pub fn router<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
+    registry: Arc<Registry>,
+    metrics: Metrics,
+    store: S,
+) -> axum::Router {
+    use axum::routing::get;
+    axum::Router::new()
+        .route("/", page_route(store.clone()))
+        .route("/metrics", scrape_route(registry, metrics, store))
+        .route("/healthz", get(|| async { "ok\n" }))
+}
+
+/// [`router`] on `listener` until `shutdown`.
 #[cfg(feature = "http")]
 pub async fn serve<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
     listener: tokio::net::TcpListener,
@@ -536,12 +554,18 @@ pub async fn serve<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
     store: S,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
+    axum::serve(listener, router(registry, metrics, store))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// The status page, its load slots and each window's cached page.
+#[cfg(feature = "http")]
+fn page_route<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
+    store: S,
+) -> axum::routing::MethodRouter {
     use axum::http::header::CONTENT_TYPE;
     use axum::http::StatusCode;
-    use axum::routing::get;
-
-    let refreshed: Arc<tokio::sync::Mutex<Option<tokio::time::Instant>>> = Arc::default();
-    let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_MAX));
     // The page has slots of its own (a loop of page loads never starves
     // /metrics) and keeps each window's page for a second: one page load
     // at a time reads the store, the others wait for its result.
@@ -549,7 +573,6 @@ pub async fn serve<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
     type Cached = Option<(tokio::time::Instant, String)>;
     let cache: Arc<tokio::sync::Mutex<[Cached; crate::ops::page::WINDOWS_HOURS.len()]>> = Arc::default();
     let page = {
-        let store = store.clone();
         move |axum::extract::RawQuery(query): axum::extract::RawQuery| {
             let (store, pages, cache) = (store.clone(), pages.clone(), cache.clone());
             async move {
@@ -619,6 +642,21 @@ pub async fn serve<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
             }
         }
     };
+    axum::routing::get(page)
+}
+
+/// `/metrics`: at most one refresh of the cluster facts a second, at most
+/// [`SCRAPES_MAX`] scrapes at once.
+#[cfg(feature = "http")]
+fn scrape_route<S: LeaseStore + Clone>(
+    registry: Arc<Registry>,
+    metrics: Metrics,
+    store: S,
+) -> axum::routing::MethodRouter {
+    use axum::http::header::CONTENT_TYPE;
+    use axum::http::StatusCode;
+    let refreshed: Arc<tokio::sync::Mutex<Option<tokio::time::Instant>>> = Arc::default();
+    let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_MAX));
     let scrape = move || {
         let (registry, metrics, store) = (registry.clone(), metrics.clone(), store.clone());
         let (refreshed, slots) = (refreshed.clone(), slots.clone());
@@ -656,11 +694,5 @@ pub async fn serve<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
             }
         }
     };
-    let app = axum::Router::new()
-        .route("/", get(page))
-        .route("/metrics", get(scrape))
-        .route("/healthz", get(|| async { "ok\n" }));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    axum::routing::get(scrape)
 }
