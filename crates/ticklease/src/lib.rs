@@ -137,7 +137,12 @@
 //!    and the host that answered last is tried first: a first host that
 //!    drops packets, or accepts TCP and never answers, costs a new
 //!    connection at most S / hosts, and nothing once another host answered.
-//!    The coordination session and its waiters connect the same way.
+//!    The coordination session and its waiters connect the same way. Every
+//!    connection of ours shows in `pg_stat_activity` as `ticklease store
+//!    <host>:<pid>` (`coordination`, `migrate`; holder ids of the process
+//!    start with `<host>:<pid>`) unless the URL names it; a URL shared with
+//!    sqlx may carry its `statement-cache-capacity` (ignored, see
+//!    `tls::FOREIGN_OPTIONS`); any other unknown option is refused by name.
 //! 2. **A superseded leader claims nothing.** A claim statement carrying
 //!    [`Fence::predicate`] returns 0 rows unless its term is live and unpaused
 //!    when the fence executes: `(SELECT leader_fence(role, token))` is an

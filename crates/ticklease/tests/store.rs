@@ -198,3 +198,52 @@ async fn texts_are_bounded_at_every_entry_point() {
     .await;
     assert_eq!(rows, 0, "nothing written");
 }
+
+/// Every connection of the store is ticklease's in `pg_stat_activity`
+/// (`ticklease store <host>:<pid>`), unless the URL names it itself.
+#[tokio::test]
+async fn the_stores_connections_are_named_in_pg_stat_activity() {
+    let db = ticklease_testkit::migrated_db(ticklease_testkit::PgCluster::shared()).await;
+    let dbname = db.get_dbname().unwrap().to_string();
+    let config = ticklease::Config::default();
+    // The test kit names its connections: the same database without a name.
+    let mut bare = tokio_postgres::Config::new();
+    for host in db.get_hosts() {
+        match host {
+            tokio_postgres::config::Host::Tcp(h) => bare.host(h),
+            tokio_postgres::config::Host::Unix(p) => bare.host_path(p),
+        };
+    }
+    bare.port(db.get_ports()[0])
+        .user(db.get_user().unwrap())
+        .dbname(&dbname);
+    let store = ticklease::PgStore::connect(bare, ticklease::PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let observer = ticklease_testkit::connect(&ticklease_testkit::direct(&db))
+        .await
+        .unwrap();
+    let sql = format!(
+        "SELECT coalesce(string_agg(application_name, ','), '') FROM pg_stat_activity
+          WHERE datname = '{dbname}' AND pid <> pg_backend_pid()"
+    );
+    let expected = format!(
+        "ticklease store {}:{}",
+        gethostname::gethostname().to_string_lossy(),
+        std::process::id()
+    );
+    let seen: String = observer.query_one(&sql, &[]).await.unwrap().get(0);
+    assert!(
+        seen.split(',').any(|n| n == expected),
+        "{seen:?}, expected {expected:?}"
+    );
+    drop(store);
+
+    let mut own = db.clone();
+    own.application_name("billing-svc");
+    let _kept = ticklease::PgStore::connect(own, ticklease::PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let seen: String = observer.query_one(&sql, &[]).await.unwrap().get(0);
+    assert!(seen.split(',').any(|n| n == "billing-svc"), "{seen:?}");
+}

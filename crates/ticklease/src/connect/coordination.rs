@@ -570,10 +570,11 @@ async fn wait_for_key(direct: &Hosts, connect_timeout: Duration, key: i64) -> Re
     }
 }
 
-/// Client-side keepalives on every direct connection, as the server's: a
+/// Named as ticklease's, and client-side keepalives on every direct connection, as the server's: a
 /// link that drops packets ends the session from this side too, in about
 /// idle + interval × retries (or the user timeout with data unacknowledged).
-fn with_client_keepalives(mut direct: PgConnect) -> PgConnect {
+fn with_client_keepalives(direct: PgConnect) -> PgConnect {
+    let mut direct = direct.named("coordination");
     direct
         .config_mut()
         .keepalives(true)

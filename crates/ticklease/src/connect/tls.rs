@@ -232,6 +232,21 @@ impl PgConnect {
         self.tls.clone()
     }
 
+    /// This config named in `pg_stat_activity` as ticklease's, `ticklease
+    /// <what> <host>:<pid>` (the holder ids of this process start with
+    /// `<host>:<pid>`), unless the URL set an `application_name`.
+    pub(crate) fn named(mut self, what: &str) -> Self {
+        if self.config.get_application_name().is_none() {
+            let name = format!(
+                "ticklease {what} {}:{}",
+                gethostname::gethostname().to_string_lossy(),
+                std::process::id()
+            );
+            self.config.application_name(&name);
+        }
+        self
+    }
+
     /// Opens one connection; drive the returned `Connection` on a task.
     pub async fn connect(&self) -> Result<(Client, Connection<Socket, PgTlsStream>), tokio_postgres::Error> {
         self.config.connect(self.tls()).await
@@ -425,15 +440,24 @@ struct SslParams {
 
 impl SslParams {
     /// Keeps `value` if `key` is ours; the last occurrence wins, as in libpq.
+    /// Drops the options other drivers read from a URL the service shares
+    /// with ticklease ([`FOREIGN_OPTIONS`]).
     fn take(&mut self, key: &str, value: String) -> bool {
         match key {
             "sslmode" => self.mode = Some(value),
             "sslrootcert" => self.root_cert = Some(value),
+            _ if FOREIGN_OPTIONS.contains(&key) => {}
             _ => return false,
         }
         true
     }
 }
+
+/// URL options of other Rust drivers that a connection string shared with
+/// the application may carry, accepted and ignored: sqlx's statement cache
+/// size (ticklease prepares no named statements). Any other unknown option
+/// is refused by name.
+pub const FOREIGN_OPTIONS: &[&str] = &["statement-cache-capacity"];
 
 /// Splits `s` into the string tokio-postgres should parse and our parameters.
 /// A string this cannot tokenize is returned whole, for tokio-postgres to
@@ -542,6 +566,22 @@ mod tests {
             ("postgresql://h/db".into(), Some("require"), None)
         );
         assert_eq!(split("postgres://h/db"), ("postgres://h/db".into(), None, None));
+    }
+
+    #[test]
+    fn a_url_shared_with_sqlx_parses_and_other_unknown_options_are_refused() {
+        let shared: PgConnect = "postgres://u@h/db?sslmode=disable&statement-cache-capacity=0"
+            .parse()
+            .unwrap();
+        assert_eq!(shared.config().get_dbname(), Some("db"));
+        let err = "postgres://u@h/db?statement_cache=0"
+            .parse::<PgConnect>()
+            .unwrap_err();
+        assert!(
+            crate::error::chain(&err).contains("statement_cache"),
+            "{}",
+            crate::error::chain(&err)
+        );
     }
 
     #[test]

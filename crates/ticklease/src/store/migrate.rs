@@ -200,6 +200,7 @@ pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError>
 /// connection: one call for an application's startup. The connect waits at
 /// most [`MIGRATION_CONNECT_WAIT`] per host, the run [`MIGRATION_RUN_MAX`].
 pub async fn migrate_at(target: &PgConnect, options: &MigrateOptions) -> Result<MigrateReport, MigrateError> {
+    let target = target.clone().named("migrate");
     let pg = target.config();
     let hosts = u32::try_from(pg.get_hosts().len().max(1)).unwrap_or(u32::MAX);
     let connect_wait = pg

@@ -101,7 +101,7 @@ impl PgStore {
             });
         }
         let pool_size = options.pool_size;
-        let pg = pg.into();
+        let pg = pg.into().named("store");
         let cancel = CancelTarget::from_config(&pg, options.statement_timeout);
         let hosts = Hosts::new(&pg, options.statement_timeout);
         let manager = Manager::from_connect(
