@@ -312,7 +312,8 @@
 //!     let lead = manager
 //!         .lead(&billing, Duration::from_secs(3600), |tick| async move {
 //!             // A leader-only store method takes the fence; its claim statement
-//!             // adds `AND {tick.fence().predicate(n)}` with `tick.fence().params()`.
+//!             // adds `AND {tick.fence().predicate(n)}` with `tick.fence().params()`
+//!             // (through sqlx, feature `sqlx`: `Fence::bind`, or `push_fence!` on a QueryBuilder).
 //!             let _fence = tick.fence();
 //!             Ok::<_, std::io::Error>(())
 //!         })

@@ -4,6 +4,8 @@
 
 pub(crate) mod family;
 pub(crate) mod fence;
+#[cfg(feature = "sqlx")]
+mod fence_sqlx;
 pub(crate) mod holder;
 pub(crate) mod role;
 pub(crate) mod token;

@@ -49,3 +49,20 @@ impl Fence {
         [(&self.role.0, Type::TEXT), (&self.token.0, Type::INT8)]
     }
 }
+
+/// Pushes [`Fence::predicate`] with its two values bound onto a sqlx
+/// `QueryBuilder` (any version: the macro uses only `push` and
+/// `push_bind`), numbered as the builder numbers its binds:
+/// `push_fence!(builder, tick.fence())` writes `(SELECT leader_fence($i, $j))`.
+#[macro_export]
+macro_rules! push_fence {
+    ($builder:expr, $fence:expr) => {{
+        let fence: &$crate::Fence = $fence;
+        $builder
+            .push("(SELECT leader_fence(")
+            .push_bind(fence.role().as_str().to_owned())
+            .push(", ")
+            .push_bind(fence.token().get())
+            .push("))")
+    }};
+}
