@@ -8,7 +8,6 @@
 pub mod bouncer;
 pub mod conformance;
 pub mod counting;
-pub mod fake;
 pub mod proxy;
 pub mod tls;
 
@@ -17,8 +16,9 @@ use std::time::Duration;
 pub use bouncer::PgBouncer;
 pub use conformance::lease_row;
 pub use counting::Counting;
-pub use fake::FakeStore;
 pub use proxy::{Fault, FaultProxy};
+/// The library's in-memory store, under the name the suites use.
+pub use ticklease::testing::MemoryStore as FakeStore;
 pub use ticklease_sandbox::{audit, cluster, peers, standby};
 pub use ticklease_sandbox::{
     config_for_hosts, connect, signal, url_for_hosts, HttpPeer, PgCluster, SandboxError as KitError,

@@ -668,6 +668,12 @@ pub use ops::metrics;
 #[cfg(feature = "prometheus")]
 pub use prometheus_client;
 pub use store::migrate;
+/// An in-memory [`LeaseStore`] on tokio's (pausable) clock, for testing a
+/// job's behaviour on lease loss, pause and shutdown without Postgres.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::store::memory::{MemoryStore, RENEW_SENDS_KEPT};
+}
 /// The cancellation token [`Scheduler`] and `metrics::serve` take.
 pub use tokio_util::sync::CancellationToken;
 

@@ -15,6 +15,8 @@ use crate::term::token::Token;
 pub(crate) mod batch;
 mod cancel;
 mod definitions;
+#[cfg(feature = "testing")]
+pub(crate) mod memory;
 pub mod migrate;
 mod postgres;
 
@@ -206,6 +208,10 @@ pub struct Releasing {
 
 /// Most roles in one batched statement; larger batches are split.
 pub const BATCH_MAX: usize = 1000;
+
+/// Longest a replica registration lives past its last beat (the database
+/// caps it: a registration no one renews is gone within it).
+pub const REGISTRATION_TTL_MAX: Duration = Duration::from_secs(60);
 
 /// Longest cooldown after a lost tick.
 pub(crate) const LOST_COOLDOWN_MAX: Duration = Duration::from_secs(60);

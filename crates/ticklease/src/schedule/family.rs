@@ -41,9 +41,7 @@ use crate::store::{Acquire, LeaseStore, Refusal, BATCH_MAX};
 use crate::term::family::Family;
 use crate::term::role::Role;
 
-/// Longest a replica registration lives past its last beat (the database
-/// caps it: a registration no one renews is gone within it).
-pub const REGISTRATION_TTL_MAX: Duration = Duration::from_secs(60);
+pub use crate::store::REGISTRATION_TTL_MAX;
 
 /// Wake-ups are rounded up to a grid of at most this (and at most a twelfth
 /// of a heartbeat), so keys due within it share one ACQUIRE.

@@ -20,7 +20,6 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Transaction;
 
-use super::migrate::MigrateOptions;
 use crate::error::MigrateError;
 
 /// One file of current definitions.
@@ -73,11 +72,8 @@ pub(crate) const TABLES_AT: i32 = 7;
 /// in: our SECURITY DEFINER functions call functions of this schema with
 /// the owner's rights, and a better-matching overload planted beside them
 /// (or beside a built-in) would be called instead. Also refuses a run by a
-/// login that does not own the tables.
-pub(crate) async fn check_writers(
-    tx: &Transaction<'_>,
-    options: &MigrateOptions,
-) -> Result<(), MigrateError> {
+/// login that does not own the tables. `roles`: the app and operator roles.
+pub(crate) async fn check_writers(tx: &Transaction<'_>, roles: [&String; 2]) -> Result<(), MigrateError> {
     let db = |source| MigrateError::Db {
         step: "check who may write the schema".into(),
         source,
@@ -89,10 +85,7 @@ pub(crate) async fn check_writers(
             return Err(MigrateError::NotOwner { user, owner });
         }
     }
-    let roles: [(&(dyn ToSql + Sync), Type); 2] = [
-        (&options.app_role, Type::TEXT),
-        (&options.operator_role, Type::TEXT),
-    ];
+    let roles: [(&(dyn ToSql + Sync), Type); 2] = [(roles[0], Type::TEXT), (roles[1], Type::TEXT)];
     let rows = tx.query_typed(WRITERS, &roles).await.map_err(db)?;
     let (schema, creators, planted): (String, String, String) =
         (rows[0].get(0), rows[0].get(1), rows[0].get(2));

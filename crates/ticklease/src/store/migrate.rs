@@ -373,7 +373,7 @@ async fn apply(
         }
     }
     if let Some(options) = library {
-        definitions::check_writers(&tx, options).await?;
+        definitions::check_writers(&tx, [&options.app_role, &options.operator_role]).await?;
     }
     if library.is_some() && applied.is_empty() {
         report.applied = start_from_tables(&tx, set).await?;

@@ -1,6 +1,8 @@
-//! An in-memory lease store on tokio's clock, for deterministic paused-time
-//! tests of the heartbeat state machine. It passes the same conformance suite
-//! as the Postgres store, and it can be told to hang or fail RENEWs.
+//! An in-memory lease store on tokio's clock (feature `testing`), for
+//! deterministic paused-time tests of a job's behaviour on lease loss,
+//! pause and shutdown without Postgres. It passes the same conformance
+//! suite as the Postgres store (`ticklease-testkit`), and it can be told to
+//! hang or fail RENEWs and RELEASEs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -9,10 +11,13 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use ticklease::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Role,
-    StoreError, Term, Token, BATCH_MAX,
+use crate::error::StoreError;
+use crate::store::{
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Term,
+    BATCH_MAX, REGISTRATION_TTL_MAX,
 };
+use crate::term::role::Role;
+use crate::term::token::Token;
 
 #[derive(Debug, Clone, Default)]
 struct Row {
@@ -44,23 +49,54 @@ struct State {
     replicas: BTreeMap<(String, String), SystemTime>,
 }
 
-/// The fake store. Clones share state.
+/// The in-memory store. Clones share state; at most [`RENEW_SENDS_KEPT`]
+/// RENEW instants are kept.
+///
+/// ```
+/// use std::time::Duration;
+/// use ticklease::testing::MemoryStore;
+/// use ticklease::{Config, Lead, LossReason, Manager, Role};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let store = MemoryStore::new();
+/// let billing = Role::new("billing").unwrap();
+/// let manager = Manager::start(store.clone(), Config::default(), [billing.clone()]).await.unwrap();
+/// // Another replica takes the term over mid-tick: the next RENEW loses it and the work is cancelled.
+/// let lead = manager
+///     .lead(&billing, Duration::from_secs(3600), |tick| {
+///         let store = store.clone();
+///         async move {
+///             store.take_over(tick.role(), Duration::from_secs(10));
+///             tick.cancelled().await;
+///             Ok::<_, std::io::Error>(())
+///         }
+///     })
+///     .await
+///     .unwrap();
+/// assert!(matches!(lead, Lead::Lost { reason: LossReason::TakenOver, .. }), "{lead:?}");
+/// # }
+/// ```
 #[derive(Debug, Clone)]
-pub struct FakeStore {
+pub struct MemoryStore {
     state: Arc<Mutex<State>>,
     hang: Arc<watch::Sender<bool>>,
     epoch: (Instant, SystemTime),
 }
 
-impl Default for FakeStore {
+impl Default for MemoryStore {
     fn default() -> Self {
-        FakeStore::new()
+        MemoryStore::new()
     }
 }
 
-impl FakeStore {
+/// Most RENEW instants [`MemoryStore::renew_sends`] keeps (the oldest go first).
+pub const RENEW_SENDS_KEPT: usize = 10_000;
+
+impl MemoryStore {
+    /// An empty store on tokio's clock.
     pub fn new() -> Self {
-        FakeStore {
+        MemoryStore {
             state: Arc::new(Mutex::new(State {
                 rows: BTreeMap::new(),
                 renew_sends: Vec::new(),
@@ -91,6 +127,19 @@ impl FakeStore {
     /// The next `n` RELEASEs fail with an error (the term stays held).
     pub fn fail_releases(&self, n: usize) {
         self.state.lock().expect("state").fail_releases = n;
+    }
+
+    /// Another replica takes `role` over: a later term, held by
+    /// `another-replica` for `ttl`; the current holder's next RENEW loses it.
+    pub fn take_over(&self, role: &Role, ttl: Duration) {
+        let now = self.now();
+        self.with(|s| {
+            let row = s.rows.entry(role.to_string()).or_default();
+            row.token += 1;
+            row.holder_id = Some("another-replica".into());
+            row.acquired_at = Some(now);
+            row.expires_at = Some(now + ttl);
+        });
     }
 
     /// The instants at which RENEWs were received.
@@ -210,7 +259,7 @@ fn release_row(s: &mut State, term: &Releasing, now: SystemTime) -> bool {
     true
 }
 
-impl LeaseStore for FakeStore {
+impl LeaseStore for MemoryStore {
     async fn acquire(
         &self,
         role: &Role,
@@ -259,7 +308,12 @@ impl LeaseStore for FakeStore {
         lease_ttl: Duration,
     ) -> Result<Vec<Renew>, StoreError> {
         check_batch("RENEW many", terms.len())?;
-        self.with(|s| s.renew_sends.push(Instant::now()));
+        self.with(|s| {
+            if s.renew_sends.len() >= RENEW_SENDS_KEPT {
+                s.renew_sends.remove(0);
+            }
+            s.renew_sends.push(Instant::now());
+        });
         let mut hang = self.hang.subscribe();
         // The statement waits while hung, and is dropped if the caller times out.
         let _ = hang.wait_for(|h| !*h).await;
@@ -316,7 +370,7 @@ impl LeaseStore for FakeStore {
         Ok(self.with(|s| {
             s.replicas.insert(
                 (family.to_string(), holder.to_string()),
-                now + lease_ttl.min(ticklease::REGISTRATION_TTL_MAX),
+                now + lease_ttl.min(REGISTRATION_TTL_MAX),
             );
             s.replicas
                 .iter()
