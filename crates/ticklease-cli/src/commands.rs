@@ -27,7 +27,10 @@ pub async fn run(url: &str, command: Command) -> anyhow::Result<()> {
             json,
         } => cmd_history(db, role, since, limit, json).await,
         Command::Pause { role, by, reason } => {
-            let by = by.unwrap_or_else(|| db.operator());
+            let by = match by {
+                Some(by) => by,
+                None => db.operator().await?,
+            };
             cmd_pause(db, role, &by, &reason).await
         }
         Command::Unpause { role } => cmd_unpause(db, role).await,
@@ -78,17 +81,23 @@ const RUN_WAIT: Duration = Duration::from_secs(900);
 
 impl Db {
     /// Who runs this command, for `pause` without `--by`: `$USER@host`, or
-    /// the database login when `$USER` is unset.
-    fn operator(&self) -> String {
+    /// the database login (`session_user`) when `$USER` is unset.
+    async fn operator(&self) -> anyhow::Result<String> {
         let host = gethostname::gethostname()
             .into_string()
             .ok()
             .filter(|h| !h.is_empty());
-        match (std::env::var("USER").ok().filter(|u| !u.is_empty()), host) {
-            (Some(user), Some(host)) => format!("{user}@{host}"),
-            (Some(user), None) => user,
-            (None, _) => self.config.config().get_user().unwrap_or("unknown").to_string(),
-        }
+        Ok(
+            match (std::env::var("USER").ok().filter(|u| !u.trim().is_empty()), host) {
+                (Some(user), Some(host)) => format!("{user}@{host}"),
+                (Some(user), None) => user,
+                (None, _) => {
+                    let client = self.client().await?;
+                    let rows = client.query_typed("SELECT session_user::text", &[]).await?;
+                    rows.first().map(|r| r.get(0)).unwrap_or_else(|| "unknown".into())
+                }
+            },
+        )
     }
 
     async fn client(&self) -> anyhow::Result<tokio_postgres::Client> {

@@ -45,7 +45,7 @@ fn cells(e: &HistoryEntry, now: SystemTime) -> [String; 7] {
             dash(),
             dash(),
             dash(),
-            format!("by {by}: {reason}"),
+            format!("by {}", ticklease::pause_label(by, Some(reason))),
         ],
         HistoryKind::Unpause { by } => [
             ago,

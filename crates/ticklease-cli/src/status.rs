@@ -100,8 +100,7 @@ fn cells(r: &LeaseStatus) -> [String; 9] {
             .map(|d| short(d.as_secs_f64()))
             .unwrap_or_else(|| "-".into()),
         match (&r.paused_by, &r.pause_reason) {
-            (Some(by), Some(why)) if !why.is_empty() => format!("{by}: {why}"),
-            (Some(by), _) => by.clone(),
+            (Some(by), why) => ticklease::pause_label(by, why.as_deref()),
             _ => "-".into(),
         },
         r.last_tick_ended_at

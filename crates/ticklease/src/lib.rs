@@ -685,6 +685,7 @@ pub use leader::step::Steps;
 #[cfg(feature = "prometheus")]
 pub use metrics::Metrics;
 pub use migrate::{migrate, migrate_at, migrate_with, MigrateOptions, MigrateReport};
+pub use ops::history::pause_label;
 pub use ops::history::{
     HistoryEntry, HistoryKind, HistoryStore, TimelineSlice, HISTORY_LIMIT_MAX, TIMELINE_BUCKETS_MAX,
 };

@@ -582,3 +582,44 @@ async fn a_tick_whose_term_was_over_when_its_work_failed_is_counted_as_lost() {
         0.0
     );
 }
+
+/// A tick that panics after its term was taken over still counts as
+/// panicked (the alert on defects must see it), and the panic is raised again.
+#[tokio::test]
+async fn a_tick_that_panics_after_its_term_was_over_is_still_counted_as_panicked() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let r = Arc::new(replica(&db, &["billing"]).await);
+    let owner = Arc::new(connect(&db).await.unwrap());
+    let leading = tokio::spawn({
+        let (r, owner) = (r.clone(), owner.clone());
+        async move {
+            r.manager
+                .lead(&role("billing"), HOUR, |_| async move {
+                    owner
+                        .batch_execute(
+                            "UPDATE leader_leases SET holder_token = holder_token + 1, holder_id = 'other',
+                                    acquired_at = now(), expires_at = now() + interval '1 minute'
+                              WHERE role = 'billing'",
+                        )
+                        .await
+                        .unwrap();
+                    panic!("a defect");
+                    #[allow(unreachable_code)]
+                    Ok::<(), std::io::Error>(())
+                })
+                .await
+        }
+    });
+    assert!(leading.await.unwrap_err().is_panic(), "the panic is raised again");
+    let m = scrape(&r);
+    let series = |s: &str| m.get(s).copied().unwrap_or(0.0);
+    assert_eq!(
+        series(r#"ticklease_leader_lease_lost_total{role="billing",reason="panicked"}"#),
+        1.0,
+        "{m:?}"
+    );
+    assert_eq!(
+        series(r#"ticklease_leader_ticks_total{role="billing",outcome="panicked"}"#),
+        1.0
+    );
+}

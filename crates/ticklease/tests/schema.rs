@@ -599,3 +599,33 @@ async fn a_second_migrate_sends_no_notice() {
     }
     assert!(notices.is_empty(), "{notices:?}");
 }
+
+/// A first host that accepts TCP and never answers costs its own connect
+/// share, then the next host migrates.
+#[tokio::test]
+async fn migrate_at_passes_a_silent_first_host() {
+    let (name, _, _) = fresh_database().await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            sockets.push(socket); // accepted, never answered
+        }
+    });
+    let port = PgCluster::shared().port();
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={silent_port},{port} user=postgres dbname={name} sslmode=disable connect_timeout=1"
+    );
+    let started = std::time::Instant::now();
+    let report = ticklease::migrate_at(&url.parse().unwrap(), &ticklease::MigrateOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(report.applied.len(), MIGRATIONS.len());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    held.abort();
+}

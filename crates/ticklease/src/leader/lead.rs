@@ -502,11 +502,17 @@ impl<S: LeaseStore> Manager<S> {
     }
 
     /// Why a term whose RELEASE found it over ended: a RENEW of it changes
-    /// nothing (term-scoped) and names the reason.
-    async fn why_over(&self, role: &Role, token: Token) -> LossReason {
+    /// nothing (term-scoped) and names the reason; a family's goes through
+    /// the batcher, one statement for all of them.
+    async fn why_over(&self, role: &Role, token: Token, batched: bool) -> LossReason {
         let inner = &self.inner;
         let bound = inner.config.statement_timeout();
-        let renew = inner.store.renew(role, token, inner.config.lease_ttl());
+        let renew = async {
+            match batched {
+                true => inner.batcher.renew(role, token).await,
+                false => inner.store.renew(role, token, inner.config.lease_ttl()).await,
+            }
+        };
         match tokio::time::timeout(bound, renew).await {
             Ok(Ok(Renew::Lost(reason))) => reason,
             _ => LossReason::TakenOver,
@@ -581,6 +587,7 @@ impl<S: LeaseStore> Manager<S> {
         }
         drop(work);
 
+        let took = sent.elapsed();
         let settled = settle(token, ended, tick.is_cancelled());
         if let Ok(Lead::Failed { error, .. }) = &settled.lead {
             tracing::warn!(%role, %token, error = %crate::error::chain(&**error), "tick failed");
@@ -593,8 +600,9 @@ impl<S: LeaseStore> Manager<S> {
         let Settled {
             outcome, lost, lead, ..
         } = match released {
-            Released::TermOver if settled.outcome != TickOutcome::Lost => {
-                let reason = self.why_over(role, token).await;
+            // A panic stays a panic: a defect pages whatever became of the term.
+            Released::TermOver if !matches!(settled.outcome, TickOutcome::Lost | TickOutcome::Panicked) => {
+                let reason = self.why_over(role, token, scope.family.is_some()).await;
                 tracing::info!(%role, %token, %reason, "the term was over when the tick ended: counted as lost");
                 settled.lost(token, reason)
             }
@@ -602,7 +610,7 @@ impl<S: LeaseStore> Manager<S> {
         };
         if let Some(m) = &inner.metrics {
             if scope.per_role_metrics() {
-                m.tick_ended(role, outcome, sent.elapsed(), lost);
+                m.tick_ended(role, outcome, took, lost);
             }
             if let Some(family) = &scope.family {
                 m.family_tick_ended(&family.name, outcome, lost);

@@ -80,6 +80,16 @@ impl TimelineSlice {
 /// The timeline: `leader_timeline` (store/definitions/20_history.sql) does the work.
 const TIMELINE: &str = include_str!("../store/timeline.sql");
 
+/// Who paused and why, as every surface shows it: `alice: INC-42`, or
+/// `alice` alone when no reason was given (not escaped: escape it for the
+/// terminal or page it goes to).
+pub fn pause_label(by: &str, reason: Option<&str>) -> String {
+    match reason {
+        Some(why) if !why.is_empty() => format!("{by}: {why}"),
+        _ => by.to_string(),
+    }
+}
+
 /// Most entries one read returns.
 pub const HISTORY_LIMIT_MAX: usize = 10_000;
 

@@ -529,9 +529,13 @@ pub const PAGES_MAX: usize = 4;
 /// [`SCRAPES_MAX`] scrapes and page loads run at once. Give it a store of
 /// its own (a pool of one) so those statements never queue before a RENEW.
 ///
-/// Merge it into the application's own router (`app.merge(router(…))`), or
-/// mount it under a path of a stateful one (`app.nest_service("/ops", router(…))`);
-/// [`serve`] is the same on a port of its own.
+/// Mount it under a path of the application's own router,
+/// `app.nest_service("/ops", router(…))` (any state; `merge` at the root
+/// panics at startup when the app has its own `/` or `/healthz`). It shows
+/// holder ids, pause reasons and error summaries: mount it where the
+/// metrics are private, not on a public port. The slots, the page cache and
+/// the refresh limit belong to one `router` call: clone that router rather
+/// than calling `router` again. [`serve`] is the same on a port of its own.
 #[cfg(feature = "http")]
 pub fn router<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
     registry: Arc<Registry>,

@@ -121,7 +121,7 @@ fn roles_table(out: &mut String, rows: &[LeaseStatus]) {
             .map(|d| ago(d.as_secs_f64()))
             .unwrap_or_else(|| "-".into());
         let paused = match (&r.paused_by, &r.pause_reason) {
-            (Some(by), why) => format!("{by}: {}", why.as_deref().unwrap_or("")),
+            (Some(by), why) => crate::ops::history::pause_label(by, why.as_deref()),
             _ => "-".into(),
         };
         let cooldown = r
@@ -235,10 +235,9 @@ fn timeline(
                 let x = x_of(e.at);
                 let _ = write!(
                     out,
-                    "<line class=\"pause\" x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{y}\" y2=\"{}\"><title>paused by {}: {}</title></line>",
+                    "<line class=\"pause\" x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{y}\" y2=\"{}\"><title>paused by {}</title></line>",
                     y + ROW_HEIGHT,
-                    html(by),
-                    html(reason)
+                    html(&crate::ops::history::pause_label(by, Some(reason)))
                 );
             }
         }
@@ -273,8 +272,9 @@ fn recent(out: &mut String, events: &[HistoryEntry], now: SystemTime) {
                 reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
                 error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
             ),
-            HistoryKind::Pause { by, reason } if reason.is_empty() => format!("paused by {by}"),
-            HistoryKind::Pause { by, reason } => format!("paused by {by}: {reason}"),
+            HistoryKind::Pause { by, reason } => {
+                format!("paused by {}", crate::ops::history::pause_label(by, Some(reason)))
+            }
             HistoryKind::Unpause { by } => format!("unpaused by {by}"),
             HistoryKind::RunNow { by } => format!("run now by {by}"),
         };

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, SimpleQueryMessage};
 
+use crate::connect::hosts::{Hosts, HostsError};
 use crate::connect::tls::PgConnect;
 use crate::error::MigrateError;
 use crate::store::definitions;
@@ -201,25 +202,21 @@ pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError>
 /// most [`MIGRATION_CONNECT_WAIT`] per host, the run [`MIGRATION_RUN_MAX`].
 pub async fn migrate_at(target: &PgConnect, options: &MigrateOptions) -> Result<MigrateReport, MigrateError> {
     let target = target.clone().named("migrate");
-    let pg = target.config();
-    let hosts = u32::try_from(pg.get_hosts().len().max(1)).unwrap_or(u32::MAX);
-    let connect_wait = pg
-        .get_connect_timeout()
-        .copied()
-        .unwrap_or(MIGRATION_CONNECT_WAIT)
-        * hosts;
-    let (mut client, connection) = match tokio::time::timeout(connect_wait, target.connect()).await {
-        Ok(Ok(pair)) => pair,
-        Ok(Err(source)) => {
+    let n = u32::try_from(target.config().get_hosts().len().max(1)).unwrap_or(u32::MAX);
+    // Each host its own attempt: a first host that never answers costs its share, then the next is tried.
+    let hosts = Hosts::new(&target, MIGRATION_CONNECT_WAIT * n);
+    let (mut client, connection) = match hosts.connect().await {
+        Ok(pair) => pair,
+        Err(HostsError::Db(source)) => {
             return Err(MigrateError::Db {
                 step: "connect".into(),
                 source,
             })
         }
-        Err(_) => {
+        Err(HostsError::TimedOut { per_host }) => {
             return Err(MigrateError::NoAnswer {
                 what: "connect",
-                waited: connect_wait,
+                waited: per_host * n,
             })
         }
     };
