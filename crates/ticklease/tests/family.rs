@@ -250,9 +250,16 @@ async fn three_replicas_share_a_familys_keys_evenly() {
     }
 }
 
+/// A loaded CI machine, through PgBouncer's pool of 2, took 1.5 s and then
+/// more than 3 s (20 of 30 keys by then) to lead a dead replica's keys
+/// again: the survivors' ACQUIRE after the death waits for the registry beat
+/// and the pool. Cause of the slow runs not found (issue 22 note).
+const TAKEOVER_BOUND: Duration = Duration::from_secs(7);
+
 /// A replica that dies (its runtime stops: no RELEASE, its connections
-/// close) has its keys led again by the others within three seconds (a loaded CI machine took 1.5 s once),
-/// far inside its 10 s leases: its coordination session's end is heard.
+/// close) has its keys led again by the others within [`TAKEOVER_BOUND`],
+/// inside its 10 s leases: its coordination session's end is heard (by
+/// leases alone the keys would wait at least the 10 s).
 #[tokio::test]
 async fn a_dead_replicas_keys_are_taken_over_at_once_by_the_others() {
     let config = Config::builder()
@@ -324,13 +331,19 @@ async fn a_dead_replicas_keys_are_taken_over_at_once_by_the_others() {
                 taken += usize::from(matches!(s, Seen::Started(..)));
             }
         }
+        // Waits past the bound to say when they were all led, for the record.
         assert!(
-            killed.elapsed() < Duration::from_secs(3),
+            killed.elapsed() < Duration::from_secs(15),
             "{taken} of the dead replica's {victim_terms} keys led again after {:?}",
             killed.elapsed()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert!(
+        killed.elapsed() < TAKEOVER_BOUND,
+        "the dead replica's {victim_terms} keys were led again after {:?}, not within {TAKEOVER_BOUND:?}",
+        killed.elapsed()
+    );
     let held = held_by(&rows(&observer).await);
     assert_eq!(held.len(), 2, "{held:?}");
     assert!(

@@ -526,6 +526,11 @@ async fn a_release_that_fails_at_shutdown_is_reported() {
     assert!(ticklease_testkit::lease_row(&store, "billing").await.held);
 }
 
+/// Another replica takes the billing term over (what its ACQUIRE would write).
+const TAKE_OVER: &str = "UPDATE leader_leases SET holder_token = holder_token + 1, holder_id = 'other',
+                                acquired_at = now(), expires_at = now() + interval '1 minute'
+                          WHERE role = 'billing'";
+
 /// A frozen leader resumes after another replica took its term over: the
 /// work's own database error arrives before the heartbeat notices. The tick
 /// is counted as lost (as the history records it), not as failed.
@@ -539,14 +544,7 @@ async fn a_tick_whose_term_was_over_when_its_work_failed_is_counted_as_lost() {
         .lead(&role("billing"), HOUR, |_| {
             let owner = &owner;
             async move {
-                owner
-                    .batch_execute(
-                        "UPDATE leader_leases SET holder_token = holder_token + 1, holder_id = 'other',
-                                acquired_at = now(), expires_at = now() + interval '1 minute'
-                          WHERE role = 'billing'",
-                    )
-                    .await
-                    .unwrap();
+                owner.batch_execute(TAKE_OVER).await.unwrap();
                 Err::<(), _>(std::io::Error::other("could not serialize access"))
             }
         })
@@ -595,14 +593,7 @@ async fn a_tick_that_panics_after_its_term_was_over_is_still_counted_as_panicked
         async move {
             r.manager
                 .lead(&role("billing"), HOUR, |_| async move {
-                    owner
-                        .batch_execute(
-                            "UPDATE leader_leases SET holder_token = holder_token + 1, holder_id = 'other',
-                                    acquired_at = now(), expires_at = now() + interval '1 minute'
-                              WHERE role = 'billing'",
-                        )
-                        .await
-                        .unwrap();
+                    owner.batch_execute(TAKE_OVER).await.unwrap();
                     panic!("a defect");
                     #[allow(unreachable_code)]
                     Ok::<(), std::io::Error>(())
