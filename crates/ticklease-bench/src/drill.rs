@@ -13,20 +13,55 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ticklease::{Cancel, Manager, PgStore, PgStoreOptions, Role, Scheduler, Tick};
+use ticklease::{Cancel, Lead, Manager, NextChance, PgStore, PgStoreOptions, Role, Scheduler, Tick};
 use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
+/// What drives the drill leader's role: the library's loop, or a loop of
+/// the application's own over [`Manager::lead`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Driver {
+    /// [`Scheduler`] (the README's way).
+    #[default]
+    Scheduler,
+    /// `Manager::lead` in a loop waiting on [`NextChance`] (the crate docs' loop).
+    NextChance,
+    /// `Manager::lead` in a loop sleeping `max_poll` after a refusal (the
+    /// README's first example before issue 24).
+    Poll,
+}
+
+impl Driver {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Driver::Scheduler => "scheduler",
+            Driver::NextChance => "next-chance",
+            Driver::Poll => "poll",
+        }
+    }
+
+    /// What the driver is, for a report's heading.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Driver::Scheduler => "the Scheduler",
+            Driver::NextChance => "Manager::lead waiting on NextChance",
+            Driver::Poll => "Manager::lead sleeping max_poll after a refusal",
+        }
+    }
+}
+
 /// Runs until SIGTERM (releases as interrupted, exits 0) or until killed;
-/// with `direct`, with a coordination session on it. The role loop is the
-/// library's [`Scheduler`], so a follower wakes as the library decides (the
-/// holder's session ending, a notification, the lease's expiry).
+/// with `direct`, with a coordination session on it. `driver` says what
+/// loops over the role: the library's [`Scheduler`] by default, so a
+/// follower wakes as the library decides (the holder's session ending, a
+/// notification, the lease's expiry).
 pub async fn run(
     url: &str,
     direct: Option<&str>,
     role: &str,
     config: ticklease::Config,
     write_every: Duration,
+    driver: Driver,
 ) -> anyhow::Result<()> {
     let role = Role::new(role)?;
     let pg: ticklease::PgConnect = url.parse()?;
@@ -41,37 +76,66 @@ pub async fn run(
     } else {
         Some(Arc::new(Writer::connect(pg).await?))
     };
-    let scheduler = Scheduler::new(manager).job(&role, Duration::from_millis(1), move |tick| {
-        let (holder, writer) = (holder.clone(), writer.clone());
-        async move {
-            println!("LEADING {}", tick.token());
-            let _ = std::io::stdout().flush();
-            let _end = EndMark(tick.clone());
-            let Some(writer) = writer else {
-                tick.cancelled().await;
-                return Ok::<_, Infallible>(());
-            };
-            let sql = format!(
-                "INSERT INTO drill_journal (role, token, holder) SELECT $1, $2, $3 WHERE {}",
-                tick.fence().predicate(1)
-            );
-            while !tick.is_cancelled() {
-                let [r, t] = tick.fence().params();
-                // A failed or fenced-off write is no reason to stop: the heartbeat decides.
-                let _ = writer.insert(&sql, &[r, t, (&holder, Type::TEXT)]).await;
-                tokio::select! {
-                    _ = tick.cancelled() => {}
-                    _ = tokio::time::sleep(write_every) => {}
-                }
-            }
-            Ok(())
-        }
-    })?;
+    let work = move |tick: Tick| drill_tick(tick, holder.clone(), writer.clone(), write_every);
     let shutdown = CancellationToken::new();
     ticklease::cancel_on_signals(shutdown.clone())?;
-    let stopped = scheduler.run(shutdown).await;
-    if !stopped.all_released() {
-        eprintln!("drill leader: {stopped}");
+    let interval = Duration::from_millis(1);
+    if driver == Driver::Scheduler {
+        let stopped = Scheduler::new(manager)
+            .job(&role, interval, work)?
+            .run(shutdown)
+            .await;
+        if !stopped.all_released() {
+            eprintln!("drill leader: {stopped}");
+        }
+        return Ok(());
+    }
+    let mut chance = NextChance::new(&manager, &role);
+    let stop = manager.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        stop.shutdown();
+    });
+    loop {
+        let lead = manager.lead(&role, interval, &work).await;
+        match (&lead, driver) {
+            (Ok(Lead::ShuttingDown), _) => break,
+            (Ok(Lead::Refused(_)) | Err(_), Driver::Poll) => tokio::time::sleep(config.max_poll()).await,
+            (_, Driver::Poll) => {}
+            (_, _) => chance.wait(&lead).await,
+        }
+    }
+    manager.wait_released(config.statement_timeout() * 2).await;
+    Ok(())
+}
+
+/// One drill tick: a fenced journal row every `write_every` until the term is
+/// cancelled (with no writer, just the wait).
+async fn drill_tick(
+    tick: Tick,
+    holder: String,
+    writer: Option<Arc<Writer>>,
+    write_every: Duration,
+) -> Result<(), Infallible> {
+    println!("LEADING {}", tick.token());
+    let _ = std::io::stdout().flush();
+    let _end = EndMark(tick.clone());
+    let Some(writer) = writer else {
+        tick.cancelled().await;
+        return Ok(());
+    };
+    let sql = format!(
+        "INSERT INTO drill_journal (role, token, holder) SELECT $1, $2, $3 WHERE {}",
+        tick.fence().predicate(1)
+    );
+    while !tick.is_cancelled() {
+        let [r, t] = tick.fence().params();
+        // A failed or fenced-off write is no reason to stop: the heartbeat decides.
+        let _ = writer.insert(&sql, &[r, t, (&holder, Type::TEXT)]).await;
+        tokio::select! {
+            _ = tick.cancelled() => {}
+            _ = tokio::time::sleep(write_every) => {}
+        }
     }
     Ok(())
 }
@@ -143,6 +207,7 @@ pub(crate) fn spawn_leader(
     role: &str,
     timing: crate::Timing,
     write_every: Duration,
+    driver: Driver,
 ) -> anyhow::Result<(tokio::process::Child, LeaderLines)> {
     use anyhow::Context as _;
     use tokio::io::AsyncBufReadExt as _;
@@ -157,6 +222,7 @@ pub(crate) fn spawn_leader(
             timing.as_str(),
         ])
         .args(["--write-every", &format!("{}ms", write_every.as_millis())])
+        .args(["--driver", driver.as_str()])
         .args(direct.map(|d| ["--direct-url", d]).into_iter().flatten())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())

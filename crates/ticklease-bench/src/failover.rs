@@ -16,7 +16,7 @@ use tokio_postgres::types::Type;
 use ticklease_sandbox::ClusterOptions;
 use ticklease_testkit::{connect, signal, Fault, FaultProxy, PgBouncer, PgCluster};
 
-use crate::drill::{self, LeaderLines};
+use crate::drill::{self, Driver, LeaderLines};
 use crate::stats::{summarize, Summary};
 use crate::{Timing, HISTORY_SQL};
 
@@ -115,6 +115,7 @@ impl Mode {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trial {
     pub mode: Mode,
+    pub driver: Driver,
     pub scenario: Scenario,
     pub n: usize,
     /// The fault (for `pause`: the unpause) sent → the new term's first fenced claim.
@@ -145,6 +146,8 @@ pub struct Env {
     pub exe: PathBuf,
     pub write_every: Duration,
     pub mode: Mode,
+    /// What loops over the drill leaders' role.
+    pub driver: Driver,
     /// In front of `cluster` when the mode pools statements.
     pub bouncer: Option<PgBouncer>,
 }
@@ -194,6 +197,7 @@ impl Env {
             exe,
             write_every,
             mode: Mode::Lease,
+            driver: Driver::Scheduler,
             bouncer: None,
         })
     }
@@ -235,6 +239,7 @@ impl Env {
             role,
             self.timing,
             self.write_every,
+            self.driver,
         )
     }
 }
@@ -353,6 +358,7 @@ pub async fn trial(env: &Env, scenario: Scenario, n: usize) -> anyhow::Result<Tr
     let h = handover(&db, &role, old, scenario == Scenario::Pause).await?;
     Ok(Trial {
         mode: env.mode,
+        driver: env.driver,
         scenario,
         n,
         fault_to_claim_ms: between(first_claim, fault_at),
@@ -508,14 +514,15 @@ pub fn summary(
 /// The raw trials as CSV.
 pub fn csv(trials: &[Trial]) -> String {
     let mut out = String::from(
-        "mode,scenario,trial,fault_to_claim_ms,takeover_ms,gap_ms,stale_writes,pause_to_cancel_ms\n",
+        "mode,driver,scenario,trial,fault_to_claim_ms,takeover_ms,gap_ms,stale_writes,pause_to_cancel_ms\n",
     );
     let opt = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_default();
     for t in trials {
         let _ = writeln!(
             out,
-            "{},{},{},{:.1},{},{:.1},{},{}",
+            "{},{},{},{},{:.1},{},{:.1},{},{}",
             t.mode.as_str(),
+            t.driver.as_str(),
             t.scenario.as_str(),
             t.n,
             t.fault_to_claim_ms,
@@ -572,15 +579,29 @@ pub fn table(trials: &[Trial]) -> String {
     out
 }
 
-/// The reports' file stem: `failover-<timing>-<mode>`.
-fn stem(timing: Timing, mode: Mode) -> String {
-    format!("failover-{}-{}", timing.as_str(), mode.as_str())
+/// The reports' file stem: `failover-<timing>-<mode>`, and `-<driver>` for
+/// a driver other than the scheduler.
+fn stem(timing: Timing, mode: Mode, driver: Driver) -> String {
+    match driver {
+        Driver::Scheduler => format!("failover-{}-{}", timing.as_str(), mode.as_str()),
+        other => format!(
+            "failover-{}-{}-{}",
+            timing.as_str(),
+            mode.as_str(),
+            other.as_str()
+        ),
+    }
+}
+
+/// The driver of a run's trials (the scheduler when there are none).
+fn driver_of(trials: &[Trial]) -> Driver {
+    trials.first().map_or(Driver::Scheduler, |t| t.driver)
 }
 
 /// Writes `failover-<timing>-<mode>.csv` into `dir` and returns its path.
 pub fn write_csv(dir: &Path, timing: Timing, mode: Mode, trials: &[Trial]) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let path = dir.join(format!("{}.csv", stem(timing, mode)));
+    let path = dir.join(format!("{}.csv", stem(timing, mode, driver_of(trials))));
     std::fs::write(&path, csv(trials))?;
     Ok(path)
 }
@@ -610,12 +631,13 @@ pub fn write_markdown(
     server_version: &str,
 ) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let stem = stem(timing, mode);
+    let driver = driver_of(trials);
+    let stem = stem(timing, mode, driver);
     let path = dir.join(format!("{stem}.md"));
     let per = trials.iter().map(|t| t.n + 1).max().unwrap_or(0);
     let c = timing.config();
     let text = format!(
-        "# Failover, {} timings, {} mode (generated)\n\n\
+        "# Failover, {} timings, {} mode, driven by {} (generated)\n\n\
          TTL {:?}, heartbeat {:?}, statement timeout {:?}, abandon {:?}, max poll {:?}; {per} trials per scenario.\n\
          Machine: {}; PostgreSQL {server_version}; measured {}.\n\n\
          fault → first claim = the kill, signal or cut (for unpause: `leader_unpause`) sent → the new term's first\n\
@@ -623,9 +645,10 @@ pub fn write_markdown(
          last renew → first claim = the old term's last acknowledged ACQUIRE/RENEW → the new term's first claim;\n\
          gap = the old term's last statement → the new term's first claim (negative would be an overlap);\n\
          stale writes = fenced writes of the old term after the new term's first (after the pause for pause).\n\n\
-         {}\nRaw trials: `{stem}.csv`. Rerun: `cargo run --release -p ticklease-bench -- failover --trials {per} --timing {}{}`.\n",
+         {}\nRaw trials: `{stem}.csv`. Rerun: `cargo run --release -p ticklease-bench -- failover --trials {per} --timing {}{} --driver {}`.\n",
         timing.as_str(),
         mode.as_str(),
+        driver.describe(),
         c.lease_ttl(),
         c.heartbeat_every(),
         c.statement_timeout(),
@@ -636,6 +659,7 @@ pub fn write_markdown(
         table(trials),
         timing.as_str(),
         mode.flags(),
+        driver.as_str(),
     );
     std::fs::write(&path, text)?;
     Ok(path)

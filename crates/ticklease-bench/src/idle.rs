@@ -60,6 +60,7 @@ pub async fn measure(env: &Env, replicas: usize, over: Duration) -> anyhow::Resu
             "idle",
             env.timing,
             Duration::ZERO,
+            env.driver,
         )
     };
     // The first replica leads; the others start once it does.

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ticklease_bench::chaos::{self, ChaosOptions, WorkerFlags};
+use ticklease_bench::drill::Driver;
 use ticklease_bench::failover::{self, Env, Mode, Scenario};
 use ticklease_bench::scale::{self, ScaleOptions};
 use ticklease_bench::scale_replica::{self, ReplicaFlags};
@@ -33,6 +34,9 @@ enum Cmd {
         scenarios: Vec<Scenario>,
         #[command(flatten)]
         mode: ModeFlags,
+        /// What loops over the drill leaders' role.
+        #[arg(long, value_enum, default_value = "scheduler")]
+        driver: Driver,
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
@@ -161,6 +165,8 @@ enum Cmd {
         timing: Timing,
         #[arg(long, value_parser = humantime::parse_duration)]
         write_every: Duration,
+        #[arg(long, value_enum, default_value = "scheduler")]
+        driver: Driver,
     },
     /// (child process) A worker replica with the chaos run's settings.
     #[command(hide = true)]
@@ -197,8 +203,9 @@ async fn main() -> anyhow::Result<()> {
             timing,
             scenarios,
             mode,
+            driver,
             out,
-        } => cmd_failover(trials, timing, mode.mode(), scenarios, &out).await?,
+        } => cmd_failover(trials, timing, mode.mode(), driver, scenarios, &out).await?,
         Cmd::Idle {
             replicas,
             over,
@@ -324,7 +331,18 @@ async fn main() -> anyhow::Result<()> {
             role,
             timing,
             write_every,
-        } => drill::run(&url, direct_url.as_deref(), &role, timing.config(), write_every).await?,
+            driver,
+        } => {
+            drill::run(
+                &url,
+                direct_url.as_deref(),
+                &role,
+                timing.config(),
+                write_every,
+                driver,
+            )
+            .await?
+        }
         Cmd::Worker(flags) => {
             let config = flags.config()?;
             let shutdown = tokio_util::sync::CancellationToken::new();
@@ -340,10 +358,12 @@ async fn cmd_failover(
     trials: usize,
     timing: Timing,
     mode: Mode,
+    driver: Driver,
     scenarios: Vec<Scenario>,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let env = Env::start(timing, std::env::current_exe()?, mode).await?;
+    let mut env = Env::start(timing, std::env::current_exe()?, mode).await?;
+    env.driver = driver;
     let scenarios = if scenarios.is_empty() {
         Scenario::ALL.to_vec()
     } else {

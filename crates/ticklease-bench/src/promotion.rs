@@ -74,6 +74,7 @@ fn spawn_leader(exe: &Path, url: &str, timing: Timing) -> anyhow::Result<(Child,
         ROLE,
         timing,
         timing.config().heartbeat_every() / 6,
+        drill::Driver::Scheduler,
     )
 }
 

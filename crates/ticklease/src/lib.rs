@@ -300,14 +300,17 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use ticklease::{Config, Lead, Manager, PgStore, PgStoreOptions, Role};
+//! use ticklease::{Config, Lead, Manager, NextChance, PgConnect, PgStore, PgStoreOptions, Role};
 //!
 //! # async fn example() -> anyhow::Result<()> {
-//! let pg: tokio_postgres::Config = "postgres://app@localhost/app".parse()?;
+//! let pg: PgConnect = "postgres://app@localhost/app?sslmode=verify-full".parse()?;
 //! let config = Config::default();
 //! let store = PgStore::connect(pg, PgStoreOptions::from_config(&config)).await?;
 //! let billing = Role::new("billing")?;
 //! let manager = Manager::start(store, config, [billing.clone()]).await?;
+//! // Woken as the Scheduler's loops are: when the database says the role may be
+//! // due or free, or (with a coordination session) at a release or a holder's death.
+//! let mut chance = NextChance::new(&manager, &billing);
 //! loop {
 //!     let lead = manager
 //!         .lead(&billing, Duration::from_secs(3600), |tick| async move {
@@ -317,11 +320,11 @@
 //!             let _fence = tick.fence();
 //!             Ok::<_, std::io::Error>(())
 //!         })
-//!         .await?;
-//!     if let Lead::ShuttingDown = lead {
+//!         .await;
+//!     if let Ok(Lead::ShuttingDown) = lead {
 //!         break;
 //!     }
-//!     tokio::time::sleep(config.max_poll()).await;
+//!     chance.wait(&lead).await;
 //! }
 //! # Ok(())
 //! # }
@@ -689,6 +692,7 @@ pub use ops::history::pause_label;
 pub use ops::history::{
     HistoryEntry, HistoryKind, HistoryStore, TimelineSlice, HISTORY_LIMIT_MAX, TIMELINE_BUCKETS_MAX,
 };
+pub use schedule::chance::NextChance;
 pub use schedule::family::REGISTRATION_TTL_MAX;
 pub use schedule::scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use store::{

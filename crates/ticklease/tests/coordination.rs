@@ -13,8 +13,8 @@ use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 
 use ticklease::{
-    Acquire, Config, HistoryStore, Lead, LeaseStore, LossReason, Manager, PgStore, PgStoreOptions, Role,
-    Scheduler, StoreError, Token,
+    Acquire, Config, HistoryStore, Lead, LeaseStore, LossReason, Manager, NextChance, PgStore,
+    PgStoreOptions, Role, Scheduler, StoreError, Token,
 };
 use ticklease_testkit::{connect, direct, migrated_db, scalar, Counting, Fault, FaultProxy, PgCluster};
 
@@ -235,6 +235,103 @@ async fn a_killed_coordination_session_lets_a_follower_take_over_and_the_old_hol
         "{history:?}"
     );
     stop_b.cancel();
+}
+
+/// A loop of the application's own over `Manager::lead`, waiting on
+/// `NextChance`, is woken as the scheduler is: at once when the holder's
+/// session ends and when it releases, not when the lease runs out.
+#[tokio::test]
+async fn a_manager_loop_waiting_on_next_chance_takes_over_at_once() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    let a = manager(coordinated(&db, &config).await, config).await;
+    let b = manager(coordinated(&db, &config).await, config).await;
+    let key_a = a.store().holder_key().expect("A's session is up");
+    let (ticks_b, mut led_b) = mpsc::unbounded_channel();
+    let looping = b.clone();
+    let loop_b = tokio::spawn(async move {
+        let mut chance = NextChance::new(&looping, &billing());
+        loop {
+            let ticks_b = ticks_b.clone();
+            let lead = looping
+                .lead(&billing(), HOUR, |tick| async move {
+                    let _ = ticks_b.send((tick.token(), Instant::now()));
+                    tick.cancelled().await;
+                    Ok::<_, std::io::Error>(())
+                })
+                .await;
+            if let Ok(Lead::ShuttingDown) = lead {
+                return;
+            }
+            chance.wait(&lead).await;
+        }
+    });
+
+    // A's session dies while B waits on its key.
+    let (token_a, _finish_a, _lead_a) = leader(a.clone(), HOUR);
+    let token_a = token_a.await.unwrap();
+    until("B waits on A's key", || async {
+        key_backend(&owner, key_a).await.1
+    })
+    .await;
+    let (pid, _) = key_backend(&owner, key_a).await;
+    let killed = Instant::now();
+    assert!(scalar::<bool>(&owner, &format!("SELECT pg_terminate_backend({})", pid.unwrap())).await);
+    let (token_b, at) = tokio::time::timeout(Duration::from_secs(10), led_b.recv())
+        .await
+        .expect("B leads")
+        .unwrap();
+    assert!(token_b > token_a);
+    assert!(
+        at - killed < FAST,
+        "B led {:?} after A's session died; the lease alone would take ~10 s",
+        at - killed
+    );
+
+    // B releases (shutting down): A, now looping on NextChance too, hears it at once.
+    until("A's session is back", || async {
+        a.store().holder_key().is_some()
+    })
+    .await;
+    let (ticks_a, mut led_a) = mpsc::unbounded_channel();
+    let looping = a.clone();
+    tokio::spawn(async move {
+        let mut chance = NextChance::new(&looping, &billing());
+        loop {
+            let ticks_a = ticks_a.clone();
+            let lead = looping
+                .lead(&billing(), Duration::from_millis(1), |tick| async move {
+                    let _ = ticks_a.send(tick.token());
+                    tick.cancelled().await;
+                    Ok::<_, std::io::Error>(())
+                })
+                .await;
+            if let Ok(Lead::ShuttingDown) = lead {
+                return;
+            }
+            chance.wait(&lead).await;
+        }
+    });
+    let key_b = b.store().holder_key().expect("B's session is up");
+    until("A waits on B's key", || async {
+        key_backend(&owner, key_b).await.1
+    })
+    .await;
+    let released = Instant::now();
+    b.shutdown();
+    let token = tokio::time::timeout(Duration::from_secs(10), led_a.recv())
+        .await
+        .expect("A leads after B's release")
+        .unwrap();
+    assert!(token > token_b);
+    assert!(
+        released.elapsed() < FAST,
+        "A led {:?} after B released; without the release's notification it waits for the lease",
+        released.elapsed()
+    );
+    loop_b.await.unwrap();
+    a.shutdown();
 }
 
 /// A pause is heard by the holder at once (not at its next heartbeat), an

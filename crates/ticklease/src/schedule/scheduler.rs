@@ -15,18 +15,17 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::connect::coordination::told;
 use crate::error::chain;
 use crate::error::Error;
 use crate::leader::lead::{check_interval, BoxError, Lead, Manager, Tick, Work};
 use crate::ops::outcome::panic_message;
+use crate::schedule::chance::NextChance;
 use crate::schedule::family::{family_loop, FamilyJob};
-use crate::schedule::wake::{next_wake, Polled};
+use crate::schedule::wake::Polled;
 use crate::store::LeaseStore;
 use crate::term::family::Family;
 use crate::term::role::Role;
@@ -211,11 +210,7 @@ where
 
 async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: CancellationToken) {
     let Job { role, interval, work } = job;
-    let signals = manager.store().signals().cloned();
-    let woken = signals.as_ref().map(|s| s.role(role.as_str()));
-    // The wait on the current holder's key, kept while the holder stays the same.
-    let mut waiting: Option<(i64, BoxFuture<'static, ()>)> = None;
-    let mut told_at = None;
+    let mut chance = NextChance::new(&manager, &role);
     loop {
         let tick = AssertUnwindSafe(manager.lead(&role, interval, |tick| work(tick)))
             .catch_unwind()
@@ -233,30 +228,9 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
                 Polled::Failed
             }
         };
-        let wake = next_wake(&polled, manager.config(), signals.is_some());
-        match (wake.holder_key, &signals) {
-            (Some(key), Some(signals)) if waiting.as_ref().map(|(k, _)| *k) != Some(key) => {
-                waiting = signals.holder_gone(key).map(|gone| (key, gone.boxed()));
-            }
-            (Some(_), _) => {}
-            (None, _) => waiting = None,
-        }
-        let holder_gone = async {
-            match &mut waiting {
-                Some((_, gone)) => gone.await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(wake.after) => {}
-            _ = told(woken.as_ref().map(|w| &w.follower), told_at) => {
-                told_at = Some(tokio::time::Instant::now());
-            }
-            _ = holder_gone => {
-                tracing::debug!(%role, "the holder's coordination session ended; acquiring now");
-                waiting = None;
-            }
+            _ = chance.wait_polled(&polled) => {}
         }
     }
 }

@@ -1,0 +1,125 @@
+//! A role's next chance: what a loop over [`Manager::lead`] waits on before
+//! asking again, woken exactly as the [`Scheduler`](crate::Scheduler)'s own
+//! loops are.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+use crate::config::Config;
+use crate::connect::coordination::{told, RoleSignals, Signals};
+use crate::error::Error;
+use crate::leader::lead::{Lead, Manager};
+use crate::schedule::wake::{next_wake, Polled};
+use crate::store::LeaseStore;
+use crate::term::role::Role;
+
+/// Waits for a role's next chance after a call of [`Manager::lead`]: until
+/// the database said the role may be due or free (the holder's expiry, the
+/// due time; at most `max_poll` without a coordination session), or, with
+/// one, until a release, unpause or run-now is told or the holder's session
+/// ends (a dead leader is replaced in milliseconds, not at the next poll).
+/// The [`Scheduler`](crate::Scheduler)'s role loops wait on it too.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # use ticklease::{Lead, Manager, NextChance, PgStore, Role};
+/// # async fn example(manager: Manager<PgStore>, billing: Role) {
+/// let mut chance = NextChance::new(&manager, &billing);
+/// loop {
+///     let lead = manager
+///         .lead(&billing, Duration::from_secs(3600), |tick| async move {
+///             let _fence = tick.fence(); // claim with it
+///             Ok::<_, std::io::Error>(())
+///         })
+///         .await;
+///     if let Ok(Lead::ShuttingDown) = lead {
+///         return;
+///     }
+///     chance.wait(&lead).await;
+/// }
+/// # }
+/// ```
+pub struct NextChance {
+    role: Role,
+    config: Config,
+    signals: Option<Signals>,
+    woken: Option<Arc<RoleSignals>>,
+    /// The wait on the current holder's key, kept while the holder stays the same.
+    waiting: Option<(i64, BoxFuture<'static, ()>)>,
+    told_at: Option<tokio::time::Instant>,
+}
+
+impl std::fmt::Debug for NextChance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NextChance")
+            .field("role", &self.role)
+            .field("signalled", &self.signals.is_some())
+            .field("waiting_on", &self.waiting.as_ref().map(|(key, _)| key))
+            .finish()
+    }
+}
+
+impl NextChance {
+    /// The next-chance waits of `role` under `manager`'s store and timings.
+    pub fn new<S: LeaseStore>(manager: &Manager<S>, role: &Role) -> NextChance {
+        let signals = manager.store().signals().cloned();
+        NextChance {
+            role: role.clone(),
+            config: *manager.config(),
+            woken: signals.as_ref().map(|s| s.role(role.as_str())),
+            signals,
+            waiting: None,
+            told_at: None,
+        }
+    }
+
+    /// Waits after `last`, what [`Manager::lead`] returned: not at all after
+    /// a term or at shutdown (the database knows when the role is due next),
+    /// `max_poll` after an error, and after a refusal as the refusal says.
+    pub async fn wait<T>(&mut self, last: &Result<Lead<T>, Error>) {
+        let polled = match last {
+            Ok(Lead::Refused(refusal)) => Polled::Refused(refusal),
+            Ok(Lead::ShuttingDown) => return,
+            Ok(_) => Polled::TermEnded,
+            Err(_) => Polled::Failed,
+        };
+        self.wait_polled(&polled).await;
+    }
+
+    pub(crate) async fn wait_polled(&mut self, polled: &Polled<'_>) {
+        let wake = next_wake(polled, &self.config, self.signals.is_some());
+        match (wake.holder_key, &self.signals) {
+            (Some(key), Some(signals)) if self.waiting.as_ref().map(|(k, _)| *k) != Some(key) => {
+                self.waiting = signals.holder_gone(key).map(|gone| (key, gone.boxed()));
+            }
+            (Some(_), _) => {}
+            (None, _) => self.waiting = None,
+        }
+        let NextChance {
+            role,
+            waiting,
+            woken,
+            told_at,
+            ..
+        } = self;
+        let gone = tokio::select! {
+            _ = tokio::time::sleep(wake.after) => false,
+            _ = told(woken.as_ref().map(|w| &w.follower), *told_at) => {
+                *told_at = Some(tokio::time::Instant::now());
+                false
+            }
+            _ = async {
+                match waiting.as_mut() {
+                    Some((_, gone)) => gone.await,
+                    None => std::future::pending().await,
+                }
+            } => true,
+        };
+        if gone {
+            tracing::debug!(%role, "the holder's coordination session ended; acquiring now");
+            *waiting = None;
+        }
+    }
+}
