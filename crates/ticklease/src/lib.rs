@@ -703,6 +703,9 @@ pub use term::family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT};
 pub use term::fence::Fence;
 pub use term::holder::HolderId;
 pub use term::role::{Role, ROLE_NAME_MAX};
+pub use term::schedule::{
+    CatchUp, Due, Retry, Schedule, ScheduleError, SkipReason, Skipped, CATCH_UP_MAX, SKIPPED_COUNTED_MAX,
+};
 pub use term::token::Token;
 pub use tls::{PgConnect, PgConnectError};
 

@@ -1,6 +1,6 @@
 //! The term's vocabulary, the layer every other builds on: role names and
-//! families of them, fencing tokens, holder ids, and the fence a claim
-//! carries.
+//! families of them, fencing tokens, holder ids, the fence a claim
+//! carries, and the schedule that says when a role is due.
 
 pub(crate) mod family;
 pub(crate) mod fence;
@@ -8,4 +8,5 @@ pub(crate) mod fence;
 mod fence_sqlx;
 pub(crate) mod holder;
 pub(crate) mod role;
+pub(crate) mod schedule;
 pub(crate) mod token;

@@ -1,0 +1,608 @@
+//! When a role's terms are due: every interval since the last completed
+//! tick (the spec's model), or at the occurrences of a cron expression in a
+//! time zone. This file holds the schedule's arithmetic only; every instant
+//! it is given comes from the database's clock.
+//!
+//! Parsing and next-occurrence arithmetic are croner's (Vixie cron with
+//! optional seconds, `L`, `W`, `#` and the `@` aliases), time zones
+//! chrono-tz's (the IANA database). Across a daylight-saving change croner
+//! follows the Vixie rule: a fixed time inside the spring gap runs once,
+//! right after the gap; a fixed time inside the autumn fold runs once, at its
+//! first instance; a schedule of every few minutes or hours follows real
+//! time through both.
+
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds, Year};
+use croner::Cron;
+
+use crate::config::{Config, DURATION_MAX};
+
+/// The smallest step between instants: "just before" and "just after".
+const NANO: Duration = Duration::from_nanos(1);
+
+/// Occurrences looked at to find a cron expression's shortest gap.
+const GAP_SAMPLE: usize = 1_000;
+
+/// Skipped occurrences counted one by one; past this a skip reports a lower bound.
+pub const SKIPPED_COUNTED_MAX: u32 = 10_000;
+
+/// The most occurrences [`CatchUp::All`] runs after a downtime.
+pub const CATCH_UP_MAX: u32 = 1_000;
+
+/// When a role is due.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    kind: Kind,
+    catch_up: CatchUp,
+    starting_deadline: Option<Duration>,
+    retry: Retry,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Every(Duration),
+    Cron {
+        expression: String,
+        cron: Box<Cron>,
+        zone: Tz,
+    },
+}
+
+/// What runs of the occurrences missed while no replica ran one (a downtime,
+/// a pause, a tick longer than the period). A role has one term at a time,
+/// so occurrences never overlap whatever the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum CatchUp {
+    /// The most recent missed occurrence runs once; the older ones are skipped.
+    #[default]
+    Latest,
+    /// Every missed occurrence runs, oldest first, at most `max` of them
+    /// (the most recent `max`; older ones are skipped).
+    All {
+        /// At most this many, 1 ..= [`CATCH_UP_MAX`].
+        max: u32,
+    },
+    /// Only occurrences that are still on time run: one older than its
+    /// starting deadline (the lease TTL when none is set) is skipped.
+    Skip,
+}
+
+/// Retries of a tick whose work returned `Err`: each retry is the same
+/// occurrence, after a backoff that doubles from `backoff` up to
+/// `backoff_max`; after `attempts` failed attempts the role waits as after
+/// any failed tick. A panic is not retried (the spec's full-interval wait).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Attempts of one occurrence, the first included (1: no retry).
+    pub attempts: u32,
+    /// The wait before the first retry.
+    pub backoff: Duration,
+    /// The longest wait between two attempts.
+    pub backoff_max: Duration,
+}
+
+impl Retry {
+    /// Attempts of one occurrence by default: the first and two retries.
+    pub const ATTEMPTS_DEFAULT: u32 = 3;
+    /// The most attempts a policy may allow.
+    pub const ATTEMPTS_MAX: u32 = 100;
+    /// The wait before the first retry by default.
+    pub const BACKOFF_DEFAULT: Duration = Duration::from_secs(10);
+    /// The longest wait between attempts by default.
+    pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(300);
+
+    /// No retry: a failed tick waits as the spec says.
+    pub const NONE: Retry = Retry {
+        attempts: 1,
+        backoff: Self::BACKOFF_DEFAULT,
+        backoff_max: Self::BACKOFF_MAX_DEFAULT,
+    };
+
+    /// The wait before attempt `failed + 1` after `failed` failed attempts of
+    /// one occurrence; `None` once the attempts are spent.
+    pub fn backoff_after(&self, failed: u32) -> Option<Duration> {
+        if failed == 0 || failed >= self.attempts {
+            return None;
+        }
+        let doublings = (failed - 1).min(31);
+        Some(self.backoff.saturating_mul(1 << doublings).min(self.backoff_max))
+    }
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            attempts: Self::ATTEMPTS_DEFAULT,
+            backoff: Self::BACKOFF_DEFAULT,
+            backoff_max: Self::BACKOFF_MAX_DEFAULT,
+        }
+    }
+}
+
+const _: () = assert!(Retry::ATTEMPTS_DEFAULT <= Retry::ATTEMPTS_MAX);
+const _: () = assert!(Retry::BACKOFF_DEFAULT.as_millis() <= Retry::BACKOFF_MAX_DEFAULT.as_millis());
+
+/// Why an occurrence was skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SkipReason {
+    /// It was due longer ago than the starting deadline.
+    Deadline,
+    /// The catch-up policy runs a newer one instead.
+    CatchUp,
+}
+
+impl SkipReason {
+    /// The reason as the history and metrics name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::Deadline => "deadline",
+            SkipReason::CatchUp => "catch_up",
+        }
+    }
+}
+
+/// Occurrences skipped for one reason: the first and last of them and how many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Skipped {
+    /// Why they were skipped.
+    pub reason: SkipReason,
+    /// The earliest skipped occurrence.
+    pub first: SystemTime,
+    /// The latest skipped occurrence.
+    pub last: SystemTime,
+    /// How many (at most [`SKIPPED_COUNTED_MAX`]; `more` says there were more).
+    pub count: u32,
+    /// More than `count` were skipped.
+    pub more: bool,
+}
+
+/// What a cron schedule says at a database instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    /// The occurrence to run now, if any.
+    pub run: Option<SystemTime>,
+    /// The occurrences passed over (at most one record per reason).
+    pub skipped: Vec<Skipped>,
+    /// The first occurrence after the database's now.
+    pub next: Option<SystemTime>,
+}
+
+/// A schedule that cannot be used, named before anything is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// A field of the cron expression is invalid.
+    #[error("cron expression {expression:?}: the {field} field {value:?} at character {position} is invalid: {reason}")]
+    InvalidField {
+        /// The expression as given.
+        expression: String,
+        /// Which field: `second`, `minute`, `hour`, `day of month`, `month`, `day of week`.
+        field: &'static str,
+        /// The field's text.
+        value: String,
+        /// Where the field starts in the expression, counting characters from 1.
+        position: usize,
+        /// What croner found wrong with it.
+        reason: String,
+    },
+    /// The expression as a whole is invalid (its field count, an unknown alias, …).
+    #[error("cron expression {expression:?} is invalid: {reason}")]
+    InvalidExpression {
+        /// The expression as given.
+        expression: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The zone is not an IANA time zone name.
+    #[error("unknown time zone {zone:?} (an IANA name such as \"Europe/Berlin\" or \"UTC\")")]
+    UnknownZone {
+        /// The name as given.
+        zone: String,
+    },
+    /// The expression matches no instant (such as `0 0 30 2 *`).
+    #[error("cron expression {expression:?} never fires in {zone}")]
+    NeverFires {
+        /// The expression as given.
+        expression: String,
+        /// The zone it was evaluated in.
+        zone: String,
+    },
+    /// Two occurrences come closer than the lease's heartbeat.
+    #[error("cron expression {expression:?} fires {gap:?} apart, faster than the lease's heartbeat ({heartbeat_every:?}): each occurrence is a term, and a term is watched one beat at a time")]
+    FasterThanLease {
+        /// The expression as given.
+        expression: String,
+        /// The shortest gap found between two occurrences.
+        gap: Duration,
+        /// The configured heartbeat.
+        heartbeat_every: Duration,
+    },
+    /// A zone was given to an interval schedule.
+    #[error("an interval schedule has no time zone: give the zone to a cron schedule")]
+    ZoneForInterval,
+    /// An interval of zero or above the longest duration.
+    #[error("an interval must be above zero and at most {max:?}, got {interval:?}")]
+    Interval {
+        /// The interval as given.
+        interval: Duration,
+        /// The longest accepted.
+        max: Duration,
+    },
+    /// A catch-up `max` outside 1 ..= [`CATCH_UP_MAX`].
+    #[error("catch-up of all missed occurrences needs a max of 1 to {CATCH_UP_MAX}, got {max}")]
+    CatchUpMax {
+        /// The max as given.
+        max: u32,
+    },
+    /// A starting deadline of zero or above the longest duration.
+    #[error("a starting deadline must be above zero and at most {max:?}, got {deadline:?}")]
+    Deadline {
+        /// The deadline as given.
+        deadline: Duration,
+        /// The longest accepted.
+        max: Duration,
+    },
+    /// A retry policy outside its bounds.
+    #[error("a retry policy needs 1 to {} attempts and backoffs above zero with backoff <= backoff_max <= {max:?}, got {retry:?}", Retry::ATTEMPTS_MAX)]
+    Retry {
+        /// The policy as given.
+        retry: Retry,
+        /// The longest accepted backoff.
+        max: Duration,
+    },
+}
+
+/// The fields of a five- or six-field expression, in order.
+const FIELDS_5: [&str; 5] = ["minute", "hour", "day of month", "month", "day of week"];
+const FIELDS_6: [&str; 6] = ["second", "minute", "hour", "day of month", "month", "day of week"];
+
+fn parser() -> CronParser {
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+}
+
+impl Schedule {
+    /// Due once per `interval` since the last completed tick (the spec's model).
+    pub fn every(interval: Duration) -> Schedule {
+        Schedule {
+            kind: Kind::Every(interval),
+            catch_up: CatchUp::default(),
+            starting_deadline: None,
+            retry: Retry::default(),
+        }
+    }
+
+    /// Due at each occurrence of `expression` (five fields, or six with
+    /// seconds first; `L`, `W`, `#`; `@hourly`, `@daily`, `@weekly`,
+    /// `@monthly`, `@yearly`), in UTC unless [`Schedule::zone`] says otherwise.
+    pub fn cron(expression: &str) -> Result<Schedule, ScheduleError> {
+        let cron = parse(expression)?;
+        let schedule = Schedule {
+            kind: Kind::Cron {
+                expression: expression.to_owned(),
+                cron: Box::new(cron),
+                zone: Tz::UTC,
+            },
+            catch_up: CatchUp::default(),
+            starting_deadline: None,
+            retry: Retry::default(),
+        };
+        schedule.check_fires()?;
+        Ok(schedule)
+    }
+
+    /// The time zone the expression's fields are read in (an IANA name).
+    pub fn zone(mut self, name: &str) -> Result<Schedule, ScheduleError> {
+        let Kind::Cron { zone, .. } = &mut self.kind else {
+            return Err(ScheduleError::ZoneForInterval);
+        };
+        *zone = name.parse::<Tz>().map_err(|_| ScheduleError::UnknownZone {
+            zone: name.to_owned(),
+        })?;
+        self.check_fires()?;
+        Ok(self)
+    }
+
+    /// What runs of the occurrences missed (default [`CatchUp::Latest`]).
+    pub fn catch_up(mut self, policy: CatchUp) -> Result<Schedule, ScheduleError> {
+        if let CatchUp::All { max } = policy {
+            if !(1..=CATCH_UP_MAX).contains(&max) {
+                return Err(ScheduleError::CatchUpMax { max });
+            }
+        }
+        self.catch_up = policy;
+        Ok(self)
+    }
+
+    /// An occurrence not started within `deadline` of its instant is skipped.
+    pub fn starting_deadline(mut self, deadline: Duration) -> Result<Schedule, ScheduleError> {
+        if deadline.is_zero() || deadline > DURATION_MAX {
+            return Err(ScheduleError::Deadline {
+                deadline,
+                max: DURATION_MAX,
+            });
+        }
+        self.starting_deadline = Some(deadline);
+        Ok(self)
+    }
+
+    /// Retries of a tick whose work returned `Err` (default [`Retry::default`]).
+    pub fn retry(mut self, retry: Retry) -> Result<Schedule, ScheduleError> {
+        let in_bounds = (1..=Retry::ATTEMPTS_MAX).contains(&retry.attempts)
+            && !retry.backoff.is_zero()
+            && retry.backoff <= retry.backoff_max
+            && retry.backoff_max <= DURATION_MAX;
+        if !in_bounds {
+            return Err(ScheduleError::Retry {
+                retry,
+                max: DURATION_MAX,
+            });
+        }
+        self.retry = retry;
+        Ok(self)
+    }
+
+    /// The interval of an interval schedule.
+    pub fn interval(&self) -> Option<Duration> {
+        match &self.kind {
+            Kind::Every(interval) => Some(*interval),
+            Kind::Cron { .. } => None,
+        }
+    }
+
+    /// The cron expression and zone of a cron schedule.
+    pub fn expression(&self) -> Option<(&str, &str)> {
+        match &self.kind {
+            Kind::Every(_) => None,
+            Kind::Cron { expression, zone, .. } => Some((expression, zone.name())),
+        }
+    }
+
+    /// The catch-up policy.
+    pub fn catch_up_policy(&self) -> CatchUp {
+        self.catch_up
+    }
+
+    /// The retry policy.
+    pub fn retry_policy(&self) -> Retry {
+        self.retry
+    }
+
+    /// Checks the schedule against the lease's timings: an interval within
+    /// bounds; occurrences no closer than `heartbeat_every`.
+    pub fn check(&self, config: &Config) -> Result<(), ScheduleError> {
+        match &self.kind {
+            Kind::Every(interval) if interval.is_zero() || *interval > DURATION_MAX => {
+                Err(ScheduleError::Interval {
+                    interval: *interval,
+                    max: DURATION_MAX,
+                })
+            }
+            Kind::Every(_) => Ok(()),
+            Kind::Cron { expression, .. } => match self.shortest_gap() {
+                Some(gap) if gap < config.heartbeat_every() => Err(ScheduleError::FasterThanLease {
+                    expression: expression.clone(),
+                    gap,
+                    heartbeat_every: config.heartbeat_every(),
+                }),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// The first occurrence strictly after `after`.
+    pub fn next_after(&self, after: SystemTime) -> Option<SystemTime> {
+        let Kind::Cron { cron, zone, .. } = &self.kind else {
+            return None;
+        };
+        cron.find_next_occurrence(&to_zone(after, *zone), false)
+            .ok()
+            .map(from_zone)
+    }
+
+    /// The latest occurrence at or before `at`.
+    pub fn latest_at_or_before(&self, at: SystemTime) -> Option<SystemTime> {
+        let Kind::Cron { cron, zone, .. } = &self.kind else {
+            return None;
+        };
+        cron.find_previous_occurrence(&to_zone(at, *zone), true)
+            .ok()
+            .map(from_zone)
+    }
+
+    /// What runs at the database instant `now`, given `after`: the last
+    /// completed occurrence (or, before the first, the instant the schedule
+    /// started counting). Occurrences at or before `after` never run again.
+    /// Interval schedules have no occurrences: `run` and `next` are `None`.
+    pub fn due(&self, after: SystemTime, now: SystemTime, lease_ttl: Duration) -> Due {
+        let next = self.next_after(now);
+        let Some(latest) = self.latest_at_or_before(now).filter(|l| *l > after) else {
+            return Due {
+                run: None,
+                skipped: Vec::new(),
+                next,
+            };
+        };
+        let deadline = match self.catch_up {
+            CatchUp::Skip => Some(self.starting_deadline.unwrap_or(lease_ttl)),
+            _ => self.starting_deadline,
+        };
+        // Occurrences before `on_time` are past their deadline.
+        let on_time = deadline.and_then(|d| now.checked_sub(d)).filter(|t| *t > after);
+        let candidate = match self.catch_up {
+            CatchUp::All { max } => self.oldest_of_latest(latest, after, max),
+            CatchUp::Latest | CatchUp::Skip => latest,
+        };
+        let run = match on_time {
+            Some(on_time) if candidate < on_time => self.next_after(on_time - NANO).filter(|r| *r <= latest),
+            _ => Some(candidate),
+        };
+        // Everything in (after, end) was passed over: the late part for the
+        // deadline, the rest for the catch-up policy.
+        let end = run.unwrap_or(latest + NANO);
+        let late_end = on_time.map_or(after, |t| t.min(end));
+        let skipped = [
+            self.skipped(after, late_end, SkipReason::Deadline),
+            self.skipped(late_end.max(after + NANO) - NANO, end, SkipReason::CatchUp),
+        ];
+        Due {
+            run,
+            skipped: skipped.into_iter().flatten().collect(),
+            next,
+        }
+    }
+
+    /// Of the occurrences in `(after, latest]`, the oldest of the most recent `max`.
+    fn oldest_of_latest(&self, latest: SystemTime, after: SystemTime, max: u32) -> SystemTime {
+        let mut oldest = latest;
+        for _ in 1..max {
+            match self.latest_at_or_before(oldest - NANO).filter(|p| *p > after) {
+                Some(p) => oldest = p,
+                None => break,
+            }
+        }
+        oldest
+    }
+
+    /// The occurrences in `(after, before)`, summarized.
+    fn skipped(&self, after: SystemTime, before: SystemTime, reason: SkipReason) -> Option<Skipped> {
+        let first = self.next_after(after).filter(|f| *f < before)?;
+        let (mut last, mut count) = (first, 1);
+        while let Some(next) = self.next_after(last).filter(|n| *n < before) {
+            if count == SKIPPED_COUNTED_MAX {
+                let last = self.latest_at_or_before(before - NANO).unwrap_or(next);
+                return Some(Skipped {
+                    reason,
+                    first,
+                    last,
+                    count,
+                    more: true,
+                });
+            }
+            (last, count) = (next, count + 1);
+        }
+        Some(Skipped {
+            reason,
+            first,
+            last,
+            count,
+            more: false,
+        })
+    }
+
+    /// The expression fires at least once from now on in its zone.
+    fn check_fires(&self) -> Result<(), ScheduleError> {
+        let Kind::Cron { expression, zone, .. } = &self.kind else {
+            return Ok(());
+        };
+        match self.next_after(SystemTime::now()) {
+            Some(_) => Ok(()),
+            None => Err(ScheduleError::NeverFires {
+                expression: expression.clone(),
+                zone: zone.name().to_owned(),
+            }),
+        }
+    }
+
+    /// The shortest gap between consecutive occurrences among the next [`GAP_SAMPLE`].
+    fn shortest_gap(&self) -> Option<Duration> {
+        let mut at = self.next_after(SystemTime::now())?;
+        let mut shortest: Option<Duration> = None;
+        for _ in 0..GAP_SAMPLE {
+            let Some(next) = self.next_after(at) else { break };
+            let gap = next.duration_since(at).unwrap_or_default();
+            shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
+            at = next;
+        }
+        shortest
+    }
+}
+
+impl From<Duration> for Schedule {
+    fn from(interval: Duration) -> Schedule {
+        Schedule::every(interval)
+    }
+}
+
+/// Parses `expression`, naming the field at fault.
+fn parse(expression: &str) -> Result<Cron, ScheduleError> {
+    let whole = parser().parse(expression);
+    let error = match whole {
+        Ok(cron) => return Ok(cron),
+        Err(e) => e.to_string(),
+    };
+    let fields = fields(expression);
+    let names: &[&str] = match fields.len() {
+        5 => &FIELDS_5,
+        6 => &FIELDS_6,
+        _ => &[],
+    };
+    if expression.trim_start().starts_with('@') || names.is_empty() {
+        let reason = if names.is_empty() && !expression.trim_start().starts_with('@') {
+            format!(
+                "{} fields; give five (minute hour day-of-month month day-of-week) or six (seconds first)",
+                fields.len()
+            )
+        } else {
+            error
+        };
+        return Err(ScheduleError::InvalidExpression {
+            expression: expression.to_owned(),
+            reason,
+        });
+    }
+    for (i, (position, value)) in fields.iter().enumerate() {
+        let alone: Vec<&str> = (0..fields.len())
+            .map(|j| if j == i { *value } else { "*" })
+            .collect();
+        if let Err(e) = parser().parse(&alone.join(" ")) {
+            return Err(ScheduleError::InvalidField {
+                expression: expression.to_owned(),
+                field: names[i],
+                value: (*value).to_owned(),
+                position: *position,
+                reason: e.to_string(),
+            });
+        }
+    }
+    Err(ScheduleError::InvalidExpression {
+        expression: expression.to_owned(),
+        reason: error,
+    })
+}
+
+/// The whitespace-separated fields of `expression` with the character
+/// position (from 1) each starts at.
+fn fields(expression: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (chars, (byte, c)) in expression.char_indices().enumerate() {
+        match (c.is_whitespace(), start) {
+            (false, None) => start = Some((chars + 1, byte)),
+            (true, Some((position, from))) => {
+                out.push((position, &expression[from..byte]));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some((position, from)) = start {
+        out.push((position, &expression[from..]));
+    }
+    out
+}
+
+fn to_zone(at: SystemTime, zone: Tz) -> DateTime<Tz> {
+    DateTime::<Utc>::from(at).with_timezone(&zone)
+}
+
+fn from_zone(at: DateTime<Tz>) -> SystemTime {
+    at.with_timezone(&Utc).into()
+}
