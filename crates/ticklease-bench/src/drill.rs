@@ -26,8 +26,8 @@ pub enum Driver {
     Scheduler,
     /// `Manager::lead` in a loop waiting on [`NextChance`] (the crate docs' loop).
     NextChance,
-    /// `Manager::lead` in a loop sleeping `max_poll` after a refusal (the
-    /// README's first example before issue 24).
+    /// `Manager::lead` in a loop sleeping `max_poll` after each call (the
+    /// README's first example before issue 24, but going on after an error).
     Poll,
 }
 
@@ -45,7 +45,7 @@ impl Driver {
         match self {
             Driver::Scheduler => "the Scheduler",
             Driver::NextChance => "Manager::lead waiting on NextChance",
-            Driver::Poll => "Manager::lead sleeping max_poll after a refusal",
+            Driver::Poll => "Manager::lead sleeping max_poll after each call",
         }
     }
 }
@@ -98,14 +98,21 @@ pub async fn run(
     });
     loop {
         let lead = manager.lead(&role, interval, &work).await;
-        match (&lead, driver) {
-            (Ok(Lead::ShuttingDown), _) => break,
-            (Ok(Lead::Refused(_)) | Err(_), Driver::Poll) => tokio::time::sleep(config.max_poll()).await,
-            (_, Driver::Poll) => {}
-            (_, _) => chance.wait(&lead).await,
+        let go_on = match driver {
+            Driver::Poll if matches!(lead, Ok(Lead::ShuttingDown)) => false,
+            Driver::Poll => {
+                tokio::time::sleep(config.max_poll()).await;
+                true
+            }
+            _ => chance.wait(&lead).await,
+        };
+        if !go_on {
+            break;
         }
     }
-    manager.wait_released(config.statement_timeout() * 2).await;
+    if !manager.wait_released(config.statement_timeout() * 2).await || manager.unreleased() > 0 {
+        eprintln!("drill leader: {} term(s) not released", manager.unreleased());
+    }
     Ok(())
 }
 

@@ -300,7 +300,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use ticklease::{Config, Lead, Manager, NextChance, PgConnect, PgStore, PgStoreOptions, Role};
+//! use ticklease::{Config, Manager, NextChance, PgConnect, PgStore, PgStoreOptions, Role};
 //!
 //! # async fn example() -> anyhow::Result<()> {
 //! let pg: PgConnect = "postgres://app@localhost/app?sslmode=verify-full".parse()?;
@@ -321,10 +321,10 @@
 //!             Ok::<_, std::io::Error>(())
 //!         })
 //!         .await;
-//!     if let Ok(Lead::ShuttingDown) = lead {
+//!     // `false` once Manager::shutdown was called (the terms are being released).
+//!     if !chance.wait(&lead).await {
 //!         break;
 //!     }
-//!     chance.wait(&lead).await;
 //! }
 //! # Ok(())
 //! # }
@@ -477,7 +477,10 @@
 //!   expiry, the due time), decided in one function; without a coordination
 //!   session it is capped at P (the bound on hearing a release or an
 //!   unpause), with one at 60 s (a guard against a notification lost with
-//!   the session).
+//!   the session). A loop of the application's own over [`Manager::lead`]
+//!   gets the same wake-ups from [`NextChance`]; one that sleeps P after a
+//!   refusal instead replaces a dead leader only at its next poll
+//!   (`docs/benchmarks/failover-default-direct-poll.md`).
 //!
 //! **Safety is still the token and the fence.** The key only makes a term
 //! acquirable earlier; the ACQUIRE that takes it over issues a new token

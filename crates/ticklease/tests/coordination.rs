@@ -248,6 +248,8 @@ async fn a_manager_loop_waiting_on_next_chance_takes_over_at_once() {
     let a = manager(coordinated(&db, &config).await, config).await;
     let b = manager(coordinated(&db, &config).await, config).await;
     let key_a = a.store().holder_key().expect("A's session is up");
+    let (token_a, _finish_a, _lead_a) = leader(a.clone(), HOUR);
+    let token_a = token_a.await.unwrap();
     let (ticks_b, mut led_b) = mpsc::unbounded_channel();
     let looping = b.clone();
     let loop_b = tokio::spawn(async move {
@@ -261,16 +263,13 @@ async fn a_manager_loop_waiting_on_next_chance_takes_over_at_once() {
                     Ok::<_, std::io::Error>(())
                 })
                 .await;
-            if let Ok(Lead::ShuttingDown) = lead {
+            if !chance.wait(&lead).await {
                 return;
             }
-            chance.wait(&lead).await;
         }
     });
 
     // A's session dies while B waits on its key.
-    let (token_a, _finish_a, _lead_a) = leader(a.clone(), HOUR);
-    let token_a = token_a.await.unwrap();
     until("B waits on A's key", || async {
         key_backend(&owner, key_a).await.1
     })
@@ -307,10 +306,9 @@ async fn a_manager_loop_waiting_on_next_chance_takes_over_at_once() {
                     Ok::<_, std::io::Error>(())
                 })
                 .await;
-            if let Ok(Lead::ShuttingDown) = lead {
+            if !chance.wait(&lead).await {
                 return;
             }
-            chance.wait(&lead).await;
         }
     });
     let key_b = b.store().holder_key().expect("B's session is up");
@@ -332,6 +330,58 @@ async fn a_manager_loop_waiting_on_next_chance_takes_over_at_once() {
     );
     loop_b.await.unwrap();
     a.shutdown();
+}
+
+/// A loop waiting on `NextChance` for a role that is not due hears
+/// `Manager::shutdown` at once, not at its next wake-up (`max_poll`, or a
+/// minute with a coordination session), and then stops asking.
+#[tokio::test]
+async fn a_next_chance_wait_ends_at_shutdown() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(coordinated(&db, &config).await, config).await;
+    let (ticks, mut ticked) = mpsc::unbounded_channel();
+    let looping = m.clone();
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = polls.clone();
+    let run = tokio::spawn(async move {
+        let mut chance = NextChance::new(&looping, &billing());
+        loop {
+            let ticks = ticks.clone();
+            let lead = looping
+                .lead(&billing(), HOUR, |_| async move {
+                    let _ = ticks.send(());
+                    Ok::<_, std::io::Error>(())
+                })
+                .await;
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if !chance.wait(&lead).await {
+                return;
+            }
+        }
+    });
+    ticked.recv().await.unwrap();
+    // The next call is refused (due in an hour): the loop waits.
+    until("the loop waits", || async {
+        polls.load(std::sync::atomic::Ordering::Relaxed) >= 2
+    })
+    .await;
+    let stopped = Instant::now();
+    m.shutdown();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the loop ends")
+        .unwrap();
+    assert!(
+        stopped.elapsed() < FAST,
+        "the loop ended {:?} after shutdown",
+        stopped.elapsed()
+    );
+    assert_eq!(
+        polls.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "no call after shutdown"
+    );
 }
 
 /// A pause is heard by the holder at once (not at its next heartbeat), an

@@ -338,6 +338,11 @@ impl<S: LeaseStore> Manager<S> {
         self.inner.shutdown.is_cancelled()
     }
 
+    /// Cancelled by [`Manager::shutdown`].
+    pub(crate) fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
     /// Waits up to `bound` for every RELEASE started so far; `false` if some
     /// were still running.
     pub async fn wait_released(&self, bound: Duration) -> bool {

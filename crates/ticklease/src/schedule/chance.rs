@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::connect::coordination::{told, RoleSignals, Signals};
 use crate::error::Error;
 use crate::leader::lead::{Lead, Manager};
-use crate::schedule::wake::{next_wake, Polled};
+use crate::schedule::wake::{next_wake, Polled, Wake};
 use crate::store::LeaseStore;
 use crate::term::role::Role;
 
@@ -22,9 +23,13 @@ use crate::term::role::Role;
 /// ends (a dead leader is replaced in milliseconds, not at the next poll).
 /// The [`Scheduler`](crate::Scheduler)'s role loops wait on it too.
 ///
+/// Make one per role loop and keep it for the loop's life: it keeps the wait
+/// on the current holder's session across calls and spaces the wake-ups
+/// notifications cause (at most one per 200 ms, whoever sends them).
+///
 /// ```no_run
 /// # use std::time::Duration;
-/// # use ticklease::{Lead, Manager, NextChance, PgStore, Role};
+/// # use ticklease::{Manager, NextChance, PgStore, Role};
 /// # async fn example(manager: Manager<PgStore>, billing: Role) {
 /// let mut chance = NextChance::new(&manager, &billing);
 /// loop {
@@ -34,10 +39,10 @@ use crate::term::role::Role;
 ///             Ok::<_, std::io::Error>(())
 ///         })
 ///         .await;
-///     if let Ok(Lead::ShuttingDown) = lead {
-///         return;
+///     // `false` once Manager::shutdown was called: the terms are being released.
+///     if !chance.wait(&lead).await {
+///         break;
 ///     }
-///     chance.wait(&lead).await;
 /// }
 /// # }
 /// ```
@@ -46,6 +51,7 @@ pub struct NextChance {
     config: Config,
     signals: Option<Signals>,
     woken: Option<Arc<RoleSignals>>,
+    shutdown: CancellationToken,
     /// The wait on the current holder's key, kept while the holder stays the same.
     waiting: Option<(i64, BoxFuture<'static, ()>)>,
     told_at: Option<tokio::time::Instant>,
@@ -70,25 +76,36 @@ impl NextChance {
             config: *manager.config(),
             woken: signals.as_ref().map(|s| s.role(role.as_str())),
             signals,
+            shutdown: manager.shutdown_token(),
             waiting: None,
             told_at: None,
         }
     }
 
     /// Waits after `last`, what [`Manager::lead`] returned: not at all after
-    /// a term or at shutdown (the database knows when the role is due next),
-    /// `max_poll` after an error, and after a refusal as the refusal says.
-    pub async fn wait<T>(&mut self, last: &Result<Lead<T>, Error>) {
+    /// a term (the database knows when the role is due next), `max_poll`
+    /// after an error, and after a refusal as the refusal says. Returns
+    /// `false`, at once, when the manager is shutting down: stop asking.
+    pub async fn wait<T>(&mut self, last: &Result<Lead<T>, Error>) -> bool {
         let polled = match last {
             Ok(Lead::Refused(refusal)) => Polled::Refused(refusal),
-            Ok(Lead::ShuttingDown) => return,
+            Ok(Lead::ShuttingDown) => return false,
             Ok(_) => Polled::TermEnded,
             Err(_) => Polled::Failed,
         };
-        self.wait_polled(&polled).await;
+        // Decided before the first await, so the future does not hold `last`.
+        let wake = self.plan(&polled);
+        self.sleep(wake).await
     }
 
-    pub(crate) async fn wait_polled(&mut self, polled: &Polled<'_>) {
+    /// Waits after a poll of the scheduler's own; `false` at shutdown.
+    pub(crate) async fn wait_polled(&mut self, polled: &Polled<'_>) -> bool {
+        let wake = self.plan(polled);
+        self.sleep(wake).await
+    }
+
+    /// When to ask next, and the wait on the holder's key to keep.
+    fn plan(&mut self, polled: &Polled<'_>) -> Wake {
         let wake = next_wake(polled, &self.config, self.signals.is_some());
         match (wake.holder_key, &self.signals) {
             (Some(key), Some(signals)) if self.waiting.as_ref().map(|(k, _)| *k) != Some(key) => {
@@ -97,14 +114,20 @@ impl NextChance {
             (Some(_), _) => {}
             (None, _) => self.waiting = None,
         }
+        wake
+    }
+
+    async fn sleep(&mut self, wake: Wake) -> bool {
         let NextChance {
             role,
             waiting,
             woken,
             told_at,
+            shutdown,
             ..
         } = self;
         let gone = tokio::select! {
+            _ = shutdown.cancelled() => return false,
             _ = tokio::time::sleep(wake.after) => false,
             _ = told(woken.as_ref().map(|w| &w.follower), *told_at) => {
                 *told_at = Some(tokio::time::Instant::now());
@@ -121,5 +144,6 @@ impl NextChance {
             tracing::debug!(%role, "the holder's coordination session ended; acquiring now");
             *waiting = None;
         }
+        true
     }
 }

@@ -228,9 +228,12 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
                 Polled::Failed
             }
         };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = chance.wait_polled(&polled) => {}
+        let go_on = tokio::select! {
+            _ = shutdown.cancelled() => false,
+            go_on = chance.wait_polled(&polled) => go_on,
+        };
+        if !go_on {
+            return;
         }
     }
 }
