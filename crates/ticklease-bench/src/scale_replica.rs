@@ -393,6 +393,18 @@ impl LeaseStore for Timed {
         self.timed(Kind::Acquire, 1, call, |a| started([a])).await
     }
 
+    async fn acquire_occurrence(
+        &self,
+        role: &Role,
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &ticklease::OccurrenceAsk,
+    ) -> Result<ticklease::OccurrenceAnswer, StoreError> {
+        let call = self.inner.acquire_occurrence(role, holder, lease_ttl, ask);
+        self.timed(Kind::Acquire, 1, call, |a| started([&a.acquire]))
+            .await
+    }
+
     async fn renew(&self, role: &Role, token: Token, lease_ttl: Duration) -> Result<Renew, StoreError> {
         let call = self.inner.renew(role, token, lease_ttl);
         self.timed(Kind::Renew, 1, call, |r| lost([r])).await

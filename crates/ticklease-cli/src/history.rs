@@ -65,6 +65,15 @@ fn cells(e: &HistoryEntry, now: SystemTime) -> [String; 7] {
             dash(),
             format!("by {by}"),
         ],
+        HistoryKind::Skipped { reason, summary } => [
+            ago,
+            e.role.clone(),
+            "skipped".into(),
+            dash(),
+            dash(),
+            dash(),
+            format!("{reason}: {summary}"),
+        ],
         _ => [ago, e.role.clone(), "?".into(), dash(), dash(), dash(), dash()],
     }
 }
@@ -97,6 +106,9 @@ pub fn json(entries: &[HistoryEntry]) -> serde_json::Value {
                 HistoryKind::RunNow { by } => {
                     serde_json::json!({ "role": e.role, "at": time(e.at), "kind": "run_now", "by": by })
                 }
+                HistoryKind::Skipped { reason, summary } => serde_json::json!({
+                    "role": e.role, "at": time(e.at), "kind": "skipped", "reason": reason, "summary": summary,
+                }),
                 _ => serde_json::json!({ "role": e.role, "at": time(e.at), "kind": "unknown" }),
             })
             .collect(),

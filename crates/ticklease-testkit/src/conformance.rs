@@ -5,7 +5,8 @@
 use std::time::{Duration, SystemTime};
 
 use ticklease::{
-    Acquire, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Renew, Role, StoreError, Token,
+    Acquire, LeaseStatus, LeaseStore, LossReason, OccurrenceAsk, Refusal, Release, Renew, Role, StoreError,
+    Token,
 };
 
 /// The lease TTL the suite uses.
@@ -530,6 +531,79 @@ pub async fn release_many_ends_each_term_by_its_outcome<S: LeaseStore>(store: &S
     assert!(sc.last_tick_ended_at.is_none(), "an over term is not stamped");
 }
 
+pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: LeaseStore>(store: &S) {
+    let r = role("billing");
+    let ask = |occurrence: Option<SystemTime>| OccurrenceAsk {
+        occurrence,
+        ..OccurrenceAsk::default()
+    };
+    let look = store
+        .acquire_occurrence(&r, "a", TTL, &ask(None))
+        .await
+        .expect("look");
+    assert!(
+        matches!(look.acquire, Acquire::Refused(_)),
+        "a look starts nothing: {look:?}"
+    );
+    assert!(near(look.after, look.db_now), "counting starts at the first look");
+    let soon = look.db_now + Duration::from_millis(300);
+    match store
+        .acquire_occurrence(&r, "a", TTL, &ask(Some(soon)))
+        .await
+        .expect("ACQUIRE")
+        .acquire
+    {
+        Acquire::Refused(Refusal::NotDue { due_at, .. }) => assert_eq!(due_at, soon),
+        other => panic!("not before the store's clock reaches it: {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let started = store
+        .acquire_occurrence(&r, "a", TTL, &ask(Some(soon)))
+        .await
+        .expect("ACQUIRE");
+    let Acquire::Acquired(term) = started.acquire else {
+        panic!("a due occurrence starts: {started:?}")
+    };
+    assert_eq!(started.failures, 0);
+    match store
+        .acquire_occurrence(&r, "b", TTL, &ask(Some(soon)))
+        .await
+        .expect("ACQUIRE")
+        .acquire
+    {
+        Acquire::Refused(Refusal::Held { holder, .. }) => assert_eq!(holder, "a"),
+        other => panic!("one term at a time: {other:?}"),
+    }
+    assert!(store
+        .release(&r, term.token, Release::Failed, Duration::from_millis(1))
+        .await
+        .expect("RELEASE"));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let retried = store
+        .acquire_occurrence(&r, "b", TTL, &ask(Some(soon)))
+        .await
+        .expect("ACQUIRE");
+    assert_eq!(retried.failures, 1, "a failed attempt counts");
+    let Acquire::Acquired(retry) = retried.acquire else {
+        panic!("a failed occurrence is retried: {retried:?}")
+    };
+    assert!(retry.token > term.token);
+    assert!(store
+        .release(&r, retry.token, Release::Completed, HOUR)
+        .await
+        .expect("RELEASE"));
+    let done = store
+        .acquire_occurrence(&r, "a", TTL, &ask(Some(soon)))
+        .await
+        .expect("ACQUIRE");
+    assert_eq!(
+        done.acquire,
+        Acquire::Refused(Refusal::Contended),
+        "never again once completed"
+    );
+    assert_eq!((done.after, done.failures), (soon, 0));
+}
+
 pub async fn replicas_beat_and_leave_per_family<S: LeaseStore>(store: &S) {
     assert_eq!(store.beat("fam", "b", TTL).await.expect("beat"), vec!["b"]);
     assert_eq!(store.beat("fam", "a", TTL).await.expect("beat"), vec!["a", "b"]);
@@ -574,6 +648,7 @@ macro_rules! conformance_suite {
             renew_many_renews_each_live_term_and_names_each_loss,
             release_many_ends_each_term_by_its_outcome,
             replicas_beat_and_leave_per_family,
+            an_occurrence_starts_once_due_and_never_again_once_completed,
         );
     };
     (@cases #[$attr:meta] $make:expr; $($case:ident),* $(,)?) => {

@@ -42,6 +42,17 @@ impl<S: LeaseStore> LeaseStore for Counting<S> {
         self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         answer
     }
+    async fn acquire_occurrence(
+        &self,
+        role: &Role,
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &ticklease::OccurrenceAsk,
+    ) -> Result<ticklease::OccurrenceAnswer, StoreError> {
+        let answer = self.inner.acquire_occurrence(role, holder, lease_ttl, ask).await;
+        self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        answer
+    }
     async fn renew(
         &self,
         role: &Role,

@@ -295,6 +295,15 @@ pub enum Error {
         /// The limit.
         max: Duration,
     },
+    /// A schedule the role cannot be led on.
+    #[error("schedule of role {role:?}")]
+    Schedule {
+        /// The role.
+        role: String,
+        /// What is wrong with the schedule.
+        #[source]
+        source: ScheduleError,
+    },
     /// A store statement failed.
     #[error("lease store failed")]
     Store(#[from] StoreError),
@@ -361,4 +370,100 @@ mod tests {
         let same = e("timed out", Some(e("timed out", None)));
         assert_eq!(chain(&same), "timed out");
     }
+}
+
+/// A schedule that cannot be used, named before anything is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// A field of the cron expression is invalid.
+    #[error("cron expression {expression:?}: the {field} field {value:?} at character {position} is invalid: {reason}")]
+    InvalidField {
+        /// The expression as given.
+        expression: String,
+        /// Which field: `second`, `minute`, `hour`, `day of month`, `month`, `day of week`.
+        field: &'static str,
+        /// The field's text.
+        value: String,
+        /// Where the field starts in the expression, counting characters from 1.
+        position: usize,
+        /// What croner found wrong with it.
+        reason: String,
+    },
+    /// The expression as a whole is invalid (its field count, an unknown alias, …).
+    #[error("cron expression {expression:?} is invalid: {reason}")]
+    InvalidExpression {
+        /// The expression as given.
+        expression: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The zone is not an IANA time zone name.
+    #[error("unknown time zone {zone:?} (an IANA name such as \"Europe/Berlin\" or \"UTC\")")]
+    UnknownZone {
+        /// The name as given.
+        zone: String,
+    },
+    /// The expression matches no instant (such as `0 0 30 2 *`).
+    #[error("cron expression {expression:?} never fires in {zone}")]
+    NeverFires {
+        /// The expression as given.
+        expression: String,
+        /// The zone it was evaluated in.
+        zone: String,
+    },
+    /// Two occurrences come closer than the lease's heartbeat.
+    #[error("cron expression {expression:?} fires {gap:?} apart, faster than the lease's heartbeat ({heartbeat_every:?}): each occurrence is a term, and a term is watched one beat at a time")]
+    FasterThanLease {
+        /// The expression as given.
+        expression: String,
+        /// The shortest gap found between two occurrences.
+        gap: Duration,
+        /// The configured heartbeat.
+        heartbeat_every: Duration,
+    },
+    /// A setting of cron schedules given to an interval schedule.
+    #[error("an interval schedule has no {what}: it belongs to cron schedules")]
+    NotForInterval {
+        /// The setting: `time zone`, `catch-up policy`, `starting deadline` or `retry policy`.
+        what: &'static str,
+    },
+    /// An interval of zero or above the longest duration.
+    #[error("an interval must be above zero and at most {max:?}, got {interval:?}")]
+    Interval {
+        /// The interval as given.
+        interval: Duration,
+        /// The longest accepted.
+        max: Duration,
+    },
+    /// A catch-up `max` outside 1 ..= [`CATCH_UP_MAX`](crate::CATCH_UP_MAX).
+    #[error("catch-up of all missed occurrences needs a max of 1 to {limit}, got {max}")]
+    CatchUpMax {
+        /// The max as given.
+        max: u32,
+        /// The largest accepted.
+        limit: u32,
+    },
+    /// A starting deadline of zero or above the longest duration.
+    #[error("a starting deadline must be above zero and at most {max:?}, got {deadline:?}")]
+    Deadline {
+        /// The deadline as given.
+        deadline: Duration,
+        /// The longest accepted.
+        max: Duration,
+    },
+    /// A retry policy outside its bounds.
+    #[error("a retry policy needs 1 to {attempts_max} attempts and backoffs above zero with backoff <= backoff_max <= {max:?}, got {attempts} attempts, backoff {backoff:?}, backoff_max {backoff_max:?}")]
+    Retry {
+        /// The attempts given.
+        attempts: u32,
+        /// The first backoff given.
+        backoff: Duration,
+        /// The longest backoff given.
+        backoff_max: Duration,
+        /// The most attempts accepted.
+        attempts_max: u32,
+        /// The longest accepted backoff.
+        max: Duration,
+    },
 }

@@ -68,8 +68,9 @@
 //! | statement | matches | writes |
 //! |---|---|---|
 //! | ACQUIRE | role unpaused, no live term, due (`last_tick_ended_at + interval` and `not_before` passed) | `greatest(token + 1, clock ms)`, holder, holder key, `expires_at = now() + lease_ttl`; a missing row is created with a token seeded from the epoch in ms |
+//! | ACQUIRE of an occurrence (cron schedules) | as ACQUIRE, and the occurrence reached on the database clock, later than the last completed one (or than where the role's counting started), and for [`CatchUp::Latest`] / [`CatchUp::Skip`] still the latest | as ACQUIRE, and the occurrence the term runs; records the occurrences the caller skipped |
 //! | RENEW | `(role, token)` still holding | `expires_at = now() + lease_ttl`, the holder's current key; not renewed = the term is over, the reason read from the row after the statement ([`LossReason`]) |
-//! | RELEASE | `(role, token)` still holding | clears the holder; by [`Release`] outcome: Completed stamps `last_tick_*`; Interrupted leaves the role due at once; Lost sets `not_before = now() + min(interval, 60 s)`; Failed (an `Err` or a panic) sets `not_before = now() + interval` |
+//! | RELEASE | `(role, token)` still holding | clears the holder; by [`Release`] outcome: Completed stamps `last_tick_*` (and the term's occurrence as the last completed one); Interrupted leaves the role due at once; Lost sets `not_before = now() + min(interval, 60 s)`; Failed (an `Err` or a panic) sets `not_before = now() + interval` |
 //! | PAUSE / UNPAUSE | the role | `leader_pause` clears the holder and sets `paused_*` in one statement; `leader_unpause` clears `paused_*` and leaves `not_before` alone |
 //!
 //! The expiry predicate lives in one SQL function, `leader_lease_live`; the
@@ -369,6 +370,57 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Wall-clock schedules
+//!
+//! A role is led on a [`Schedule`]: `Schedule::every(interval)` (due an
+//! interval after its last completed tick, the spec's model; a plain
+//! `Duration` means this) or `Schedule::cron("5 0 * * *")` with an optional
+//! seconds field, `L`, `W`, `#`, the `@` aliases and `.zone("Europe/Berlin")`
+//! (IANA names, UTC by default; parsing and occurrences are croner's, zones
+//! chrono-tz's). Bad input is refused before anything is written: the
+//! field and character position of an invalid field, an unknown zone, an
+//! expression that never fires, occurrences closer than `heartbeat_every`
+//! (each occurrence is a term, watched one beat at a time).
+//!
+//! - **The database clock decides.** A replica picks the occurrence to ask
+//!   for from the database's last answer (its `now()`, moved on by the local
+//!   monotonic clock), never from its own wall clock; the ACQUIRE starts a
+//!   term only when the database's `now()` has reached the occurrence. A
+//!   replica whose clock is minutes off neither runs early nor late.
+//! - **Each occurrence is one term, completed at most once** across all
+//!   replicas and restarts: the row records the last completed occurrence
+//!   (`last_occurrence`), an ACQUIRE for an occurrence at or before it is
+//!   refused, and a completed RELEASE stamps the term's occurrence. A failed,
+//!   lost or interrupted occurrence is run again as the same occurrence:
+//!   [`Tick::occurrence`] is the scheduled instant, the same for every
+//!   attempt, so work can key its effects on it (the billing period).
+//!   Tokens, the fence and every guarantee above hold unchanged.
+//! - **Retries** ([`Retry`], default 3 attempts, 10 s doubling to 5 min): an
+//!   occurrence whose work returned `Err` is retried after its backoff (the
+//!   database counts the failed attempts); once they are spent, and after a
+//!   panic, the role waits for the next occurrence; after a lost term, at
+//!   most a minute. Interval schedules keep the spec's waits.
+//! - **Catch-up** ([`CatchUp`]) after a downtime, a pause or a tick longer
+//!   than the period (occurrences never overlap: a role has one term):
+//!   `Latest` (default) runs the most recent missed occurrence once,
+//!   `All { max }` each of the most recent `max` in order, `Skip` only one
+//!   still within its starting deadline (the lease TTL unless set). An
+//!   optional starting deadline skips any occurrence older than it. The term
+//!   that runs records the occurrences passed over in `leader_history`
+//!   (kind `skipped`, with the reason and how many from when to when), so
+//!   "did last night's billing run?" has an answer.
+//! - **Counting starts** at a role's first ACQUIRE of an occurrence: a new
+//!   schedule does not run the past.
+//! - **Daylight saving**, by the Vixie rule: a fixed time in the spring gap
+//!   runs once right after it, one in the autumn fold once (its first
+//!   instance); `*/15 * * * *` follows real time through both.
+//! - **A changed schedule** (a rolling deploy) takes effect from its next
+//!   occurrence: each replica asks for its own expression's occurrences, and
+//!   the database starts any due occurrence later than the last completed
+//!   one, so while replicas disagree the occurrences of both expressions may
+//!   run (each at most once, never two at a time). Families are led on
+//!   intervals only.
 //!
 //! ## History
 //!
@@ -699,8 +751,8 @@ pub use schedule::chance::NextChance;
 pub use schedule::family::REGISTRATION_TTL_MAX;
 pub use schedule::scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use store::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, PgStore, PgStoreOptions, Refusal, Release,
-    Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX, POOL_SIZE_MAX,
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, OccurrenceAsk, PgStore,
+    PgStoreOptions, Refusal, Release, Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX, POOL_SIZE_MAX,
 };
 pub use term::family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT};
 pub use term::fence::Fence;

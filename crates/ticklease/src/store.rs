@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use crate::connect::coordination::Signals;
 use crate::error::StoreError;
 use crate::term::role::Role;
+use crate::term::schedule::Skipped;
 use crate::term::token::Token;
 
 pub(crate) mod batch;
@@ -206,6 +207,34 @@ pub struct Releasing {
     pub ending: Ending,
 }
 
+/// What an ACQUIRE of an occurrence of a cron schedule asks
+/// ([`LeaseStore::acquire_occurrence`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OccurrenceAsk {
+    /// The occurrence to start a term for; `None` only asks (starts nothing).
+    pub occurrence: Option<SystemTime>,
+    /// The occurrence after it: the term starts only before the database
+    /// clock reaches it (the asked one must still be the latest).
+    pub before: Option<SystemTime>,
+    /// The occurrences passed over, recorded in the history when the term starts.
+    pub skipped: Vec<Skipped>,
+}
+
+/// What an ACQUIRE of an occurrence answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OccurrenceAnswer {
+    /// The term, or why none started (`Refusal::Contended` when the asked
+    /// occurrence is not one to run now: completed already, or no longer the latest).
+    pub acquire: Acquire,
+    /// Occurrences at or before this never run: the last completed one, or
+    /// where the role's counting started.
+    pub after: SystemTime,
+    /// Failed attempts of the asked occurrence so far.
+    pub failures: u32,
+    /// The database clock at the statement.
+    pub db_now: SystemTime,
+}
+
 /// Most roles in one batched statement; larger batches are split.
 pub const BATCH_MAX: usize = 1000;
 
@@ -262,6 +291,19 @@ pub trait LeaseStore: Send + Sync + 'static {
         lease_ttl: Duration,
         interval: Duration,
     ) -> impl Future<Output = Result<Acquire, StoreError>> + Send;
+
+    /// ACQUIRE of one occurrence of a cron schedule: starts a term of
+    /// `role` for `ask.occurrence` when the store's clock has reached it, it
+    /// is later than the last completed occurrence, and the role is free,
+    /// unpaused and out of its cooldown. The first ask of a role starts
+    /// its counting (earlier occurrences never run).
+    fn acquire_occurrence(
+        &self,
+        role: &Role,
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &OccurrenceAsk,
+    ) -> impl Future<Output = Result<OccurrenceAnswer, StoreError>> + Send;
 
     /// RENEW: extends the term `(role, token)` by `lease_ttl`; `Lost` when it is over.
     fn renew(

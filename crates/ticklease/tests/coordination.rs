@@ -367,6 +367,7 @@ async fn a_next_chance_wait_ends_at_shutdown() {
     })
     .await;
     let stopped = Instant::now();
+    let before = polls.load(std::sync::atomic::Ordering::Relaxed);
     m.shutdown();
     tokio::time::timeout(Duration::from_secs(10), run)
         .await
@@ -377,9 +378,10 @@ async fn a_next_chance_wait_ends_at_shutdown() {
         "the loop ended {:?} after shutdown",
         stopped.elapsed()
     );
-    assert_eq!(
-        polls.load(std::sync::atomic::Ordering::Relaxed),
-        2,
+    // At most a call already in flight at the shutdown (our own release's
+    // notification may have woken one).
+    assert!(
+        polls.load(std::sync::atomic::Ordering::Relaxed) <= before + 1,
         "no call after shutdown"
     );
 }

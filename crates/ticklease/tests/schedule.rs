@@ -216,8 +216,11 @@ fn bad_expressions_zones_and_policies_are_refused_by_name() {
     );
     assert_eq!(
         Schedule::every(MIN).zone("UTC").unwrap_err(),
-        ScheduleError::ZoneForInterval
+        ScheduleError::NotForInterval { what: "time zone" }
     );
+    assert!(Schedule::every(MIN).catch_up(CatchUp::Skip).is_err());
+    assert!(Schedule::every(MIN).retry(Retry::default()).is_err());
+    assert!(Schedule::every(MIN).starting_deadline(MIN).is_err());
     assert!(matches!(
         Schedule::cron("0 0 30 2 *"),
         Err(ScheduleError::NeverFires { .. })

@@ -25,7 +25,10 @@ use crate::store::{
 use crate::term::fence::Fence;
 use crate::term::holder::HolderId;
 use crate::term::role::Role;
+use crate::term::schedule::Schedule;
 use crate::term::token::Token;
+
+mod occurrence;
 
 /// The error type work may return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -55,6 +58,7 @@ pub struct Tick {
     lost: Arc<OnceLock<LossReason>>,
     /// Set when a family key is removed.
     removed: Option<Arc<AtomicBool>>,
+    occurrence: Option<SystemTime>,
 }
 
 impl Tick {
@@ -69,6 +73,12 @@ impl Tick {
     /// The term's token.
     pub fn token(&self) -> Token {
         self.fence.token()
+    }
+    /// The scheduled instant this term runs, on a cron schedule: the same
+    /// for every attempt of it, so work can key its effects on it (the
+    /// billing period). `None` on an interval schedule.
+    pub fn occurrence(&self) -> Option<SystemTime> {
+        self.occurrence
     }
     /// The cause, once cancelled. A loss wins over a shutdown.
     pub fn cause(&self) -> Option<Cancel> {
@@ -161,6 +171,8 @@ struct Inner<S> {
     unreleased: AtomicUsize,
     /// Carries the RENEWs and RELEASEs of family terms.
     batcher: Batcher,
+    /// Per role on a cron schedule: what the database last said of its occurrences.
+    occurrences: std::sync::Mutex<std::collections::HashMap<Role, occurrence::Known>>,
     /// The origin of the heartbeat grid family terms beat on.
     epoch: Instant,
 }
@@ -172,6 +184,8 @@ pub(crate) struct TermScope {
     pub(crate) family: Option<FamilyScope>,
     /// A family key's cancellation: on removal, or with the manager's shutdown.
     pub(crate) removed: Option<KeyCancel>,
+    /// The occurrence a cron schedule's term runs, and its waits.
+    pub(crate) occurrence: Option<occurrence::OccurrenceScope>,
 }
 
 /// Cancels a family key's term, on its removal or with the manager's shutdown.
@@ -267,6 +281,7 @@ impl<S: LeaseStore> Manager<S> {
                 metrics,
                 releases: TaskTracker::new(),
                 unreleased: AtomicUsize::new(0),
+                occurrences: Default::default(),
             }),
         };
         let report = manager.check_roles().await?;
@@ -367,6 +382,14 @@ impl<S: LeaseStore> Manager<S> {
     }
 
     /// Refuses a role this manager does not declare and an interval out of range.
+    /// Checks `role` is declared and `schedule` is one it can be led on.
+    pub(crate) fn check_schedule(&self, role: &Role, schedule: &Schedule) -> Result<(), Error> {
+        match schedule.interval() {
+            Some(interval) => self.check_tick(role, interval),
+            None => self.check_occurrence(role, schedule),
+        }
+    }
+
     pub(crate) fn check_tick(&self, role: &Role, interval: Duration) -> Result<(), Error> {
         if !self.inner.roles.contains(role) {
             return Err(Error::UnknownRole {
@@ -482,12 +505,38 @@ impl<S: LeaseStore> Manager<S> {
         }
     }
 
-    /// One tick of `role`: ACQUIRE; if a term starts, run `work` under a
-    /// heartbeat, then RELEASE with the outcome. A panic in `work` releases the
-    /// tick as failed and then continues unwinding from here.
+    /// One tick of `role` on `schedule` (an interval, or a [`Schedule`]):
+    /// ACQUIRE; if a term starts, run `work` under a heartbeat, then RELEASE
+    /// with the outcome. A panic in `work` releases the tick as failed and
+    /// then continues unwinding from here. On a cron schedule the term runs
+    /// the occurrence due on the database clock ([`Tick::occurrence`]),
+    /// at most once to completion.
     ///
     /// RELEASE runs even if this future is dropped mid-tick (as interrupted).
-    pub async fn lead<F, Fut, T, E>(&self, role: &Role, interval: Duration, work: F) -> Result<Lead<T>, Error>
+    pub async fn lead<F, Fut, T, E>(
+        &self,
+        role: &Role,
+        schedule: impl Into<Schedule>,
+        work: F,
+    ) -> Result<Lead<T>, Error>
+    where
+        F: FnOnce(Tick) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<BoxError>,
+    {
+        let schedule = schedule.into();
+        match schedule.interval() {
+            Some(interval) => self.lead_every(role, interval, work).await,
+            None => self.lead_occurrence(role, &schedule, work).await,
+        }
+    }
+
+    async fn lead_every<F, Fut, T, E>(
+        &self,
+        role: &Role,
+        interval: Duration,
+        work: F,
+    ) -> Result<Lead<T>, Error>
     where
         F: FnOnce(Tick) -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -567,6 +616,7 @@ impl<S: LeaseStore> Manager<S> {
             },
             lost: Arc::default(),
             removed: scope.removed.as_ref().map(|key| key.removed.clone()),
+            occurrence: scope.occurrence.as_ref().map(|o| o.at),
         };
         let stop_heartbeat = CancellationToken::new();
         let _stop_on_drop = stop_heartbeat.clone().drop_guard();
@@ -599,6 +649,10 @@ impl<S: LeaseStore> Manager<S> {
         }
         let ending = ending(&settled);
         let release = settled.release;
+        if let (Some(o), TickOutcome::Failed) = (&scope.occurrence, settled.outcome) {
+            // An occurrence whose work returned Err is retried after its backoff.
+            guard.interval = o.failed_wait;
+        }
         guard.armed = false;
         let released = guard.release(release, ending).await;
         tracing::debug!(%role, %token, outcome = release.as_str(), ?released, "released");

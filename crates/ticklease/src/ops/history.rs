@@ -140,6 +140,15 @@ pub enum HistoryKind {
         /// Who.
         by: String,
     },
+    /// Occurrences of a cron schedule passed over, recorded by the term
+    /// that ran instead.
+    Skipped {
+        /// Why: `deadline` (older than the starting deadline) or `catch_up`
+        /// (the catch-up policy ran a newer one).
+        reason: String,
+        /// How many, from when to when (UTC).
+        summary: String,
+    },
 }
 
 /// One entry of the history.
@@ -296,6 +305,10 @@ impl PgStore {
                     },
                     "unpause" => HistoryKind::Unpause { by: text("by") },
                     "run_now" => HistoryKind::RunNow { by: text("by") },
+                    "skipped" => HistoryKind::Skipped {
+                        reason: text("reason"),
+                        summary: text("error"),
+                    },
                     _ => HistoryKind::Term {
                         token: r.get::<_, Option<i64>>("token").unwrap_or_default(),
                         holder: r.get("holder_id"),

@@ -277,6 +277,7 @@ fn recent(out: &mut String, events: &[HistoryEntry], now: SystemTime) {
             }
             HistoryKind::Unpause { by } => format!("unpaused by {by}"),
             HistoryKind::RunNow { by } => format!("run now by {by}"),
+            HistoryKind::Skipped { reason, summary } => format!("skipped ({reason}): {summary}"),
         };
         let _ = write!(
             out,

@@ -68,6 +68,7 @@ fn scope(family: &Family, removed: KeyCancel) -> TermScope {
             per_role_metrics: family.per_role_metrics(),
         }),
         removed: Some(removed),
+        occurrence: None,
     }
 }
 

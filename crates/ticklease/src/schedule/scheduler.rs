@@ -29,10 +29,11 @@ use crate::schedule::wake::Polled;
 use crate::store::LeaseStore;
 use crate::term::family::Family;
 use crate::term::role::Role;
+use crate::term::schedule::Schedule;
 
 struct Job {
     role: Role,
-    interval: Duration,
+    schedule: Schedule,
     work: Work,
 }
 
@@ -102,14 +103,21 @@ impl<S: LeaseStore> Scheduler<S> {
         self
     }
 
-    /// Adds the job of `role`: `work` runs once per tick, at most once per `interval`.
-    pub fn job<F, Fut, E>(mut self, role: &Role, interval: Duration, work: F) -> Result<Self, Error>
+    /// Adds the job of `role`: `work` runs once per tick, at most once per
+    /// interval, or once per occurrence of a cron [`Schedule`].
+    pub fn job<F, Fut, E>(
+        mut self,
+        role: &Role,
+        schedule: impl Into<Schedule>,
+        work: F,
+    ) -> Result<Self, Error>
     where
         F: Fn(Tick) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        self.manager.check_tick(role, interval)?;
+        let schedule = schedule.into();
+        self.manager.check_schedule(role, &schedule)?;
         if self.jobs.iter().any(|j| &j.role == role) {
             return Err(Error::DuplicateJob {
                 role: role.to_string(),
@@ -117,7 +125,7 @@ impl<S: LeaseStore> Scheduler<S> {
         }
         self.jobs.push(Job {
             role: role.clone(),
-            interval,
+            schedule,
             work: boxed(work),
         });
         Ok(self)
@@ -209,10 +217,10 @@ where
 }
 
 async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: CancellationToken) {
-    let Job { role, interval, work } = job;
+    let Job { role, schedule, work } = job;
     let mut chance = NextChance::new(&manager, &role);
     loop {
-        let tick = AssertUnwindSafe(manager.lead(&role, interval, |tick| work(tick)))
+        let tick = AssertUnwindSafe(manager.lead(&role, schedule.clone(), |tick| work(tick)))
             .catch_unwind()
             .await;
         let polled = match &tick {

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use crate::error::StoreError;
 use crate::store::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Term,
-    BATCH_MAX, REGISTRATION_TTL_MAX,
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, OccurrenceAsk, Refusal, Release,
+    Releasing, Renew, Term, BATCH_MAX, REGISTRATION_TTL_MAX,
 };
 use crate::term::role::Role;
 use crate::term::token::Token;
@@ -31,6 +31,12 @@ struct Row {
     paused_by: Option<String>,
     pause_reason: Option<String>,
     not_before: Option<SystemTime>,
+    /// The occurrence the current (or last) term ran.
+    occurrence: Option<SystemTime>,
+    last_occurrence: Option<SystemTime>,
+    occurrences_since: Option<SystemTime>,
+    /// Failed attempts of `occurrence`.
+    failures: u32,
 }
 
 impl Row {
@@ -185,15 +191,31 @@ fn acquire_row(
         token: seed_token(now) - 1,
         ..Row::default()
     });
+    let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before]
+        .into_iter()
+        .flatten()
+        .max();
+    if let Some(refusal) = blocked(row, now, due_at) {
+        return Acquire::Refused(refusal);
+    }
+    if !start {
+        return Acquire::Refused(Refusal::OverLimit);
+    }
+    row.occurrence = None;
+    Acquire::Acquired(start_term(row, holder, lease_ttl, now))
+}
+
+/// Why `row` starts no term at `now`: paused, held, or not due until `due_at`.
+fn blocked(row: &Row, now: SystemTime, due_at: Option<SystemTime>) -> Option<Refusal> {
     if let Some(by) = &row.paused_by {
-        return Acquire::Refused(Refusal::Paused {
+        return Some(Refusal::Paused {
             by: by.clone(),
             reason: row.pause_reason.clone().unwrap_or_default(),
         });
     }
     if row.live(now) {
         let expires_at = row.expires_at.unwrap_or(now);
-        return Acquire::Refused(Refusal::Held {
+        return Some(Refusal::Held {
             holder: row.holder_id.clone().unwrap_or_default(),
             expires_at,
             remaining: expires_at.duration_since(now).unwrap_or_default(),
@@ -201,27 +223,63 @@ fn acquire_row(
             holder_key: None,
         });
     }
-    let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before]
-        .into_iter()
-        .flatten()
-        .max();
-    if let Some(due_at) = due_at.filter(|d| *d > now) {
-        return Acquire::Refused(Refusal::NotDue {
-            due_at,
-            remaining: due_at.duration_since(now).unwrap_or_default(),
-        });
-    }
-    if !start {
-        return Acquire::Refused(Refusal::OverLimit);
-    }
+    due_at.filter(|d| *d > now).map(|due_at| Refusal::NotDue {
+        due_at,
+        remaining: due_at.duration_since(now).unwrap_or_default(),
+    })
+}
+
+fn start_term(row: &mut Row, holder: &str, lease_ttl: Duration, now: SystemTime) -> Term {
     row.token = (row.token + 1).max(seed_token(now));
     row.holder_id = Some(holder.to_string());
     row.acquired_at = Some(now);
     row.expires_at = Some(now + lease_ttl);
-    Acquire::Acquired(Term {
+    Term {
         token: Token(row.token),
         db_now: now,
-    })
+    }
+}
+
+/// ACQUIRE of an occurrence, as `leader_acquire_occurrence` decides it.
+fn acquire_occurrence_row(
+    s: &mut State,
+    role: &Role,
+    holder: &str,
+    lease_ttl: Duration,
+    ask: &OccurrenceAsk,
+    now: SystemTime,
+) -> OccurrenceAnswer {
+    let row = s.rows.entry(role.to_string()).or_insert_with(|| Row {
+        token: seed_token(now) - 1,
+        ..Row::default()
+    });
+    if row.occurrences_since.is_none() && row.last_occurrence.is_none() {
+        row.occurrences_since = Some(now);
+    }
+    let after = row.last_occurrence.or(row.occurrences_since).unwrap_or(now);
+    let same = row.occurrence == ask.occurrence;
+    let failures = if same { row.failures } else { 0 };
+    let due_at = row
+        .not_before
+        .filter(|n| *n > now)
+        .or(ask.occurrence.filter(|o| *o > now));
+    let acquire = match blocked(row, now, due_at) {
+        Some(refusal) => Acquire::Refused(refusal),
+        None => match ask.occurrence {
+            Some(o) if o > after && ask.before.is_none_or(|b| now < b) => {
+                row.failures = failures;
+                row.occurrence = Some(o);
+                Acquire::Acquired(start_term(row, holder, lease_ttl, now))
+            }
+            _ => Acquire::Refused(Refusal::Contended),
+        },
+    };
+    OccurrenceAnswer {
+        acquire,
+        after,
+        failures,
+        db_now: now,
+    }
 }
 
 fn renew_row(s: &mut State, role: &Role, token: Token, lease_ttl: Duration, now: SystemTime) -> Renew {
@@ -251,6 +309,10 @@ fn release_row(s: &mut State, term: &Releasing, now: SystemTime) -> bool {
     if term.outcome.stamps_last_tick() {
         row.last_tick_ended_at = Some(now);
         row.last_tick_holder = row.holder_id.clone();
+        row.last_occurrence = row.last_occurrence.max(row.occurrence);
+        row.failures = 0;
+    } else if term.outcome == Release::Failed {
+        row.failures = (row.failures + 1).min(1_000_000);
     }
     row.not_before = term.outcome.cooldown(term.interval).map(|d| now + d);
     row.holder_id = None;
@@ -269,6 +331,17 @@ impl LeaseStore for MemoryStore {
     ) -> Result<Acquire, StoreError> {
         let now = self.now();
         Ok(self.with(|s| acquire_row(s, role, holder, lease_ttl, interval, now, true)))
+    }
+
+    async fn acquire_occurrence(
+        &self,
+        role: &Role,
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &OccurrenceAsk,
+    ) -> Result<OccurrenceAnswer, StoreError> {
+        let now = self.now();
+        Ok(self.with(|s| acquire_occurrence_row(s, role, holder, lease_ttl, ask, now)))
     }
 
     async fn acquire_many(

@@ -76,6 +76,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "hardening_ii",
         sql: include_str!("migrations/0007_hardening_ii.sql"),
     },
+    Migration {
+        version: 8,
+        name: "occurrences",
+        sql: include_str!("migrations/0008_occurrences.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).

@@ -15,8 +15,8 @@ use tokio_postgres::Row;
 
 use super::cancel::CancelTarget;
 use super::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Term,
-    BATCH_MAX, ERROR_SUMMARY_MAX,
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, OccurrenceAsk, Refusal, Release,
+    Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX,
 };
 use crate::config::Config;
 use crate::connect::coordination::Signals;
@@ -25,6 +25,7 @@ use crate::connect::tls::PgConnect;
 use crate::error::{MigrateError, StoreError};
 use crate::store::migrate::LIBRARY;
 use crate::term::role::Role;
+use crate::term::schedule::Skipped;
 use crate::term::token::Token;
 
 const ACQUIRE: &str = include_str!("acquire.sql");
@@ -32,6 +33,7 @@ const RENEW: &str = include_str!("renew.sql");
 const RELEASE: &str = include_str!("release.sql");
 const STATUS: &str = include_str!("status.sql");
 const ACQUIRE_MANY: &str = include_str!("acquire_many.sql");
+const ACQUIRE_OCCURRENCE: &str = include_str!("acquire_occurrence.sql");
 const RENEW_MANY: &str = include_str!("renew_many.sql");
 const RELEASE_MANY: &str = include_str!("release_many.sql");
 const BEAT: &str = include_str!("beat.sql");
@@ -421,6 +423,47 @@ impl LeaseStore for PgStore {
             )
             .await?;
         Ok(acquired(&one("ACQUIRE", rows)?))
+    }
+
+    async fn acquire_occurrence(
+        &self,
+        role: &Role,
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &OccurrenceAsk,
+    ) -> Result<OccurrenceAnswer, StoreError> {
+        let (ttl, key) = (millis(lease_ttl), self.holder_key());
+        let reasons: Vec<&str> = ask.skipped.iter().map(|k| k.reason.as_str()).collect();
+        let summaries: Vec<String> = ask.skipped.iter().map(Skipped::summary).collect();
+        let rows = self
+            .keyed(
+                key,
+                self.query(
+                    "ACQUIRE occurrence",
+                    ACQUIRE_OCCURRENCE,
+                    &[
+                        (&role.as_str(), Type::TEXT),
+                        (&holder, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&ask.occurrence, Type::TIMESTAMPTZ),
+                        (&ask.before, Type::TIMESTAMPTZ),
+                        (&key, Type::INT8),
+                        (&reasons, Type::TEXT_ARRAY),
+                        (&summaries, Type::TEXT_ARRAY),
+                    ],
+                ),
+            )
+            .await?;
+        let row = one("ACQUIRE occurrence", rows)?;
+        let db_now: SystemTime = row.get("db_now");
+        Ok(OccurrenceAnswer {
+            acquire: acquired(&row),
+            after: row
+                .get::<_, Option<SystemTime>>("after_occurrence")
+                .unwrap_or(db_now),
+            failures: u32::try_from(row.get::<_, i32>("failures")).unwrap_or_default(),
+            db_now,
+        })
     }
 
     async fn acquire_many(

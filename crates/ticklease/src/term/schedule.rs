@@ -19,6 +19,7 @@ use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
 
 use crate::config::{Config, DURATION_MAX};
+pub use crate::error::ScheduleError;
 
 /// The smallest step between instants: "just before" and "just after".
 const NANO: Duration = Duration::from_nanos(1);
@@ -161,6 +162,19 @@ pub struct Skipped {
     pub more: bool,
 }
 
+impl Skipped {
+    /// The record's text in the history: how many, from when to when (UTC).
+    pub fn summary(&self) -> String {
+        let rfc = |t: SystemTime| DateTime::<Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let count = match (self.count, self.more) {
+            (n, true) => format!("more than {n} occurrences"),
+            (1, false) => "1 occurrence".to_owned(),
+            (n, false) => format!("{n} occurrences"),
+        };
+        format!("{count} from {} to {}", rfc(self.first), rfc(self.last))
+    }
+}
+
 /// What a cron schedule says at a database instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Due {
@@ -170,91 +184,6 @@ pub struct Due {
     pub skipped: Vec<Skipped>,
     /// The first occurrence after the database's now.
     pub next: Option<SystemTime>,
-}
-
-/// A schedule that cannot be used, named before anything is written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ScheduleError {
-    /// A field of the cron expression is invalid.
-    #[error("cron expression {expression:?}: the {field} field {value:?} at character {position} is invalid: {reason}")]
-    InvalidField {
-        /// The expression as given.
-        expression: String,
-        /// Which field: `second`, `minute`, `hour`, `day of month`, `month`, `day of week`.
-        field: &'static str,
-        /// The field's text.
-        value: String,
-        /// Where the field starts in the expression, counting characters from 1.
-        position: usize,
-        /// What croner found wrong with it.
-        reason: String,
-    },
-    /// The expression as a whole is invalid (its field count, an unknown alias, …).
-    #[error("cron expression {expression:?} is invalid: {reason}")]
-    InvalidExpression {
-        /// The expression as given.
-        expression: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The zone is not an IANA time zone name.
-    #[error("unknown time zone {zone:?} (an IANA name such as \"Europe/Berlin\" or \"UTC\")")]
-    UnknownZone {
-        /// The name as given.
-        zone: String,
-    },
-    /// The expression matches no instant (such as `0 0 30 2 *`).
-    #[error("cron expression {expression:?} never fires in {zone}")]
-    NeverFires {
-        /// The expression as given.
-        expression: String,
-        /// The zone it was evaluated in.
-        zone: String,
-    },
-    /// Two occurrences come closer than the lease's heartbeat.
-    #[error("cron expression {expression:?} fires {gap:?} apart, faster than the lease's heartbeat ({heartbeat_every:?}): each occurrence is a term, and a term is watched one beat at a time")]
-    FasterThanLease {
-        /// The expression as given.
-        expression: String,
-        /// The shortest gap found between two occurrences.
-        gap: Duration,
-        /// The configured heartbeat.
-        heartbeat_every: Duration,
-    },
-    /// A zone was given to an interval schedule.
-    #[error("an interval schedule has no time zone: give the zone to a cron schedule")]
-    ZoneForInterval,
-    /// An interval of zero or above the longest duration.
-    #[error("an interval must be above zero and at most {max:?}, got {interval:?}")]
-    Interval {
-        /// The interval as given.
-        interval: Duration,
-        /// The longest accepted.
-        max: Duration,
-    },
-    /// A catch-up `max` outside 1 ..= [`CATCH_UP_MAX`].
-    #[error("catch-up of all missed occurrences needs a max of 1 to {CATCH_UP_MAX}, got {max}")]
-    CatchUpMax {
-        /// The max as given.
-        max: u32,
-    },
-    /// A starting deadline of zero or above the longest duration.
-    #[error("a starting deadline must be above zero and at most {max:?}, got {deadline:?}")]
-    Deadline {
-        /// The deadline as given.
-        deadline: Duration,
-        /// The longest accepted.
-        max: Duration,
-    },
-    /// A retry policy outside its bounds.
-    #[error("a retry policy needs 1 to {} attempts and backoffs above zero with backoff <= backoff_max <= {max:?}, got {retry:?}", Retry::ATTEMPTS_MAX)]
-    Retry {
-        /// The policy as given.
-        retry: Retry,
-        /// The longest accepted backoff.
-        max: Duration,
-    },
 }
 
 /// The fields of a five- or six-field expression, in order.
@@ -269,13 +198,14 @@ fn parser() -> CronParser {
 }
 
 impl Schedule {
-    /// Due once per `interval` since the last completed tick (the spec's model).
+    /// Due once per `interval` since the last completed tick (the spec's
+    /// model): a failed tick waits one interval, a lost one at most a minute.
     pub fn every(interval: Duration) -> Schedule {
         Schedule {
             kind: Kind::Every(interval),
             catch_up: CatchUp::default(),
             starting_deadline: None,
-            retry: Retry::default(),
+            retry: Retry::NONE,
         }
     }
 
@@ -301,7 +231,7 @@ impl Schedule {
     /// The time zone the expression's fields are read in (an IANA name).
     pub fn zone(mut self, name: &str) -> Result<Schedule, ScheduleError> {
         let Kind::Cron { zone, .. } = &mut self.kind else {
-            return Err(ScheduleError::ZoneForInterval);
+            return Err(ScheduleError::NotForInterval { what: "time zone" });
         };
         *zone = name.parse::<Tz>().map_err(|_| ScheduleError::UnknownZone {
             zone: name.to_owned(),
@@ -312,9 +242,13 @@ impl Schedule {
 
     /// What runs of the occurrences missed (default [`CatchUp::Latest`]).
     pub fn catch_up(mut self, policy: CatchUp) -> Result<Schedule, ScheduleError> {
+        self.cron_only("catch-up policy")?;
         if let CatchUp::All { max } = policy {
             if !(1..=CATCH_UP_MAX).contains(&max) {
-                return Err(ScheduleError::CatchUpMax { max });
+                return Err(ScheduleError::CatchUpMax {
+                    max,
+                    limit: CATCH_UP_MAX,
+                });
             }
         }
         self.catch_up = policy;
@@ -323,6 +257,7 @@ impl Schedule {
 
     /// An occurrence not started within `deadline` of its instant is skipped.
     pub fn starting_deadline(mut self, deadline: Duration) -> Result<Schedule, ScheduleError> {
+        self.cron_only("starting deadline")?;
         if deadline.is_zero() || deadline > DURATION_MAX {
             return Err(ScheduleError::Deadline {
                 deadline,
@@ -333,20 +268,31 @@ impl Schedule {
         Ok(self)
     }
 
-    /// Retries of a tick whose work returned `Err` (default [`Retry::default`]).
+    /// Retries of an occurrence whose work returned `Err` (default [`Retry::default`]).
     pub fn retry(mut self, retry: Retry) -> Result<Schedule, ScheduleError> {
+        self.cron_only("retry policy")?;
         let in_bounds = (1..=Retry::ATTEMPTS_MAX).contains(&retry.attempts)
             && !retry.backoff.is_zero()
             && retry.backoff <= retry.backoff_max
             && retry.backoff_max <= DURATION_MAX;
         if !in_bounds {
             return Err(ScheduleError::Retry {
-                retry,
+                attempts: retry.attempts,
+                backoff: retry.backoff,
+                backoff_max: retry.backoff_max,
+                attempts_max: Retry::ATTEMPTS_MAX,
                 max: DURATION_MAX,
             });
         }
         self.retry = retry;
         Ok(self)
+    }
+
+    fn cron_only(&self, what: &'static str) -> Result<(), ScheduleError> {
+        match self.kind {
+            Kind::Every(_) => Err(ScheduleError::NotForInterval { what }),
+            Kind::Cron { .. } => Ok(()),
+        }
     }
 
     /// The interval of an interval schedule.

@@ -33,7 +33,9 @@ BEGIN
                holder_id = EXCLUDED.holder_id,
                acquired_at = EXCLUDED.acquired_at,
                expires_at = EXCLUDED.expires_at,
-               holder_key = EXCLUDED.holder_key
+               holder_key = EXCLUDED.holder_key,
+               -- An interval tick is no occurrence (a role moved off a cron schedule).
+               occurrence = NULL
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
            AND (l.last_tick_ended_at IS NULL
@@ -65,6 +67,110 @@ BEGIN
 END
 $fn$;
 
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_holder text, p_ttl_ms bigint,
+                                                    p_occurrence timestamptz, p_before timestamptz, p_key bigint,
+                                                    p_skipped_reasons text[], p_skipped_summaries text[])
+RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
+               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
+               after_occurrence timestamptz, failures integer)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- ACQUIRE of one occurrence of a cron schedule: starts a term for
+-- p_occurrence when the database clock has reached it, it is later than
+-- the last completed occurrence (or, before any, than occurrences_since),
+-- it is still the latest one when the caller says it must be (p_before:
+-- the occurrence after it, not reached yet), and the role is unheld,
+-- unpaused and out of its cooldown, as ACQUIRE. A NULL occurrence starts
+-- nothing: it tells the caller where counting starts (`after_occurrence`)
+-- and the database's now, setting occurrences_since on a role's first
+-- look. The occurrence arithmetic (cron, zones) is the caller's; this
+-- decides on the database clock alone. A started term records the skipped
+-- occurrences the caller names (at most 2 summaries: reason and text).
+-- A term it takes over is recorded and swept as in leader_acquire.
+#variable_conflict use_column
+BEGIN
+    IF p_holder IS NULL OR length(p_holder) > 200 THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs a holder id of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT isfinite(p_occurrence) OR NOT isfinite(p_before)
+       OR coalesce(cardinality(p_skipped_reasons), 0) > 2
+       OR coalesce(cardinality(p_skipped_reasons), 0) <> coalesce(cardinality(p_skipped_summaries), 0)
+       OR EXISTS (SELECT 1 FROM unnest(p_skipped_reasons) AS r WHERE r IS NULL OR r NOT IN ('deadline', 'catch_up')) THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs finite instants and at most 2 skipped summaries with known reasons'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @schema@.leader_require_key(p_key);
+    -- A role's first look: counting starts now (a new schedule does not run the past).
+    IF NOT EXISTS (SELECT 1 FROM @schema@.leader_leases AS l
+                    WHERE l.role = p_role AND (l.occurrences_since IS NOT NULL OR l.last_occurrence IS NOT NULL)) THEN
+        INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since)
+        VALUES (p_role, @schema@.leader_token_seed(), now())
+        ON CONFLICT (role) DO UPDATE SET occurrences_since = now()
+         WHERE l.occurrences_since IS NULL AND l.last_occurrence IS NULL;
+    END IF;
+    RETURN QUERY
+    WITH upserted AS (
+        -- The upsert's conflict path names the key column, so it locks the
+        -- row FOR UPDATE and waits for a claim in its commit check
+        -- (guarantee 3). Its insert path (a row forgotten since the look
+        -- above) creates an unheld row, counting from now, and starts nothing.
+        INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since)
+        VALUES (p_role, @schema@.leader_token_seed(), now())
+        ON CONFLICT (role) DO UPDATE
+           SET role = EXCLUDED.role,
+               holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
+               holder_id = p_holder,
+               acquired_at = now(),
+               expires_at = now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms),
+               holder_key = p_key,
+               failures = CASE WHEN l.occurrence IS NOT DISTINCT FROM p_occurrence THEN l.failures ELSE 0 END,
+               occurrence = p_occurrence
+         WHERE p_occurrence IS NOT NULL
+           AND l.paused_at IS NULL
+           AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
+           AND (l.not_before IS NULL OR l.not_before <= now())
+           AND p_occurrence <= now()
+           AND p_occurrence > coalesce(l.last_occurrence, l.occurrences_since)
+           AND (p_before IS NULL OR now() < p_before)
+        RETURNING l.holder_token, l.holder_id
+    ),
+    acquired AS (
+        SELECT u.holder_token FROM upserted AS u WHERE u.holder_id IS NOT NULL
+    ),
+    taken_over AS (
+        SELECT @schema@.leader_history_add(p_role, 'term', s.holder_token, s.holder_id, s.acquired_at, 'lost',
+                   CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL),
+               @schema@.leader_fence_sweep(ARRAY[p_role])
+          FROM acquired AS a
+          JOIN @schema@.leader_leases AS s ON s.role = p_role AND s.holder_id IS NOT NULL
+    ),
+    skipped AS (
+        SELECT @schema@.leader_history_add(p_role, 'skipped', NULL, NULL, NULL, NULL, k.reason, NULL, k.summary)
+          FROM acquired AS a
+          CROSS JOIN unnest(p_skipped_reasons, p_skipped_summaries) AS k (reason, summary)
+    )
+    SELECT a.holder_token,
+           now(),
+           s.holder_id,
+           s.expires_at,
+           @schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now()),
+           s.paused_by,
+           s.pause_reason,
+           CASE WHEN s.not_before > now() THEN s.not_before
+                WHEN p_occurrence > now() THEN p_occurrence END,
+           s.holder_key,
+           coalesce(s.last_occurrence, s.occurrences_since),
+           CASE WHEN s.occurrence IS NOT DISTINCT FROM p_occurrence THEN s.failures ELSE 0 END
+      FROM (SELECT 1) AS one
+      LEFT JOIN acquired AS a ON true
+      LEFT JOIN @schema@.leader_leases AS s ON s.role = p_role
+      -- Referenced, so the planner cannot drop the joins and the rows with them.
+      JOIN (SELECT count(*) AS n FROM taken_over) AS recorded ON recorded.n IS NOT NULL
+      JOIN (SELECT count(*) AS n FROM skipped) AS noted ON noted.n IS NOT NULL;
+END
+$fn$;
+
 CREATE OR REPLACE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint, p_key bigint)
 RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_id text, paused boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -93,8 +199,9 @@ CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, 
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- RELEASE: ends the term (role, token), stamps a completed tick and the
--- cooldown, and records how the term ended. It notifies no one:
+-- RELEASE: ends the term (role, token), stamps a completed tick (and its
+-- occurrence, for a cron schedule) and the cooldown, counts a failed
+-- attempt, and records how the term ended. It notifies no one:
 -- the library notifies after the commit, in a statement of its own.
 DECLARE
     cooldown interval := CASE WHEN p_cooldown_ms IS NOT NULL
@@ -123,6 +230,12 @@ BEGIN
            holder_key = NULL,
            last_tick_ended_at = CASE WHEN p_stamp THEN now() ELSE l.last_tick_ended_at END,
            last_tick_holder = CASE WHEN p_stamp THEN l.holder_id ELSE l.last_tick_holder END,
+           -- A completed occurrence is never run again; a failed one counts an attempt.
+           last_occurrence = CASE WHEN p_stamp AND l.occurrence IS NOT NULL
+                                  THEN greatest(l.last_occurrence, l.occurrence) ELSE l.last_occurrence END,
+           failures = CASE WHEN p_stamp THEN 0
+                           WHEN p_outcome IN ('failed', 'panicked') THEN least(l.failures + 1, 1000000)
+                           ELSE l.failures END,
            not_before = now() + cooldown
      WHERE l.role = p_role;
     PERFORM @schema@.leader_history_add(p_role, 'term', p_token, ended.holder_id, ended.acquired_at,

@@ -1,0 +1,175 @@
+//! Leading one occurrence of a cron schedule: which occurrence is due comes
+//! from the schedule's arithmetic on the database's clock (its last answer,
+//! moved on by the local monotonic clock), and the database decides: its
+//! ACQUIRE starts a term only for an occurrence its own clock has reached
+//! and that is later than the last one completed.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::{BoxError, Lead, Manager, TermScope, Tick};
+use crate::config::DURATION_MAX;
+use crate::error::Error;
+use crate::store::{Acquire, LeaseStore, OccurrenceAnswer, OccurrenceAsk, Refusal};
+use crate::term::role::Role;
+use crate::term::schedule::{CatchUp, Schedule};
+
+/// What the database last said of a role's occurrences.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Known {
+    /// Occurrences at or before this never run.
+    after: SystemTime,
+    /// The database clock when the answer arrived …
+    db_now: SystemTime,
+    /// … and that instant on the local monotonic clock.
+    at: Instant,
+}
+
+impl Known {
+    /// The database clock now, as last answered and moved on locally: only
+    /// ever used to pick which occurrence to ask for, never to decide.
+    fn db_now(&self) -> SystemTime {
+        self.db_now + self.at.elapsed()
+    }
+}
+
+/// The occurrence a term runs, and how long the role waits after it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OccurrenceScope {
+    pub(crate) at: SystemTime,
+    /// After work that returned `Err`: the retry backoff while attempts
+    /// remain, else until the next occurrence.
+    pub(crate) failed_wait: Duration,
+}
+
+/// The wait until `next` from `now`, within the bounds the database accepts.
+fn wait_until(next: Option<SystemTime>, now: SystemTime, fallback: Duration) -> Duration {
+    next.and_then(|n| n.duration_since(now).ok())
+        .unwrap_or(fallback)
+        .clamp(Duration::from_millis(1), DURATION_MAX)
+}
+
+impl<S: LeaseStore> Manager<S> {
+    pub(super) async fn lead_occurrence<F, Fut, T, E>(
+        &self,
+        role: &Role,
+        schedule: &Schedule,
+        work: F,
+    ) -> Result<Lead<T>, Error>
+    where
+        F: FnOnce(Tick) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<BoxError>,
+    {
+        let config = self.inner.config;
+        self.check_occurrence(role, schedule)?;
+        if self.inner.shutdown.is_cancelled() {
+            return Ok(Lead::ShuttingDown);
+        }
+        let known = match self.known(role) {
+            Some(known) => known,
+            None => self.ask(role, &OccurrenceAsk::default()).await?.0,
+        };
+        let now = known.db_now();
+        let due = schedule.due(known.after, now, config.lease_ttl());
+        let Some(occurrence) = due.run else {
+            let due_at = due.next.unwrap_or(now + config.max_poll());
+            return Ok(Lead::Refused(Refusal::NotDue {
+                due_at,
+                remaining: wait_until(Some(due_at), now, config.max_poll()),
+            }));
+        };
+        let before = match schedule.catch_up_policy() {
+            CatchUp::All { .. } => None,
+            _ => schedule.next_after(occurrence),
+        };
+        let ask = OccurrenceAsk {
+            occurrence: Some(occurrence),
+            before,
+            skipped: due.skipped,
+        };
+        let sent = Instant::now();
+        let sent_wall = SystemTime::now();
+        let (_, answer) = self.ask(role, &ask).await?;
+        let term = match answer.acquire {
+            Acquire::Acquired(term) => term,
+            Acquire::Refused(refusal) => return Ok(Lead::Refused(refusal)),
+        };
+        self.inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
+        // A panic, a lost term or spent retries wait for the next occurrence.
+        let full_wait = wait_until(
+            schedule.next_after(occurrence.max(answer.db_now)),
+            answer.db_now,
+            config.max_poll(),
+        );
+        let failed_wait = schedule
+            .retry_policy()
+            .backoff_after(answer.failures + 1)
+            .unwrap_or(full_wait);
+        let scope = TermScope {
+            occurrence: Some(OccurrenceScope {
+                at: occurrence,
+                failed_wait,
+            }),
+            ..TermScope::default()
+        };
+        let lead = self
+            .run_term(role, full_wait, term.token, sent, work, scope)
+            .await?;
+        if let Lead::Completed { .. } = lead {
+            self.remember(role, |k| k.after = k.after.max(occurrence));
+        }
+        Ok(lead)
+    }
+
+    pub(super) fn check_occurrence(&self, role: &Role, schedule: &Schedule) -> Result<(), Error> {
+        if !self.inner.roles.contains(role) {
+            return Err(Error::UnknownRole {
+                role: role.to_string(),
+            });
+        }
+        schedule
+            .check(&self.inner.config)
+            .map_err(|source| Error::Schedule {
+                role: role.to_string(),
+                source,
+            })
+    }
+
+    fn known(&self, role: &Role) -> Option<Known> {
+        self.inner
+            .occurrences
+            .lock()
+            .expect("occurrences")
+            .get(role)
+            .copied()
+    }
+
+    fn remember(&self, role: &Role, change: impl FnOnce(&mut Known)) {
+        if let Some(known) = self.inner.occurrences.lock().expect("occurrences").get_mut(role) {
+            change(known);
+        }
+    }
+
+    /// One ACQUIRE of an occurrence; what it said of the role is kept.
+    async fn ask(&self, role: &Role, ask: &OccurrenceAsk) -> Result<(Known, OccurrenceAnswer), Error> {
+        let inner = &self.inner;
+        let answer = inner
+            .store
+            .acquire_occurrence(role, &inner.holder_id, inner.config.lease_ttl(), ask)
+            .await?;
+        let known = Known {
+            after: answer.after,
+            db_now: answer.db_now,
+            at: Instant::now(),
+        };
+        inner
+            .occurrences
+            .lock()
+            .expect("occurrences")
+            .insert(role.clone(), known);
+        Ok((known, answer))
+    }
+}

@@ -1,0 +1,29 @@
+-- ticklease 0008: wall-clock schedules (issue 25). Upgrades a database with
+-- live terms in place: nullable columns and a default that needs no rewrite,
+-- so every term keeps its token, holder and expiry.
+--
+-- A role on a cron schedule runs each occurrence (a scheduled instant) at
+-- most once to completion across all replicas and restarts: the row records
+-- the last occurrence that completed and the occurrence the current (or
+-- last) term ran; ACQUIRE for an occurrence succeeds only once the database
+-- clock has reached it and when it is later than the last completed one.
+-- Before the first occurrence completes, `occurrences_since` (the instant the
+-- role was first asked about an occurrence) bounds the occurrences that
+-- count, so a new schedule does not run the past. `failures` counts the
+-- failed attempts of the current occurrence, for the retry backoff.
+-- leader_history gains the kind `skipped`: occurrences passed over, and why.
+
+SET LOCAL lock_timeout = '5s';
+
+ALTER TABLE leader_leases
+    ADD COLUMN occurrence timestamptz,
+    ADD COLUMN last_occurrence timestamptz,
+    ADD COLUMN occurrences_since timestamptz,
+    ADD COLUMN failures integer NOT NULL DEFAULT 0,
+    ADD CONSTRAINT leader_leases_finite_occurrences CHECK (
+        isfinite(occurrence) AND isfinite(last_occurrence) AND isfinite(occurrences_since)),
+    ADD CONSTRAINT leader_leases_failures_bounded CHECK (failures BETWEEN 0 AND 1000000);
+
+ALTER TABLE leader_history
+    DROP CONSTRAINT leader_history_kind_check,
+    ADD CONSTRAINT leader_history_kind_check CHECK (kind IN ('term', 'pause', 'unpause', 'run_now', 'skipped'));

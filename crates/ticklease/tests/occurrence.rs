@@ -1,0 +1,343 @@
+//! Cron schedules on real Postgres (issue 25): each occurrence is one term,
+//! run to completion at most once across replicas; the database clock
+//! decides when it is due; a failed occurrence is retried as the same
+//! occurrence; after a downtime the latest missed occurrence runs once and
+//! the others are recorded as skipped. Under `TICKLEASE_TEST_POOLER=pgbouncer`
+//! the statements go through PgBouncer.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use ticklease::{
+    Acquire, HistoryKind, HistoryStore, Lead, LeaseStore, Manager, OccurrenceAsk, PgStore, PgStoreOptions,
+    Refusal, Release, Retry, Role, Schedule, Scheduler, Token,
+};
+use ticklease_testkit::{connect, direct, migrated_db, scalar, test_config, PgCluster};
+
+fn role() -> Role {
+    Role::new("billing").unwrap()
+}
+
+async fn manager(db: &tokio_postgres::Config) -> Manager<PgStore> {
+    let config = test_config();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    Manager::start(store, config, [role()]).await.unwrap()
+}
+
+/// Moves the role's counting back, as if it had been declared `ago`.
+async fn counting_since(db: &tokio_postgres::Config, ago: Duration) {
+    let owner = connect(&direct(db)).await.unwrap();
+    owner
+        .execute(
+            "UPDATE leader_leases SET occurrences_since = now() - $1 * interval '1 millisecond' WHERE role = 'billing'",
+            &[&(ago.as_millis() as f64)],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn each_occurrence_runs_once_across_replicas() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let every_second = Schedule::cron("* * * * * *").unwrap();
+    let (ran, mut runs) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let mut replicas = Vec::new();
+    for replica in 0..3 {
+        let m = manager(&db).await;
+        let ran = ran.clone();
+        // A config whose heartbeat (300 ms) allows a schedule of every second.
+        let scheduler = Scheduler::new(m)
+            .job(&role(), every_second.clone(), move |tick| {
+                let ran = ran.clone();
+                async move {
+                    let _ = ran.send((tick.occurrence().expect("a cron term"), tick.token(), replica));
+                    Ok::<_, std::io::Error>(())
+                }
+            })
+            .unwrap();
+        replicas.push(tokio::spawn(scheduler.run(stop.clone())));
+    }
+    let mut seen: BTreeMap<SystemTime, (Token, usize)> = BTreeMap::new();
+    while seen.len() < 6 {
+        let (occurrence, token, replica) = tokio::time::timeout(Duration::from_secs(10), runs.recv())
+            .await
+            .expect("occurrences keep running")
+            .unwrap();
+        let again = seen.insert(occurrence, (token, replica));
+        assert!(
+            again.is_none(),
+            "{occurrence:?} ran twice: {again:?} and {:?}",
+            (token, replica)
+        );
+    }
+    stop.cancel();
+    for r in replicas {
+        assert!(r.await.unwrap().all_released());
+    }
+    while let Ok((occurrence, ..)) = runs.try_recv() {
+        assert!(!seen.contains_key(&occurrence), "{occurrence:?} ran twice");
+    }
+    let instants: Vec<&SystemTime> = seen.keys().collect();
+    for pair in instants.windows(2) {
+        let gap = pair[1].duration_since(*pair[0]).unwrap();
+        assert_eq!(
+            gap,
+            Duration::from_secs(1),
+            "consecutive occurrences: {instants:?}"
+        );
+    }
+    let tokens: Vec<i64> = seen.values().map(|(t, _)| t.0).collect();
+    assert!(tokens.windows(2).all(|t| t[0] < t[1]), "tokens grow: {tokens:?}");
+}
+
+#[tokio::test]
+async fn the_database_decides_which_occurrence_may_start() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    let store = m.store();
+    let ttl = Duration::from_secs(2);
+    let look = store
+        .acquire_occurrence(&role(), "h", ttl, &OccurrenceAsk::default())
+        .await
+        .unwrap();
+    assert!(
+        matches!(look.acquire, Acquire::Refused(_)),
+        "a look starts nothing"
+    );
+    let since = look.after;
+    let ask = |occurrence: SystemTime| OccurrenceAsk {
+        occurrence: Some(occurrence),
+        ..OccurrenceAsk::default()
+    };
+    // Not before the database clock reaches it.
+    let future = look.db_now + Duration::from_secs(3600);
+    let answer = store
+        .acquire_occurrence(&role(), "h", ttl, &ask(future))
+        .await
+        .unwrap();
+    match answer.acquire {
+        Acquire::Refused(Refusal::NotDue { due_at, .. }) => assert_eq!(due_at, future),
+        other => panic!("{other:?}"),
+    }
+    // Not one from before the role's counting started.
+    let before_counting = since - Duration::from_secs(1);
+    let answer = store
+        .acquire_occurrence(&role(), "h", ttl, &ask(before_counting))
+        .await
+        .unwrap();
+    assert_eq!(answer.acquire, Acquire::Refused(Refusal::Contended));
+    // Not one that is no longer the latest.
+    counting_since(&db, Duration::from_secs(60)).await;
+    let x = answer.db_now - Duration::from_secs(30);
+    let stale = OccurrenceAsk {
+        before: Some(answer.db_now - Duration::from_secs(1)),
+        ..ask(x)
+    };
+    let answer = store.acquire_occurrence(&role(), "h", ttl, &stale).await.unwrap();
+    assert_eq!(answer.acquire, Acquire::Refused(Refusal::Contended));
+    // A due one starts; failed, it is retried as itself; completed, never again.
+    let Acquire::Acquired(first) = store
+        .acquire_occurrence(&role(), "h", ttl, &ask(x))
+        .await
+        .unwrap()
+        .acquire
+    else {
+        panic!("x is due")
+    };
+    assert!(store
+        .release(&role(), first.token, Release::Failed, Duration::from_millis(1))
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = store
+        .acquire_occurrence(&role(), "h", ttl, &ask(x))
+        .await
+        .unwrap();
+    assert_eq!(again.failures, 1, "the failed attempt is counted");
+    let Acquire::Acquired(second) = again.acquire else {
+        panic!("a failed occurrence is retried: {again:?}")
+    };
+    assert!(store
+        .release(
+            &role(),
+            second.token,
+            Release::Completed,
+            Duration::from_millis(1)
+        )
+        .await
+        .unwrap());
+    let done = store
+        .acquire_occurrence(&role(), "h", ttl, &ask(x))
+        .await
+        .unwrap();
+    assert_eq!(
+        done.acquire,
+        Acquire::Refused(Refusal::Contended),
+        "a completed occurrence never runs again"
+    );
+    assert_eq!(done.after, x, "the row records it");
+    assert_eq!(done.failures, 0);
+}
+
+#[tokio::test]
+async fn a_failed_occurrence_is_retried_as_the_same_occurrence_then_completes() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    let hourly = Schedule::cron("0 * * * *")
+        .unwrap()
+        .retry(Retry {
+            attempts: 3,
+            backoff: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(100),
+        })
+        .unwrap();
+    // The role is first looked at, then its counting moved back past the last hour.
+    let first = m
+        .lead(&role(), hourly.clone(), |_| async { Ok::<_, std::io::Error>(()) })
+        .await;
+    assert!(
+        matches!(first, Ok(Lead::Refused(Refusal::NotDue { .. }))),
+        "{first:?}"
+    );
+    counting_since(&db, Duration::from_secs(3700)).await;
+    let fresh = manager(&db).await; // forgets what the first manager knew
+    let mut occurrences = Vec::new();
+    let mut outcomes = Vec::new();
+    for attempt in 0..3 {
+        let lead = loop {
+            let lead = fresh
+                .lead(&role(), hourly.clone(), |tick| {
+                    occurrences.push(tick.occurrence());
+                    async move {
+                        match attempt {
+                            0 => Err(std::io::Error::other("payment provider down")),
+                            _ => Ok(()),
+                        }
+                    }
+                })
+                .await
+                .unwrap();
+            match lead {
+                Lead::Refused(Refusal::NotDue { remaining, .. }) if remaining < Duration::from_secs(1) => {
+                    tokio::time::sleep(remaining).await
+                }
+                other => break other,
+            }
+        };
+        outcomes.push(
+            format!("{lead:?}")
+                .split(|c: char| !c.is_alphanumeric())
+                .next()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert_eq!(outcomes, ["Failed", "Completed", "Refused"], "{occurrences:?}");
+    assert_eq!(occurrences.len(), 2);
+    assert_eq!(occurrences[0], occurrences[1], "the retry is the same occurrence");
+    let owner = connect(&direct(&db)).await.unwrap();
+    let last: SystemTime = scalar(
+        &owner,
+        "SELECT last_occurrence FROM leader_leases WHERE role = 'billing'",
+    )
+    .await;
+    assert_eq!(Some(last), occurrences[0]);
+}
+
+#[tokio::test]
+async fn after_a_downtime_the_latest_occurrence_runs_once_and_the_rest_are_recorded_skipped() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    let minutely = Schedule::cron("* * * * *").unwrap();
+    let look = m
+        .lead(&role(), minutely.clone(), |_| async {
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
+    assert!(matches!(look, Ok(Lead::Refused(_))), "{look:?}");
+    counting_since(&db, Duration::from_secs(10 * 60 + 30)).await;
+    let fresh = manager(&db).await;
+    let mut ran = None;
+    let lead = fresh
+        .lead(&role(), minutely.clone(), |tick| {
+            ran = tick.occurrence();
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .await
+        .unwrap();
+    assert!(matches!(lead, Lead::Completed { .. }), "{lead:?}");
+    let owner = connect(&direct(&db)).await.unwrap();
+    let now: SystemTime = scalar(&owner, "SELECT now()").await;
+    let ran = ran.expect("a cron term");
+    assert!(
+        now.duration_since(ran).unwrap() < Duration::from_secs(60),
+        "the latest ran: {ran:?}"
+    );
+    let (reason, summary): (String, String) = {
+        let row = owner
+            .query_one(
+                "SELECT reason, error FROM leader_history WHERE role = 'billing' AND kind = 'skipped'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(reason, "catch_up");
+    assert!(summary.starts_with("10 occurrences from "), "{summary}");
+    let history = fresh
+        .store()
+        .history(None, Duration::from_secs(3600), 10)
+        .await
+        .unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|e| matches!(&e.kind, HistoryKind::Skipped { reason, summary: s }
+            if reason == "catch_up" && *s == summary)),
+        "the history reads it as skipped: {history:?}"
+    );
+    // Nothing more runs until the next minute.
+    let again = fresh
+        .lead(&role(), minutely, |_| async { Ok::<_, std::io::Error>(()) })
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, Lead::Refused(Refusal::NotDue { .. })),
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_schedule_faster_than_the_heartbeat_or_an_undeclared_role_is_refused_before_anything_runs() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let config = ticklease::Config::default();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let m = Manager::start(store, config, [role()]).await.unwrap();
+    let every_second = Schedule::cron("* * * * * *").unwrap();
+    let refused =
+        Scheduler::new(m.clone()).job(&role(), every_second, |_| async { Ok::<_, std::io::Error>(()) });
+    assert!(matches!(refused, Err(ticklease::Error::Schedule { .. })));
+    let other = Role::new("dunning").unwrap();
+    let lead = m
+        .lead(&other, Schedule::cron("@hourly").unwrap(), |_| async {
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
+    assert!(matches!(lead, Err(ticklease::Error::UnknownRole { .. })));
+    let owner = connect(&direct(&db)).await.unwrap();
+    let asked: i64 = scalar(
+        &owner,
+        "SELECT count(*) FROM leader_leases WHERE occurrences_since IS NOT NULL",
+    )
+    .await;
+    assert_eq!(asked, 0, "nothing was written");
+}
