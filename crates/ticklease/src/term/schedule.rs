@@ -49,6 +49,8 @@ enum Kind {
         expression: String,
         cron: Box<Cron>,
         zone: Tz,
+        /// The shortest gap between occurrences, measured once per zone.
+        shortest_gap: Option<Duration>,
     },
 }
 
@@ -214,17 +216,18 @@ impl Schedule {
     /// `@monthly`, `@yearly`), in UTC unless [`Schedule::zone`] says otherwise.
     pub fn cron(expression: &str) -> Result<Schedule, ScheduleError> {
         let cron = parse(expression)?;
-        let schedule = Schedule {
+        let mut schedule = Schedule {
             kind: Kind::Cron {
                 expression: expression.to_owned(),
                 cron: Box::new(cron),
                 zone: Tz::UTC,
+                shortest_gap: None,
             },
             catch_up: CatchUp::default(),
             starting_deadline: None,
             retry: Retry::default(),
         };
-        schedule.check_fires()?;
+        schedule.measure()?;
         Ok(schedule)
     }
 
@@ -236,7 +239,7 @@ impl Schedule {
         *zone = name.parse::<Tz>().map_err(|_| ScheduleError::UnknownZone {
             zone: name.to_owned(),
         })?;
-        self.check_fires()?;
+        self.measure()?;
         Ok(self)
     }
 
@@ -332,7 +335,11 @@ impl Schedule {
                 })
             }
             Kind::Every(_) => Ok(()),
-            Kind::Cron { expression, .. } => match self.shortest_gap() {
+            Kind::Cron {
+                expression,
+                shortest_gap,
+                ..
+            } => match *shortest_gap {
                 Some(gap) if gap < config.heartbeat_every() => Err(ScheduleError::FasterThanLease {
                     expression: expression.clone(),
                     gap,
@@ -443,18 +450,28 @@ impl Schedule {
         })
     }
 
-    /// The expression fires at least once from now on in its zone.
-    fn check_fires(&self) -> Result<(), ScheduleError> {
-        let Kind::Cron { expression, zone, .. } = &self.kind else {
+    /// Checks the expression fires from now on in its zone, and keeps the
+    /// shortest gap between its occurrences.
+    fn measure(&mut self) -> Result<(), ScheduleError> {
+        let fires = self.next_after(SystemTime::now()).is_some();
+        let gap = self.shortest_gap();
+        let Kind::Cron {
+            expression,
+            zone,
+            shortest_gap,
+            ..
+        } = &mut self.kind
+        else {
             return Ok(());
         };
-        match self.next_after(SystemTime::now()) {
-            Some(_) => Ok(()),
-            None => Err(ScheduleError::NeverFires {
+        if !fires {
+            return Err(ScheduleError::NeverFires {
                 expression: expression.clone(),
                 zone: zone.name().to_owned(),
-            }),
+            });
         }
+        *shortest_gap = gap;
+        Ok(())
     }
 
     /// The shortest gap between consecutive occurrences among the next [`GAP_SAMPLE`].
