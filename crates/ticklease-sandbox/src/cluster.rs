@@ -44,6 +44,11 @@ pub struct ClusterOptions {
     /// Loads `pg_stat_statements` (`shared_preload_libraries`), so a bench can
     /// count the statements its clients send.
     pub pg_stat_statements: bool,
+    /// The server's wall clock starts at this UTC instant (`YYYY-MM-DD
+    /// hh:mm:ss`) and runs on from there, under libfaketime (Debian
+    /// `faketime`): the database clock at a chosen instant, whatever the
+    /// host's (and so the clients') clock says.
+    pub fake_time: Option<String>,
 }
 
 impl ClusterOptions {
@@ -53,6 +58,25 @@ impl ClusterOptions {
         self.pg_stat_statements = true;
         self
     }
+
+    /// These options with the server's clock starting at `start` (UTC,
+    /// `YYYY-MM-DD hh:mm:ss`); see [`ClusterOptions::fake_time`].
+    pub fn with_fake_time(mut self, start: &str) -> Self {
+        self.fake_time = Some(start.to_owned());
+        self
+    }
+}
+
+/// Where Debian's libfaketime keeps its library.
+fn libfaketime() -> Result<PathBuf, SandboxError> {
+    std::fs::read_dir("/usr/lib")
+        .map_err(io("look for libfaketime"))?
+        .filter_map(Result::ok)
+        .map(|arch| arch.path().join("faketime/libfaketime.so.1"))
+        .find(|lib| lib.is_file())
+        .ok_or_else(|| {
+            io("find libfaketime (install the Debian package faketime)")(std::io::ErrorKind::NotFound.into())
+        })
 }
 
 /// Why a cluster could not be had.
@@ -145,6 +169,8 @@ pub struct PgCluster {
     postmaster: Mutex<Option<Child>>,
     /// The postmaster gets SIGQUIT when the thread that spawned it exits.
     die_with_parent: bool,
+    /// The server's clock starts here (libfaketime).
+    fake_time: Option<String>,
 }
 
 impl std::fmt::Debug for PgCluster {
@@ -211,6 +237,7 @@ impl PgCluster {
             user,
             postmaster: Mutex::new(None),
             die_with_parent: options.die_with_parent,
+            fake_time: options.fake_time.clone(),
         };
         std::fs::create_dir_all(cluster.socket_dir()).map_err(io("create the socket dir"))?;
         if let Some((uid, gid)) = user {
@@ -364,6 +391,15 @@ impl PgCluster {
         // Our own process group: a ^C at the terminal must not reach the server
         // before the test that owns it decides to stop it.
         cmd.process_group(0);
+        if let Some(start) = &self.fake_time {
+            // Backends are forked from the postmaster and keep its clock; the
+            // monotonic clock (timeouts, sleeps) stays real.
+            cmd.env("LD_PRELOAD", libfaketime()?)
+                .env("FAKETIME", format!("@{start}"))
+                .env("FAKETIME_DONT_RESET", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .env("TZ", "UTC");
+        }
         if self.die_with_parent {
             // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
             unsafe {

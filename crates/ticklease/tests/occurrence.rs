@@ -12,9 +12,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use ticklease::{
-    Acquire, HistoryKind, HistoryStore, Lead, LeaseStore, Manager, OccurrenceAsk, PgStore, PgStoreOptions,
-    Refusal, Release, Retry, Role, Schedule, Scheduler, Token,
+    Acquire, HistoryKind, HistoryStore, Lead, LeaseStore, Manager, NextChance, OccurrenceAsk, PgStore,
+    PgStoreOptions, Refusal, Release, Retry, Role, Schedule, Scheduler, Token,
 };
+use ticklease_testkit::cluster::ClusterOptions;
 use ticklease_testkit::{connect, direct, migrated_db, scalar, test_config, PgCluster};
 
 fn role() -> Role {
@@ -340,4 +341,66 @@ async fn a_schedule_faster_than_the_heartbeat_or_an_undeclared_role_is_refused_b
     )
     .await;
     assert_eq!(asked, 0, "nothing was written");
+}
+
+fn utc(rfc3339: &str) -> SystemTime {
+    chrono::DateTime::parse_from_rfc3339(rfc3339).unwrap().into()
+}
+
+/// The database's clock sits seconds before Berlin's 2026 spring change
+/// (02:00 CET → 03:00 CEST, 01:00 UTC); this host's clock, and so the
+/// library's, is months away from it: only the database's counts. A daily
+/// 02:30 falls in the gap and runs once, right after it.
+#[tokio::test]
+async fn a_time_in_the_spring_gap_runs_once_right_after_it_on_the_database_clock() {
+    let cluster =
+        PgCluster::start_with(&ClusterOptions::default().with_fake_time("2026-03-29 00:59:54")).unwrap();
+    let db = migrated_db(&cluster).await;
+    let owner = connect(&cluster.config(db.get_dbname().unwrap())).await.unwrap();
+    let start: SystemTime = scalar(&owner, "SELECT now()").await;
+    assert!(
+        start < utc("2026-03-29T01:00:00Z"),
+        "the database clock is faked: {start:?}"
+    );
+    let m = manager(&db).await;
+    let daily = Schedule::cron("30 2 * * *")
+        .unwrap()
+        .zone("Europe/Berlin")
+        .unwrap();
+    let mut chance = NextChance::new(&m, &role());
+    let mut ran = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let lead = m
+            .lead(&role(), daily.clone(), |tick| {
+                ran.push(tick.occurrence());
+                async { Ok::<_, std::io::Error>(()) }
+            })
+            .await;
+        if let Ok(Lead::Completed { .. }) = lead {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never ran: {lead:?}");
+        assert!(chance.wait(&lead).await);
+    }
+    assert_eq!(ran, [Some(utc("2026-03-29T01:00:00Z"))], "once, at 03:00 CEST");
+    let last: SystemTime = scalar(
+        &owner,
+        "SELECT last_occurrence FROM leader_leases WHERE role = 'billing'",
+    )
+    .await;
+    assert_eq!(last, utc("2026-03-29T01:00:00Z"));
+    match m
+        .lead(&role(), daily, |_| async { Ok::<_, std::io::Error>(()) })
+        .await
+    {
+        Ok(Lead::Refused(Refusal::NotDue { due_at, .. })) => {
+            assert_eq!(
+                due_at,
+                utc("2026-03-30T00:30:00Z"),
+                "next: 02:30 CEST the day after"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
 }
