@@ -381,7 +381,9 @@
 //! chrono-tz's). Bad input is refused before anything is written: the
 //! field and character position of an invalid field, an unknown zone, an
 //! expression that never fires, occurrences closer than `heartbeat_every`
-//! (each occurrence is a term, watched one beat at a time).
+//! (each occurrence is a term, watched one beat at a time; the gap is
+//! measured over the next 1,000 occurrences, so a shorter one further out,
+//! such as a daylight-saving change may make, is not refused).
 //!
 //! - **The database clock decides.** A replica picks the occurrence to ask
 //!   for from the database's last answer (its `now()`, moved on by the local
@@ -399,8 +401,12 @@
 //! - **Retries** ([`Retry`], default 3 attempts, 10 s doubling to 5 min): an
 //!   occurrence whose work returned `Err` is retried after its backoff (the
 //!   database counts the failed attempts); once they are spent, and after a
-//!   panic, the role waits for the next occurrence; after a lost term, at
-//!   most a minute. Interval schedules keep the spec's waits.
+//!   panic, the role waits for the next occurrence (counted from the
+//!   RELEASE, so a slow failing tick does not delay it); after a lost term,
+//!   at most a minute. Interval schedules keep the spec's waits. Under
+//!   `All`, which never passes a period over silently, an occurrence that
+//!   keeps failing is asked again at each later occurrence and holds the
+//!   later ones back until it completes (or the role is paused).
 //! - **Catch-up** ([`CatchUp`]) after a downtime, a pause or a tick longer
 //!   than the period (occurrences never overlap: a role has one term):
 //!   `Latest` (default) runs the most recent missed occurrence once,
@@ -415,12 +421,16 @@
 //! - **Daylight saving**, by the Vixie rule: a fixed time in the spring gap
 //!   runs once right after it, one in the autumn fold once (its first
 //!   instance); `*/15 * * * *` follows real time through both.
-//! - **A changed schedule** (a rolling deploy) takes effect from its next
-//!   occurrence: each replica asks for its own expression's occurrences, and
-//!   the database starts any due occurrence later than the last completed
-//!   one, so while replicas disagree the occurrences of both expressions may
-//!   run (each at most once, never two at a time). Families are led on
-//!   intervals only.
+//! - **A changed schedule** (a rolling deploy): each replica asks for its
+//!   own expression's occurrences, and the database starts any due
+//!   occurrence later than the last completed one. So the new expression's
+//!   latest occurrence since the last completed run runs at once (`0 3 * * *`
+//!   changed to `0 9 * * *` and deployed at 10:00 runs today's 09:00 under
+//!   `Latest`; a starting deadline, or `Skip`, passes it over), and while
+//!   replicas disagree the occurrences of both expressions may run (each at
+//!   most once, never two at a time). A role moved from a cron schedule to
+//!   an interval and back counts from its last completed occurrence, not
+//!   from its interval ticks. Families are led on intervals only.
 //!
 //! ## History
 //!

@@ -376,3 +376,70 @@ async fn a_run_never_applies_definitions_older_than_the_databases() {
         "{err}"
     );
 }
+
+/// Migration 0008 waits at most 500 ms for each table it alters: a login
+/// idle in a transaction that read the history makes the run fail fast
+/// (nothing written; run it again) while holders keep renewing within a
+/// fraction of a heartbeat, and the run after the reader is gone succeeds.
+#[tokio::test]
+async fn migration_0008_waits_briefly_for_a_history_reader_while_holders_renew() {
+    let OldRelease {
+        mut client,
+        app,
+        app_client,
+    } = database_at(7, "upgrade_app7").await;
+    let token: i64 = scalar(
+        &app_client,
+        "SELECT holder_token FROM leader_acquire('billing', 'old-holder', 2000, 1, NULL)",
+    )
+    .await;
+    let stop = CancellationToken::new();
+    let renewing = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            while !stop.is_cancelled() {
+                let sent = Instant::now();
+                let renewed: bool = scalar(
+                    &app_client,
+                    &format!("SELECT renewed FROM leader_renew('billing', {token}, 2000, NULL)"),
+                )
+                .await;
+                assert!(renewed, "the term holds");
+                slowest = slowest.max(sent.elapsed());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            slowest
+        })
+    };
+    let reader = connect(&app).await.unwrap();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM leader_history;")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let refused = ticklease::migrate(&mut client).await;
+    assert!(refused.is_err(), "the history's reader holds the migration off");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    let applied: i64 = scalar(
+        &client,
+        "SELECT count(*) FROM ticklease_schema_migrations WHERE version = 8",
+    )
+    .await;
+    assert_eq!(applied, 0, "nothing written");
+    reader.batch_execute("COMMIT").await.unwrap();
+    let report = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(report.applied, [8]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.cancel();
+    let slowest = renewing.await.unwrap();
+    assert!(
+        slowest < Duration::from_millis(1500),
+        "a RENEW waited {slowest:?}"
+    );
+}

@@ -649,9 +649,10 @@ impl<S: LeaseStore> Manager<S> {
         }
         let ending = ending(&settled);
         let release = settled.release;
-        if let (Some(o), TickOutcome::Failed) = (&scope.occurrence, settled.outcome) {
-            // An occurrence whose work returned Err is retried after its backoff.
-            guard.interval = o.failed_wait;
+        if let Some(o) = &scope.occurrence {
+            // An occurrence whose work returned Err is retried after its backoff;
+            // otherwise the role waits for its next occurrence, counted from now.
+            guard.interval = o.wait(settled.outcome == TickOutcome::Failed);
         }
         guard.armed = false;
         let released = guard.release(release, ending).await;

@@ -28,7 +28,7 @@ const NANO: Duration = Duration::from_nanos(1);
 const GAP_SAMPLE: usize = 1_000;
 
 /// Skipped occurrences counted one by one; past this a skip reports a lower bound.
-pub const SKIPPED_COUNTED_MAX: u32 = 10_000;
+pub const SKIPPED_COUNTED_MAX: u32 = 1_000;
 
 /// The most occurrences [`CatchUp::All`] runs after a downtime.
 pub const CATCH_UP_MAX: u32 = 1_000;

@@ -39,9 +39,28 @@ impl Known {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OccurrenceScope {
     pub(crate) at: SystemTime,
-    /// After work that returned `Err`: the retry backoff while attempts
-    /// remain, else until the next occurrence.
-    pub(crate) failed_wait: Duration,
+    /// The occurrence after it.
+    next: Option<SystemTime>,
+    /// The database clock when the ACQUIRE answered, and that instant here.
+    db_now: SystemTime,
+    answered: Instant,
+    /// The retry backoff after work that returned `Err`, while attempts remain.
+    backoff: Option<Duration>,
+    max_poll: Duration,
+}
+
+impl OccurrenceScope {
+    /// The cooldown RELEASE sets after a tick that ended as `outcome`:
+    /// after an `Err`, the backoff while attempts remain; else (spent
+    /// retries, a panic, a lost term) until the next occurrence, counted
+    /// from now (RELEASE adds it to its own `now()`), not from the ACQUIRE.
+    pub(crate) fn wait(&self, failed: bool) -> Duration {
+        let until_next = wait_until(self.next, self.db_now + self.answered.elapsed(), self.max_poll);
+        match (failed, self.backoff) {
+            (true, Some(backoff)) => backoff,
+            _ => until_next,
+        }
+    }
 }
 
 /// The wait until `next` from `now`, within the bounds the database accepts.
@@ -98,25 +117,21 @@ impl<S: LeaseStore> Manager<S> {
             Acquire::Refused(refusal) => return Ok(Lead::Refused(refusal)),
         };
         self.inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
-        // A panic, a lost term or spent retries wait for the next occurrence.
-        let full_wait = wait_until(
-            schedule.next_after(occurrence.max(answer.db_now)),
-            answer.db_now,
-            config.max_poll(),
-        );
-        let failed_wait = schedule
-            .retry_policy()
-            .backoff_after(answer.failures + 1)
-            .unwrap_or(full_wait);
+        let scope = OccurrenceScope {
+            at: occurrence,
+            next: schedule.next_after(occurrence.max(answer.db_now)),
+            db_now: answer.db_now,
+            answered: Instant::now(),
+            backoff: schedule.retry_policy().backoff_after(answer.failures + 1),
+            max_poll: config.max_poll(),
+        };
+        let until_next = scope.wait(false);
         let scope = TermScope {
-            occurrence: Some(OccurrenceScope {
-                at: occurrence,
-                failed_wait,
-            }),
+            occurrence: Some(scope),
             ..TermScope::default()
         };
         let lead = self
-            .run_term(role, full_wait, term.token, sent, work, scope)
+            .run_term(role, until_next, term.token, sent, work, scope)
             .await?;
         if let Lead::Completed { .. } = lead {
             self.remember(role, |k| k.after = k.after.max(occurrence));

@@ -82,7 +82,9 @@ BEGIN
                holder_id = p_holder,
                acquired_at = now(),
                expires_at = now() + ttl,
-               holder_key = p_key
+               holder_key = p_key,
+               -- A family key's tick is no occurrence (as leader_acquire).
+               occurrence = NULL
           FROM locked AS k
          WHERE l.role = k.role
         RETURNING l.role, l.holder_token
