@@ -241,7 +241,11 @@ impl WorkerFlags {
                 .iter()
                 .map(|r| Role::new(*r))
                 .collect::<Result<_, _>>()?,
-            tick_intervals: self.tick_intervals.into_iter().collect(),
+            schedules: self
+                .tick_intervals
+                .into_iter()
+                .map(|(role, every)| (role, ticklease::Schedule::every(every)))
+                .collect(),
             lease,
             payments_url: self.payments_url,
             smtp_host: host.to_string(),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ticklease::{MigrateOptions, Role};
+use ticklease::{MigrateOptions, Role, Schedule};
 
 #[derive(Parser)]
 #[command(
@@ -222,9 +222,11 @@ pub struct WorkerRun {
     /// Longest wait between polls (default 5s).
     #[arg(long, value_parser = humantime::parse_duration)]
     max_poll: Option<Duration>,
-    /// A role's tick interval, ROLE=DURATION (repeatable; default 5s).
+    /// A role's schedule (repeatable; default every 5s): ROLE=DURATION, or
+    /// ROLE=CRON with an optional zone as cronie spells it,
+    /// 'billing=CRON_TZ=Europe/Berlin 5 0 * * *'.
     #[arg(long = "tick-interval", value_parser = parse_tick_interval)]
-    tick_intervals: Vec<(Role, Duration)>,
+    tick_intervals: Vec<(Role, Schedule)>,
     /// Rows claimed per tick.
     #[arg(long, default_value_t = 100,
           value_parser = clap::value_parser!(i64).range(1..=ticklease_worker::worker::BATCH_MAX))]
@@ -234,20 +236,24 @@ pub struct WorkerRun {
     decline_backoff: Duration,
 }
 
-fn parse_tick_interval(s: &str) -> Result<(Role, Duration), String> {
-    let (role, duration) = s
+fn parse_tick_interval(s: &str) -> Result<(Role, Schedule), String> {
+    let (role, spec) = s
         .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected ROLE=DURATION"))?;
+        .ok_or_else(|| format!("{s:?}: expected ROLE=DURATION or ROLE=CRON"))?;
     let role = Role::new(role).map_err(|e| e.to_string())?;
-    let parsed = humantime::parse_duration(duration).map_err(|e| format!("{duration:?}: {e}"))?;
+    let Ok(parsed) = humantime::parse_duration(spec) else {
+        return Schedule::cron_tz(spec)
+            .map(|cron| (role, cron))
+            .map_err(|e| format!("{spec:?} is neither a duration nor a cron schedule: {e}"));
+    };
     let max = ticklease::DURATION_MAX;
     if parsed.is_zero() || parsed > max {
         return Err(format!(
-            "{role}={duration}: a tick interval must be greater than zero and at most {}",
+            "{role}={spec}: a tick interval must be greater than zero and at most {}",
             humantime::format_duration(max)
         ));
     }
-    Ok((role, parsed))
+    Ok((role, Schedule::every(parsed)))
 }
 
 impl WorkerRun {
@@ -296,6 +302,11 @@ impl WorkerRun {
                 ));
             }
         }
+        for (role, schedule) in &self.tick_intervals {
+            schedule
+                .check(&lease)
+                .map_err(|e| format!("--tick-interval {role}: {e}"))?;
+        }
         let direct = self
             .direct_url
             .map(|url| url.parse::<ticklease::PgConnect>())
@@ -306,7 +317,7 @@ impl WorkerRun {
             direct,
             roles: self.roles,
             lease,
-            tick_intervals: self.tick_intervals.into_iter().collect(),
+            schedules: self.tick_intervals.into_iter().collect(),
             payments_url: self.payments_url,
             smtp_host: host.to_string(),
             smtp_port: port,

@@ -508,6 +508,9 @@ async fn worker_refuses_an_out_of_range_tick_interval_or_batch_before_touching_t
     for bad in [
         ["--tick-interval", "billing=0s"],
         ["--tick-interval", "billing=48h"],
+        ["--tick-interval", "billing=5 0 32 * *"],
+        ["--tick-interval", "billing=CRON_TZ=Mars/Olympus 5 0 * * *"],
+        ["--tick-interval", "billing=* * * * * *"],
         ["--batch-size", "0"],
         ["--batch-size", "1001"],
     ] {
@@ -520,6 +523,13 @@ async fn worker_refuses_an_out_of_range_tick_interval_or_batch_before_touching_t
         );
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", text(&o));
         assert!(!text(&o).contains("running"), "{}", text(&o));
+        let named = match bad[1] {
+            "billing=5 0 32 * *" => "day of month",
+            "billing=CRON_TZ=Mars/Olympus 5 0 * * *" => "unknown time zone",
+            "billing=* * * * * *" => "faster than the lease's heartbeat",
+            _ => "",
+        };
+        assert!(text(&o).contains(named), "{bad:?}: {}", text(&o));
     }
     assert_eq!(
         scalar_at(&url, "SELECT count(*) FROM leader_leases").await,

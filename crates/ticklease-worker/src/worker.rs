@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager as PoolManager, ManagerConfig, Pool, RecyclingMethod};
-use ticklease::{Manager, Metrics, PgStore, PgStoreOptions, Role, Scheduler, Steps, Stopped, Tick};
+use ticklease::{Manager, Metrics, PgStore, PgStoreOptions, Role, Schedule, Scheduler, Steps, Stopped, Tick};
 use tokio_util::sync::CancellationToken;
 
 use crate::role::WorkerRole;
@@ -31,8 +31,9 @@ pub struct WorkerConfig {
     pub direct: Option<ticklease::PgConnect>,
     pub roles: Vec<Role>,
     pub lease: ticklease::Config,
-    /// Per-role tick intervals; roles not named here use [`DEFAULT_TICK_INTERVAL`].
-    pub tick_intervals: BTreeMap<Role, Duration>,
+    /// Per-role schedules (an interval or a cron schedule); roles not named
+    /// here tick every [`DEFAULT_TICK_INTERVAL`].
+    pub schedules: BTreeMap<Role, Schedule>,
     /// Base URL of the payment provider (`POST {url}/charges`).
     pub payments_url: String,
     pub smtp_host: String,
@@ -125,14 +126,14 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
 
     let mut scheduler = Scheduler::new(manager);
     for role in &cfg.roles {
-        let interval = cfg
-            .tick_intervals
+        let schedule = cfg
+            .schedules
             .get(role)
-            .copied()
-            .unwrap_or(DEFAULT_TICK_INTERVAL);
+            .cloned()
+            .unwrap_or_else(|| Schedule::every(DEFAULT_TICK_INTERVAL));
         let ctx = ctx.clone();
         let worker_role: WorkerRole = role.as_str().parse()?;
-        scheduler = scheduler.job(role, interval, move |tick| {
+        scheduler = scheduler.job(role, schedule, move |tick| {
             tick_of(worker_role, ctx.clone(), tick)
         })?;
     }

@@ -388,3 +388,26 @@ fn retries_back_off_exponentially_up_to_the_cap_then_stop() {
     assert_eq!(Retry::NONE.backoff_after(1), None);
     assert_eq!(Retry::default().backoff_after(1), Some(Retry::BACKOFF_DEFAULT));
 }
+
+#[test]
+fn a_crontab_spec_may_name_its_zone_as_cronie_does() {
+    let berlin = Schedule::cron_tz("CRON_TZ=Europe/Berlin 5 0 * * *").unwrap();
+    assert_eq!(berlin.expression(), Some(("5 0 * * *", "Europe/Berlin")));
+    assert_eq!(
+        berlin.next_after(at("2026-12-02T00:00:00Z")),
+        Some(at("2026-12-02T23:05:00Z")),
+        "00:05 CET"
+    );
+    assert_eq!(
+        Schedule::cron_tz("@daily").unwrap().expression(),
+        Some(("@daily", "UTC"))
+    );
+    assert!(matches!(
+        Schedule::cron_tz("CRON_TZ=Mars/Olympus 5 0 * * *"),
+        Err(ScheduleError::UnknownZone { .. })
+    ));
+    assert!(matches!(
+        Schedule::cron_tz("CRON_TZ=UTC"),
+        Err(ScheduleError::InvalidExpression { .. })
+    ));
+}

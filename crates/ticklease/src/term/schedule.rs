@@ -231,6 +231,19 @@ impl Schedule {
         Ok(schedule)
     }
 
+    /// A cron expression as a crontab line gives it, optionally prefixed
+    /// with its zone as cronie spells it: `CRON_TZ=Europe/Berlin 5 0 * * *`
+    /// (UTC without the prefix).
+    pub fn cron_tz(spec: &str) -> Result<Schedule, ScheduleError> {
+        match spec.trim_start().strip_prefix("CRON_TZ=") {
+            Some(rest) => {
+                let (zone, expression) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+                Schedule::cron(expression.trim())?.zone(zone)
+            }
+            None => Schedule::cron(spec),
+        }
+    }
+
     /// The time zone the expression's fields are read in (an IANA name).
     pub fn zone(mut self, name: &str) -> Result<Schedule, ScheduleError> {
         let Kind::Cron { zone, .. } = &mut self.kind else {
