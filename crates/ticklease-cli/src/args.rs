@@ -223,7 +223,7 @@ pub struct WorkerRun {
     #[arg(long, value_parser = humantime::parse_duration)]
     max_poll: Option<Duration>,
     /// A role's schedule (repeatable; default every 5s): ROLE=DURATION, or
-    /// ROLE=CRON with an optional zone as cronie spells it,
+    /// ROLE=CRON with an optional zone prefix,
     /// 'billing=CRON_TZ=Europe/Berlin 5 0 * * *'.
     #[arg(long = "tick-interval", value_parser = parse_tick_interval)]
     tick_intervals: Vec<(Role, Schedule)>,
@@ -241,10 +241,13 @@ fn parse_tick_interval(s: &str) -> Result<(Role, Schedule), String> {
         .split_once('=')
         .ok_or_else(|| format!("{s:?}: expected ROLE=DURATION or ROLE=CRON"))?;
     let role = Role::new(role).map_err(|e| e.to_string())?;
-    let Ok(parsed) = humantime::parse_duration(spec) else {
-        return Schedule::cron_tz(spec)
-            .map(|cron| (role, cron))
-            .map_err(|e| format!("{spec:?} is neither a duration nor a cron schedule: {e}"));
+    let parsed = match humantime::parse_duration(spec) {
+        Ok(parsed) => parsed,
+        Err(duration) => {
+            return Schedule::cron_tz(spec).map(|cron| (role, cron)).map_err(|cron| {
+                format!("{spec:?} is neither a duration ({duration}) nor a cron schedule ({cron})")
+            })
+        }
     };
     let max = ticklease::DURATION_MAX;
     if parsed.is_zero() || parsed > max {

@@ -26,7 +26,9 @@
 //! run them as the schema owner, who then owns the SECURITY DEFINER functions.
 //! A migration run waits at most [`migrate::MIGRATION_LOCK_WAIT`] (10 s) for
 //! its advisory lock (any login can hold the fixed key; the error names the
-//! holder's pid) and for every later lock, and each statement at most
+//! holder's pid) and for every later lock (migration 0008 waits at most
+//! 500 ms for each table it alters, so lease statements never queue behind
+//! it for long: a run it times out changes nothing), and each statement at most
 //! [`migrate::MIGRATION_STATEMENT_TIMEOUT`] (5 min); the CLI connects within
 //! 10 s per host and ends a run after 15 min.
 //!

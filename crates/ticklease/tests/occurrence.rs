@@ -319,6 +319,45 @@ async fn a_failed_occurrence_without_retries_waits_exactly_for_the_next_one() {
     );
 }
 
+/// A failing tick longer than the period: its next occurrence has passed
+/// when it is released, so the role is due again at once (not a poll later,
+/// which under `Skip` would have passed that occurrence over).
+#[tokio::test]
+async fn a_failed_tick_longer_than_the_period_leaves_the_role_due_at_once() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    let every_second = Schedule::cron("* * * * * *")
+        .unwrap()
+        .retry(Retry {
+            attempts: 1,
+            ..Retry::default()
+        })
+        .unwrap();
+    let mut chance = NextChance::new(&m, &role());
+    let lead = loop {
+        let lead = m
+            .lead(&role(), every_second.clone(), |_| async {
+                tokio::time::sleep(Duration::from_millis(1300)).await;
+                Err::<(), _>(std::io::Error::other("slow and failing"))
+            })
+            .await;
+        if let Ok(Lead::Failed { .. }) = lead {
+            break lead;
+        }
+        assert!(chance.wait(&lead).await);
+    };
+    assert!(matches!(lead, Ok(Lead::Failed { .. })), "{lead:?}");
+    let owner = connect(&direct(&db)).await.unwrap();
+    let wait: f64 = scalar(
+        &owner,
+        "SELECT extract(epoch FROM l.not_before - h.at)::float8
+           FROM leader_leases AS l, leader_history AS h
+          WHERE l.role = 'billing' AND h.role = 'billing' AND h.kind = 'term' AND h.outcome = 'failed'",
+    )
+    .await;
+    assert!(wait < 0.1, "the role waited {wait} s after the RELEASE");
+}
+
 #[tokio::test]
 async fn after_a_downtime_the_latest_occurrence_runs_once_and_the_rest_are_recorded_skipped() {
     let db = migrated_db(PgCluster::shared()).await;

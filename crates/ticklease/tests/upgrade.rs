@@ -443,3 +443,20 @@ async fn migration_0008_waits_briefly_for_a_history_reader_while_holders_renew()
         "a RENEW waited {slowest:?}"
     );
 }
+
+/// 0008's short lock wait is its own: the run's wait is restored after it,
+/// for the definitions and grants that follow in the same transaction.
+#[tokio::test]
+async fn migration_0008_restores_the_runs_lock_wait() {
+    let OldRelease { client, .. } = database_at(7, "upgrade_app7b").await;
+    client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL lock_timeout = '7s'; {}",
+            MIGRATIONS[7].sql
+        ))
+        .await
+        .unwrap();
+    let after: String = scalar(&client, "SELECT current_setting('lock_timeout')").await;
+    client.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(after, "7s");
+}

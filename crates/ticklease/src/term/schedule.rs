@@ -231,9 +231,9 @@ impl Schedule {
         Ok(schedule)
     }
 
-    /// A cron expression as a crontab line gives it, optionally prefixed
-    /// with its zone as cronie spells it: `CRON_TZ=Europe/Berlin 5 0 * * *`
-    /// (UTC without the prefix).
+    /// A cron expression, optionally prefixed with its zone as robfig/cron
+    /// (and Kubernetes CronJobs before `timeZone`) accept it on one line:
+    /// `CRON_TZ=Europe/Berlin 5 0 * * *` (UTC without the prefix).
     pub fn cron_tz(spec: &str) -> Result<Schedule, ScheduleError> {
         match spec.trim_start().strip_prefix("CRON_TZ=") {
             Some(rest) => {

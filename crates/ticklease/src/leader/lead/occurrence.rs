@@ -63,10 +63,10 @@ impl OccurrenceScope {
     }
 }
 
-/// The wait until `next` from `now`, within the bounds the database accepts.
+/// The wait until `next` from `now` (none once it passed; `fallback` when
+/// there is no next), within the bounds the database accepts.
 fn wait_until(next: Option<SystemTime>, now: SystemTime, fallback: Duration) -> Duration {
-    next.and_then(|n| n.duration_since(now).ok())
-        .unwrap_or(fallback)
+    next.map_or(fallback, |n| n.duration_since(now).unwrap_or_default())
         .clamp(Duration::from_millis(1), DURATION_MAX)
 }
 

@@ -23,6 +23,9 @@
 -- widened kind check admits every existing row, so no table is scanned
 -- under the lock.
 
+-- The run's own lock wait is restored at the end, for the definitions and
+-- grants that follow in the same transaction.
+SELECT pg_catalog.set_config('ticklease.lock_timeout_before_0008', pg_catalog.current_setting('lock_timeout'), true);
 SET LOCAL lock_timeout = '500ms';
 
 ALTER TABLE leader_leases
@@ -37,3 +40,5 @@ ALTER TABLE leader_leases
 ALTER TABLE leader_history
     DROP CONSTRAINT leader_history_kind_check,
     ADD CONSTRAINT leader_history_kind_check CHECK (kind IN ('term', 'pause', 'unpause', 'run_now', 'skipped')) NOT VALID;
+
+SELECT pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('ticklease.lock_timeout_before_0008'), true);
