@@ -391,12 +391,17 @@ impl<S: LeaseStore> Manager<S> {
     }
 
     pub(crate) fn check_tick(&self, role: &Role, interval: Duration) -> Result<(), Error> {
-        if !self.inner.roles.contains(role) {
-            return Err(Error::UnknownRole {
-                role: role.to_string(),
-            });
-        }
+        self.check_declared(role)?;
         check_interval(role.as_str(), interval)
+    }
+
+    fn check_declared(&self, role: &Role) -> Result<(), Error> {
+        match self.inner.roles.contains(role) {
+            true => Ok(()),
+            false => Err(Error::UnknownRole {
+                role: role.to_string(),
+            }),
+        }
     }
 
     /// The metrics this manager records into, with or without the feature.

@@ -140,11 +140,7 @@ impl<S: LeaseStore> Manager<S> {
     }
 
     pub(super) fn check_occurrence(&self, role: &Role, schedule: &Schedule) -> Result<(), Error> {
-        if !self.inner.roles.contains(role) {
-            return Err(Error::UnknownRole {
-                role: role.to_string(),
-            });
-        }
+        self.check_declared(role)?;
         schedule
             .check(&self.inner.config)
             .map_err(|source| Error::Schedule {
