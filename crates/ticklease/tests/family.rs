@@ -182,6 +182,46 @@ async fn a_replica_takes_no_more_than_its_fair_share_while_others_are_alive() {
     stop.cancel();
 }
 
+/// A replica whose registry beats fail sleeps until its next beat, its due
+/// keys untouched (alone it would count N = 1), and leads them once a beat
+/// answers. Its loop used to wake at the keys' past due time over and over:
+/// on a current-thread runtime that spin starved the beats' own I/O until
+/// they timed out for good (a CI run hung 75 minutes through PgBouncer).
+/// Under paused time a spin never lets the clock advance, so the test runs
+/// on a thread of its own and fails if it does not finish in wall time.
+#[test]
+fn a_replica_whose_beat_fails_sleeps_until_its_next_beat() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let config = Config::default();
+            let store = FakeStore::new();
+            store.fail_beats(3);
+            let manager = Manager::start(store.clone(), config, Vec::<Role>::new())
+                .await
+                .unwrap();
+            let started_at = Instant::now();
+            let (mut seen, stop) = run_family(manager, &family(4), Duration::from_secs(3600), Duration::MAX);
+            started(&mut seen, 4).await;
+            let waited = started_at.elapsed();
+            assert!(
+                waited >= config.heartbeat_every() * 3,
+                "led after {waited:?}, before the fourth beat"
+            );
+            stop.cancel();
+        });
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the family loop finished within 30 s of wall time (it spins while beats fail)");
+}
+
 /// Three replicas share thirty keys: each leads about ten (its preferred
 /// keys), not whichever it reached first.
 #[tokio::test]
@@ -206,7 +246,10 @@ async fn three_replicas_share_a_familys_keys_evenly() {
     // registered; no key's ticks overlap, whichever replica runs them.
     let mut ticks = 0;
     let mut running: BTreeMap<Role, usize> = BTreeMap::new();
+    // About 6 s of ticks; a family that stops ticking fails here, not hangs.
+    let deadline = Instant::now() + Duration::from_secs(60);
     while ticks < 30 * 5 {
+        assert!(Instant::now() < deadline, "{ticks} ticks in 60 s");
         for run in &mut runs {
             while let Ok(seen) = run.try_recv() {
                 match seen {

@@ -318,7 +318,8 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                 }
             }
         }
-        let next = if limit > 0 {
+        // Without a registry answer no key is asked about: sleep until the next beat.
+        let next = if limit > 0 && !replicas.is_empty() {
             keys.values()
                 .enumerate()
                 .filter(|(_, k)| k.term.is_none())

@@ -51,6 +51,7 @@ struct State {
     renew_sends: Vec<Instant>,
     fail_renews: usize,
     fail_releases: usize,
+    fail_beats: usize,
     /// `(family, holder)` → when the replica's registration runs out.
     replicas: BTreeMap<(String, String), SystemTime>,
 }
@@ -108,6 +109,7 @@ impl MemoryStore {
                 renew_sends: Vec::new(),
                 fail_renews: 0,
                 fail_releases: 0,
+                fail_beats: 0,
                 replicas: BTreeMap::new(),
             })),
             hang: Arc::new(watch::channel(false).0),
@@ -133,6 +135,11 @@ impl MemoryStore {
     /// The next `n` RELEASEs fail with an error (the term stays held).
     pub fn fail_releases(&self, n: usize) {
         self.state.lock().expect("state").fail_releases = n;
+    }
+
+    /// The next `n` replica-registry beats fail with an error (nothing is registered).
+    pub fn fail_beats(&self, n: usize) {
+        self.state.lock().expect("state").fail_beats = n;
     }
 
     /// Another replica takes `role` over: a later term, held by
@@ -440,17 +447,24 @@ impl LeaseStore for MemoryStore {
 
     async fn beat(&self, family: &str, holder: &str, lease_ttl: Duration) -> Result<Vec<String>, StoreError> {
         let now = self.now();
-        Ok(self.with(|s| {
+        self.with(|s| {
+            if s.fail_beats > 0 {
+                s.fail_beats -= 1;
+                return Err(StoreError::Timeout {
+                    statement: "BEAT",
+                    after: Duration::ZERO,
+                });
+            }
             s.replicas.insert(
                 (family.to_string(), holder.to_string()),
                 now + lease_ttl.min(REGISTRATION_TTL_MAX),
             );
-            s.replicas
+            Ok(s.replicas
                 .iter()
                 .filter(|((f, _), expires_at)| f == family && **expires_at > now)
                 .map(|((_, h), _)| h.clone())
-                .collect()
-        }))
+                .collect())
+        })
     }
 
     async fn leave(&self, family: &str, holder: &str) -> Result<bool, StoreError> {
