@@ -56,6 +56,9 @@ pub fn table(rows: &[LeaseStatus]) -> String {
         "LAST TICK AGE",
         "LAST OUTCOME",
         "NOT BEFORE",
+        "SCHEDULE",
+        "LAST OCCURRENCE",
+        "NEXT OCCURRENCE",
     ];
     aligned(header, rows.iter().map(cells))
 }
@@ -82,7 +85,7 @@ pub(crate) fn aligned<const N: usize>(header: [&str; N], rows: impl Iterator<Ite
 }
 
 /// One row's cells, unescaped.
-fn cells(r: &LeaseStatus) -> [String; 9] {
+fn cells(r: &LeaseStatus) -> [String; 12] {
     let held = r.held;
     [
         r.role.clone(),
@@ -117,6 +120,21 @@ fn cells(r: &LeaseStatus) -> [String; 9] {
                 }
             })
             .unwrap_or_else(|| "-".into()),
+        r.schedule.clone().unwrap_or_else(|| "-".into()),
+        r.last_occurrence
+            .map(|t| humantime::format_rfc3339_seconds(t).to_string())
+            .unwrap_or_else(|| "-".into()),
+        r.next_occurrence
+            .map(|t| {
+                let at = humantime::format_rfc3339_seconds(t);
+                let wait = seconds(t, r.db_now);
+                if wait >= 0.0 {
+                    format!("{at} (in {})", short(wait))
+                } else {
+                    format!("{at} (late {})", short(-wait))
+                }
+            })
+            .unwrap_or_else(|| "-".into()),
     ]
 }
 
@@ -143,6 +161,10 @@ pub fn json(rows: &[LeaseStatus]) -> serde_json::Value {
                     "last_tick_holder": r.last_tick_holder,
                     "not_before": time(r.not_before),
                     "last_outcome": r.last_outcome,
+                    "schedule": r.schedule,
+                    "last_occurrence": time(r.last_occurrence),
+                    "next_occurrence": time(r.next_occurrence),
+                    "occurrence_late_seconds": r.next_occurrence.map(|t| seconds(r.db_now, t).max(0.0)),
                 })
             })
             .collect(),
@@ -175,6 +197,9 @@ mod tests {
             last_tick_holder: None,
             not_before: Some(now + Duration::from_secs(30)),
             last_outcome: None,
+            schedule: None,
+            last_occurrence: None,
+            next_occurrence: None,
         }
     }
 
@@ -210,7 +235,7 @@ mod tests {
             "{out}"
         );
         assert!(
-            lines[1].ends_with("never          -             in 30.0s"),
+            lines[1].contains("never          -             in 30.0s"),
             "{out}"
         );
         assert!(lines[2].contains("alice: rotate\\u{1b}]0;pwned\\u{7}"), "{out}");
@@ -241,9 +266,44 @@ mod tests {
         assert!(
             lines
                 .iter()
-                .all(|l| l.chars().count() <= 9 * (CELL_WIDTH_MAX + 2)),
+                .all(|l| l.chars().count() <= 12 * (CELL_WIDTH_MAX + 2)),
             "{out:.500}"
         );
+    }
+
+    #[test]
+    fn a_cron_role_shows_its_schedule_last_occurrence_and_how_late_the_next_is() {
+        let mut billing = row("billing");
+        billing.schedule = Some("CRON_TZ=Europe/Berlin 5 0 * * *".into());
+        billing.last_occurrence = Some(billing.db_now - Duration::from_secs(86_400));
+        billing.next_occurrence = Some(billing.db_now - Duration::from_secs(125));
+        let mut outbox = row("outbox");
+        outbox.schedule = Some("CRON_TZ=UTC */15 * * * *".into());
+        outbox.next_occurrence = Some(outbox.db_now + Duration::from_secs(60));
+        let out = table(&[billing.clone(), outbox, row("dunning")]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].ends_with("SCHEDULE                         LAST OCCURRENCE       NEXT OCCURRENCE"),
+            "{out}"
+        );
+        assert!(
+            lines[1].ends_with(
+                "CRON_TZ=Europe/Berlin 5 0 * * *  2023-11-13T22:13:20Z  2023-11-14T22:11:15Z (late 2m05s)"
+            ),
+            "{out}"
+        );
+        assert!(
+            lines[2].ends_with("-                     2023-11-14T22:14:20Z (in 1m00s)"),
+            "{out}"
+        );
+        assert!(
+            lines[3].ends_with("-                                -                     -"),
+            "{out}"
+        );
+        let v = json(&[billing]);
+        assert_eq!(v[0]["schedule"], "CRON_TZ=Europe/Berlin 5 0 * * *");
+        assert_eq!(v[0]["next_occurrence"], "2023-11-14T22:11:15.000Z");
+        assert_eq!(v[0]["occurrence_late_seconds"], 125.0);
     }
 
     #[test]

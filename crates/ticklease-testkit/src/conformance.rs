@@ -533,8 +533,11 @@ pub async fn release_many_ends_each_term_by_its_outcome<S: LeaseStore>(store: &S
 
 pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: LeaseStore>(store: &S) {
     let r = role("billing");
+    let schedule = "CRON_TZ=UTC * * * * * *";
     let ask = |occurrence: Option<SystemTime>| OccurrenceAsk {
         occurrence,
+        schedule: schedule.into(),
+        next: occurrence.map(|o| o + Duration::from_secs(1)),
         ..OccurrenceAsk::default()
     };
     let look = store
@@ -546,6 +549,9 @@ pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: Lea
         "a look starts nothing: {look:?}"
     );
     assert!(near(look.after, look.db_now), "counting starts at the first look");
+    let row = lease_row(store, "billing").await;
+    let shown = (row.schedule.as_deref(), row.last_occurrence, row.next_occurrence);
+    assert_eq!(shown, (Some(schedule), None, None), "a look records the schedule");
     let soon = look.db_now + Duration::from_millis(300);
     match store
         .acquire_occurrence(&r, "a", TTL, &ask(Some(soon)))
@@ -578,6 +584,12 @@ pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: Lea
         .release(&r, term.token, Release::Failed, Duration::from_millis(1))
         .await
         .expect("RELEASE"));
+    let row = lease_row(store, "billing").await;
+    assert_eq!(
+        (row.last_occurrence, row.next_occurrence),
+        (None, Some(soon)),
+        "a failed occurrence is the next to run"
+    );
     tokio::time::sleep(Duration::from_millis(10)).await;
     let retried = store
         .acquire_occurrence(&r, "b", TTL, &ask(Some(soon)))
@@ -602,6 +614,12 @@ pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: Lea
         "never again once completed"
     );
     assert_eq!((done.after, done.failures), (soon, 0));
+    let row = lease_row(store, "billing").await;
+    assert_eq!(
+        (row.schedule.as_deref(), row.last_occurrence, row.next_occurrence),
+        (Some(schedule), Some(soon), Some(soon + Duration::from_secs(1))),
+        "a completed occurrence is the last; the next is the one after it"
+    );
 }
 
 pub async fn replicas_beat_and_leave_per_family<S: LeaseStore>(store: &S) {

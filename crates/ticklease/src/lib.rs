@@ -771,7 +771,8 @@ pub use term::fence::Fence;
 pub use term::holder::HolderId;
 pub use term::role::{Role, ROLE_NAME_MAX};
 pub use term::schedule::{
-    CatchUp, Due, Retry, Schedule, ScheduleError, SkipReason, Skipped, CATCH_UP_MAX, SKIPPED_COUNTED_MAX,
+    CatchUp, Due, Retry, Schedule, ScheduleError, SkipReason, Skipped, CATCH_UP_MAX, EXPRESSION_MAX,
+    SKIPPED_COUNTED_MAX,
 };
 pub use term::token::Token;
 pub use tls::{PgConnect, PgConnectError};

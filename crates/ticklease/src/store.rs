@@ -218,6 +218,11 @@ pub struct OccurrenceAsk {
     pub before: Option<SystemTime>,
     /// The occurrences passed over, recorded in the history when the term starts.
     pub skipped: Vec<Skipped>,
+    /// The schedule as text (at most 200 characters), recorded for operators
+    /// on a role's first look and when a term starts.
+    pub schedule: String,
+    /// The occurrence after the asked one, recorded for operators when the term starts.
+    pub next: Option<SystemTime>,
 }
 
 /// What an ACQUIRE of an occurrence answered.
@@ -278,6 +283,14 @@ pub struct LeaseStatus {
     pub not_before: Option<SystemTime>,
     /// How the role's last recorded term ended (`completed`, `lost`, …).
     pub last_outcome: Option<String>,
+    /// A cron schedule as the replica that started the last term declared it.
+    pub schedule: Option<String>,
+    /// The last occurrence that completed.
+    pub last_occurrence: Option<SystemTime>,
+    /// The next occurrence to run: the current one while it has not
+    /// completed and no term runs it (after a failed attempt), else the one
+    /// after the last term's.
+    pub next_occurrence: Option<SystemTime>,
 }
 
 /// The statements of the lease protocol. Every method is one statement, on the

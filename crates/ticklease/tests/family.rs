@@ -61,14 +61,22 @@ fn run_family<S: LeaseStore>(
     (rx, stop)
 }
 
-/// Waits for `n` tick starts.
+/// Waits for `n` tick starts (at most two minutes: a stalled family fails, not hangs).
 async fn started(rx: &mut mpsc::UnboundedReceiver<Seen>, n: usize) -> Vec<(Role, Token)> {
     let mut terms = Vec::new();
-    while terms.len() < n {
-        match rx.recv().await.expect("the scheduler runs") {
-            Seen::Started(role, token) => terms.push((role, token)),
-            Seen::Ended(..) => {}
+    let wait = async {
+        while terms.len() < n {
+            match rx.recv().await.expect("the scheduler runs") {
+                Seen::Started(role, token) => terms.push((role, token)),
+                Seen::Ended(..) => {}
+            }
         }
+    };
+    if tokio::time::timeout(Duration::from_secs(120), wait)
+        .await
+        .is_err()
+    {
+        panic!("{} of {n} ticks started within two minutes", terms.len());
     }
     terms
 }

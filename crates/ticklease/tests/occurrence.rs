@@ -334,7 +334,12 @@ async fn a_failed_tick_longer_than_the_period_leaves_the_role_due_at_once() {
         })
         .unwrap();
     let mut chance = NextChance::new(&m, &role());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let lead = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no failed tick within 30 s"
+        );
         let lead = m
             .lead(&role(), every_second.clone(), |_| async {
                 tokio::time::sleep(Duration::from_millis(1300)).await;

@@ -469,20 +469,27 @@ async fn a_tick_stuck_past_the_shutdown_grace_is_released_before_run_returns() {
     // the RELEASE starts waiting for it (well inside its statement timeout).
     let mut locker = connect(&ticklease_testkit::direct(&db)).await.unwrap();
     let observer = connect(&ticklease_testkit::direct(&db)).await.unwrap();
+    let (locked, taken) = tokio::sync::oneshot::channel();
     let lock = tokio::spawn(async move {
         let tx = locker.transaction().await.unwrap();
         tx.batch_execute("SELECT 1 FROM leader_leases WHERE role = 'billing' FOR NO KEY UPDATE")
             .await
             .unwrap();
+        let _ = locked.send(());
         let waiting = "SELECT count(*) FROM pg_stat_activity
                         WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while ticklease_testkit::scalar::<i64>(&observer, waiting).await == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no RELEASE waited for the row lock"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         tx.commit().await.unwrap();
     });
-    tokio::time::sleep(Duration::from_millis(50)).await; // the lock is taken before the shutdown
+    taken.await.unwrap(); // the lock is taken before the shutdown
     stop.cancel();
     let stopped = run.await.unwrap();
     let row = ticklease_testkit::lease_row(r.manager.store(), "billing").await;

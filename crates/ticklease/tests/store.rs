@@ -46,7 +46,12 @@ async fn renew_racing_a_pause_reports_the_pause_not_a_takeover() {
     // Hold the pause open until the RENEW waits for its row lock.
     let blocked = "SELECT count(*) FROM pg_stat_activity
                     WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while scalar::<i64>(&observer, blocked).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the RENEW never waited for the pause's row lock"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     pause.commit().await.unwrap();

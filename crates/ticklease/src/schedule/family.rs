@@ -158,10 +158,10 @@ pub(crate) async fn family_loop<S: LeaseStore>(
             sync_keys(&family, &mut keys, now);
             synced = Some(current);
         }
+        // The database keeps a registration at most REGISTRATION_TTL_MAX.
+        let beat_every = config.heartbeat_every().min(REGISTRATION_TTL_MAX / 3);
         if now >= beat_at {
-            // The database keeps a registration at most REGISTRATION_TTL_MAX.
-            beat_at = now + config.heartbeat_every().min(REGISTRATION_TTL_MAX / 3);
-            match tokio::time::timeout(
+            let answer = tokio::time::timeout(
                 config.statement_timeout(),
                 store.beat(
                     family.name(),
@@ -169,8 +169,10 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                     config.lease_ttl().min(REGISTRATION_TTL_MAX),
                 ),
             )
-            .await
-            {
+            .await;
+            // Counted from the answer: a beat that timed out is not sent again at once.
+            beat_at = Instant::now() + beat_every;
+            match answer {
                 Ok(Ok(live)) => {
                     if live != replicas {
                         // Preferences moved, or a holder left (stopped, or froze past its TTL).

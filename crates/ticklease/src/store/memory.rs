@@ -37,6 +37,8 @@ struct Row {
     occurrences_since: Option<SystemTime>,
     /// Failed attempts of `occurrence`.
     failures: u32,
+    schedule: Option<String>,
+    next_occurrence: Option<SystemTime>,
 }
 
 impl Row {
@@ -262,6 +264,7 @@ fn acquire_occurrence_row(
     });
     if row.occurrences_since.is_none() && row.last_occurrence.is_none() {
         row.occurrences_since = Some(now);
+        row.schedule = Some(ask.schedule.clone());
     }
     let after = row.last_occurrence.or(row.occurrences_since).unwrap_or(now);
     let same = row.occurrence == ask.occurrence;
@@ -276,6 +279,8 @@ fn acquire_occurrence_row(
             Some(o) if o > after && ask.before.is_none_or(|b| now < b) => {
                 row.failures = failures;
                 row.occurrence = Some(o);
+                row.schedule = Some(ask.schedule.clone());
+                row.next_occurrence = ask.next;
                 Acquire::Acquired(start_term(row, holder, lease_ttl, now))
             }
             _ => Acquire::Refused(Refusal::Contended),
@@ -558,6 +563,12 @@ impl LeaseStore for MemoryStore {
                     last_tick_holder: r.last_tick_holder.clone(),
                     not_before: r.not_before,
                     last_outcome: None,
+                    schedule: r.schedule.clone(),
+                    last_occurrence: r.last_occurrence,
+                    next_occurrence: match r.occurrence {
+                        Some(o) if Some(o) > r.last_occurrence && !r.live(now) => Some(o),
+                        _ => r.next_occurrence,
+                    },
                 })
                 .collect()
         }))

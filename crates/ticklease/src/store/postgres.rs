@@ -450,6 +450,8 @@ impl LeaseStore for PgStore {
                         (&key, Type::INT8),
                         (&reasons, Type::TEXT_ARRAY),
                         (&summaries, Type::TEXT_ARRAY),
+                        (&ask.schedule, Type::TEXT),
+                        (&ask.next, Type::TIMESTAMPTZ),
                     ],
                 ),
             )
@@ -776,6 +778,9 @@ impl LeaseStore for PgStore {
                 last_tick_holder: r.get("last_tick_holder"),
                 not_before: r.get("not_before"),
                 last_outcome: r.get("last_outcome"),
+                schedule: r.get("schedule"),
+                last_occurrence: r.get("last_occurrence"),
+                next_occurrence: r.get("next_occurrence"),
             })
             .collect())
     }

@@ -30,6 +30,10 @@ const GAP_SAMPLE: usize = 1_000;
 /// Skipped occurrences counted one by one; past this a skip reports a lower bound.
 pub const SKIPPED_COUNTED_MAX: u32 = 1_000;
 
+/// The longest cron expression accepted, in characters (its text, with the
+/// zone, is recorded in the lease row for operators).
+pub const EXPRESSION_MAX: usize = 120;
+
 /// The most occurrences [`CatchUp::All`] runs after a downtime.
 pub const CATCH_UP_MAX: u32 = 1_000;
 
@@ -215,6 +219,12 @@ impl Schedule {
     /// seconds first; `L`, `W`, `#`; `@hourly`, `@daily`, `@weekly`,
     /// `@monthly`, `@yearly`), in UTC unless [`Schedule::zone`] says otherwise.
     pub fn cron(expression: &str) -> Result<Schedule, ScheduleError> {
+        if expression.chars().count() > EXPRESSION_MAX {
+            return Err(ScheduleError::InvalidExpression {
+                expression: expression.chars().take(EXPRESSION_MAX).collect(),
+                reason: format!("longer than {EXPRESSION_MAX} characters"),
+            });
+        }
         let cron = parse(expression)?;
         let mut schedule = Schedule {
             kind: Kind::Cron {
@@ -498,6 +508,17 @@ impl Schedule {
             at = next;
         }
         shortest
+    }
+}
+
+/// `every 30s`, or a cron schedule as [`Schedule::cron_tz`] reads it
+/// (`CRON_TZ=Europe/Berlin 5 0 * * *`): what operators see in the status.
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Every(interval) => write!(f, "every {interval:?}"),
+            Kind::Cron { expression, zone, .. } => write!(f, "CRON_TZ={} {expression}", zone.name()),
+        }
     }
 }
 

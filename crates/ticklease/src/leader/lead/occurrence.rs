@@ -89,7 +89,13 @@ impl<S: LeaseStore> Manager<S> {
         }
         let known = match self.known(role) {
             Some(known) => known,
-            None => self.ask(role, &OccurrenceAsk::default()).await?.0,
+            None => {
+                let look = OccurrenceAsk {
+                    schedule: schedule.to_string(),
+                    ..OccurrenceAsk::default()
+                };
+                self.ask(role, &look).await?.0
+            }
         };
         let now = known.db_now();
         let due = schedule.due(known.after, now, config.lease_ttl());
@@ -108,6 +114,8 @@ impl<S: LeaseStore> Manager<S> {
             occurrence: Some(occurrence),
             before,
             skipped: due.skipped,
+            schedule: schedule.to_string(),
+            next: schedule.next_after(occurrence),
         };
         let sent = Instant::now();
         let sent_wall = SystemTime::now();

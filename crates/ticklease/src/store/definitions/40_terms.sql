@@ -69,7 +69,8 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_holder text, p_ttl_ms bigint,
                                                     p_occurrence timestamptz, p_before timestamptz, p_key bigint,
-                                                    p_skipped_reasons text[], p_skipped_summaries text[])
+                                                    p_skipped_reasons text[], p_skipped_summaries text[],
+                                                    p_schedule text, p_next timestamptz)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
                after_occurrence timestamptz, failures integer)
@@ -85,7 +86,9 @@ AS $fn$
 -- and the database's now, setting occurrences_since on a role's first
 -- look. The occurrence arithmetic (cron, zones) is the caller's; this
 -- decides on the database clock alone. A started term records the skipped
--- occurrences the caller names (at most 2 summaries: reason and text).
+-- occurrences the caller names (at most 2 summaries: reason and text),
+-- and, for operators, the caller's schedule (text) and the occurrence after
+-- the one it runs (p_next); a role's first look records the schedule too.
 -- A term it takes over is recorded and swept as in leader_acquire.
 #variable_conflict use_column
 BEGIN
@@ -93,20 +96,21 @@ BEGIN
         RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs a holder id of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF NOT isfinite(p_occurrence) OR NOT isfinite(p_before)
+    IF NOT isfinite(p_occurrence) OR NOT isfinite(p_before) OR NOT isfinite(p_next)
+       OR length(p_schedule) > 200
        OR coalesce(cardinality(p_skipped_reasons), 0) > 2
        OR coalesce(cardinality(p_skipped_reasons), 0) <> coalesce(cardinality(p_skipped_summaries), 0)
        OR EXISTS (SELECT 1 FROM unnest(p_skipped_reasons) AS r WHERE r IS NULL OR r NOT IN ('deadline', 'catch_up')) THEN
-        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs finite instants and at most 2 skipped summaries with known reasons'
+        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs finite instants, a schedule of at most 200 characters and at most 2 skipped summaries with known reasons'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @schema@.leader_require_key(p_key);
     -- A role's first look: counting starts now (a new schedule does not run the past).
     IF NOT EXISTS (SELECT 1 FROM @schema@.leader_leases AS l
                     WHERE l.role = p_role AND (l.occurrences_since IS NOT NULL OR l.last_occurrence IS NOT NULL)) THEN
-        INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since)
-        VALUES (p_role, @schema@.leader_token_seed(), now())
-        ON CONFLICT (role) DO UPDATE SET occurrences_since = now()
+        INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
+        VALUES (p_role, @schema@.leader_token_seed(), now(), p_schedule)
+        ON CONFLICT (role) DO UPDATE SET occurrences_since = now(), schedule = p_schedule
          WHERE l.occurrences_since IS NULL AND l.last_occurrence IS NULL;
     END IF;
     RETURN QUERY
@@ -115,8 +119,8 @@ BEGIN
         -- row FOR UPDATE and waits for a claim in its commit check
         -- (guarantee 3). Its insert path (a row forgotten since the look
         -- above) creates an unheld row, counting from now, and starts nothing.
-        INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since)
-        VALUES (p_role, @schema@.leader_token_seed(), now())
+        INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
+        VALUES (p_role, @schema@.leader_token_seed(), now(), p_schedule)
         ON CONFLICT (role) DO UPDATE
            SET role = EXCLUDED.role,
                holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
@@ -125,7 +129,9 @@ BEGIN
                expires_at = now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms),
                holder_key = p_key,
                failures = CASE WHEN l.occurrence IS NOT DISTINCT FROM p_occurrence THEN l.failures ELSE 0 END,
-               occurrence = p_occurrence
+               occurrence = p_occurrence,
+               schedule = p_schedule,
+               next_occurrence = p_next
          WHERE p_occurrence IS NOT NULL
            AND l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())

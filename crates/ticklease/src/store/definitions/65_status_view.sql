@@ -6,7 +6,10 @@
 -- backends holding it.
 
 -- One row per role: its term, whether it is live (the live keys read once
--- for all rows), its pause, its last tick and outcome.
+-- for all rows), its pause, its last tick and outcome, and for a cron
+-- schedule: the schedule, the last completed occurrence and the next one
+-- to run (the current term's while it is not completed and no term runs
+-- it, as after a failed attempt; else the one after the last term's).
 CREATE OR REPLACE VIEW leader_status AS
 WITH live AS (SELECT ARRAY(SELECT leader_live_keys()) AS keys)
 SELECT l.role,
@@ -25,5 +28,11 @@ SELECT l.role,
        l.last_tick_holder,
        l.not_before,
        (SELECT h.outcome FROM leader_history AS h
-         WHERE h.role = l.role AND h.kind = 'term' ORDER BY h.id DESC LIMIT 1) AS last_outcome
+         WHERE h.role = l.role AND h.kind = 'term' ORDER BY h.id DESC LIMIT 1) AS last_outcome,
+       l.schedule,
+       l.last_occurrence,
+       CASE WHEN l.occurrence > coalesce(l.last_occurrence, '-infinity')
+                 AND NOT leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, statement_timestamp(), live.keys)
+            THEN l.occurrence
+            ELSE l.next_occurrence END AS next_occurrence
   FROM leader_leases AS l CROSS JOIN live;

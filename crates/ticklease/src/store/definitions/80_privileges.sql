@@ -70,7 +70,7 @@ BEGIN
         EXECUTE pg_catalog.format('GRANT SELECT ON leader_leases TO %I', p_app);
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION leader_acquire(text, text, bigint, bigint),
                         leader_acquire(text, text, bigint, bigint, bigint),
-                        leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[]),
+                        leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[], text, timestamptz),
                         leader_renew(text, bigint, bigint), leader_renew(text, bigint, bigint, bigint),
                         leader_release(text, bigint, boolean, bigint),
                         leader_release(text, bigint, boolean, bigint, text, text, text),

@@ -11,6 +11,9 @@
 -- role was first asked about an occurrence) bounds the occurrences that
 -- count, so a new schedule does not run the past. `failures` counts the
 -- failed attempts of the current occurrence, for the retry backoff.
+-- `schedule` and `next_occurrence` are what the replica that started the
+-- last term declared (its schedule as text, the occurrence after the one it
+-- ran), for operators: status, metrics, the late-occurrence alert.
 -- leader_history gains the kind `skipped`: occurrences passed over, and why.
 --
 -- Locks: leader_leases, then leader_history (the order every lease
@@ -33,8 +36,12 @@ ALTER TABLE leader_leases
     ADD COLUMN last_occurrence timestamptz,
     ADD COLUMN occurrences_since timestamptz,
     ADD COLUMN failures integer NOT NULL DEFAULT 0,
+    ADD COLUMN schedule text,
+    ADD COLUMN next_occurrence timestamptz,
     ADD CONSTRAINT leader_leases_finite_occurrences CHECK (
-        isfinite(occurrence) AND isfinite(last_occurrence) AND isfinite(occurrences_since)) NOT VALID,
+        isfinite(occurrence) AND isfinite(last_occurrence) AND isfinite(occurrences_since)
+        AND isfinite(next_occurrence)) NOT VALID,
+    ADD CONSTRAINT leader_leases_schedule_bounded CHECK (length(schedule) <= 200) NOT VALID,
     ADD CONSTRAINT leader_leases_failures_bounded CHECK (failures BETWEEN 0 AND 1000000) NOT VALID;
 
 ALTER TABLE leader_history
