@@ -529,3 +529,67 @@ async fn a_time_in_the_spring_gap_runs_once_right_after_it_on_the_database_clock
         other => panic!("{other:?}"),
     }
 }
+
+/// The metrics of a cron role, read from the lease row: seconds until the
+/// next occurrence and how late it is, and the occurrences a replica
+/// recorded skipped, by reason.
+#[tokio::test]
+async fn the_metrics_show_a_late_occurrence_and_count_the_skipped_ones() {
+    use ticklease::prometheus_client::{encoding::text::encode, registry::Registry};
+    use ticklease::Metrics;
+    let db = migrated_db(PgCluster::shared()).await;
+    let config = test_config();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let mut registry = Registry::with_prefix("app");
+    let metrics = Metrics::register(&mut registry, [role()]);
+    let m = Manager::start_with_metrics(store, config, [role()], metrics.clone())
+        .await
+        .unwrap();
+    let scrape = || {
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        let value = |series: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse::<f64>().ok())
+        };
+        let series = |name: &str| format!("app_leader_{name}{{role=\"billing\"}}");
+        (
+            value(&series("occurrence_next_seconds")),
+            value(&series("occurrence_late_seconds")),
+            value("app_leader_occurrences_skipped_total{role=\"billing\",reason=\"catch_up\"}"),
+        )
+    };
+    let minutely = Schedule::cron("* * * * *").unwrap();
+    metrics.refresh(m.store()).await;
+    assert_eq!(scrape(), (None, None, None), "no occurrence known yet");
+    // The occurrence 4 minutes before the current minute is the next to run, and no one ran it.
+    let owner = connect(&direct(&db)).await.unwrap();
+    owner
+        .execute(
+            "UPDATE leader_leases SET last_occurrence = date_trunc('minute', now()) - interval '5 minutes',
+                    next_occurrence = date_trunc('minute', now()) - interval '4 minutes'
+              WHERE role = 'billing'",
+            &[],
+        )
+        .await
+        .unwrap();
+    metrics.refresh(m.store()).await;
+    let (next, late, skipped) = scrape();
+    assert_eq!(next, Some(0.0));
+    assert!(late.is_some_and(|l| (240.0..330.0).contains(&l)), "{late:?}");
+    assert_eq!(skipped, None);
+    let lead = m
+        .lead(&role(), minutely.clone(), |_| async {
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
+    assert!(matches!(lead, Ok(Lead::Completed { .. })), "{lead:?}");
+    metrics.refresh(m.store()).await;
+    let (next, late, skipped) = scrape();
+    assert!(next.is_some_and(|n| n > 0.0 && n <= 60.0), "{next:?}");
+    assert_eq!(late, Some(0.0));
+    // 5 when the minute turned between the UPDATE and the ACQUIRE.
+    assert!(matches!(skipped, Some(4.0 | 5.0)), "{skipped:?}");
+}

@@ -9,7 +9,10 @@
 //!   ([`Metrics::refresh`]): `leader_last_tick_age_seconds{role}` (never
 //!   negative), `leader_last_tick_state{role,state}` with state `ok`,
 //!   `never_ran` or `error` (the age series is absent in the latter two, never
-//!   a stale or sentinel value), and `leader_paused{role}`;
+//!   a stale or sentinel value), `leader_paused{role}`, and for cron roles
+//!   `leader_occurrence_next_seconds{role}` (until the next occurrence to run,
+//!   0 once due) and `leader_occurrence_late_seconds{role}` (how long it has
+//!   been due with no term running it; the `TickleaseOccurrenceLate` alert);
 //! - **this replica**: `leader_is_leader{role}`, `leader_ticks_total{role,outcome}`,
 //!   `leader_lease_lost_total{role,reason}` (reason `taken_over`, `paused`,
 //!   `released`, `heartbeat_timeout` when the term was lost, `panicked` or
@@ -18,7 +21,9 @@
 //!   is an increase an alert sees), `leader_tick_duration_seconds{role}`,
 //!   `leader_renew_duration_seconds`, `leader_db_clock_drift_seconds`,
 //!   `leader_tick_interval_seconds{role}` (what the stall alert compares with),
-//!   and `leader_coordination_up` (its coordination session, as of its last poll).
+//!   `leader_coordination_up` (its coordination session, as of its last poll),
+//!   and `leader_occurrences_skipped_total{role,reason}` (reason `deadline` or
+//!   `catch_up`: occurrences it recorded passed over when it started a later one).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -108,6 +113,9 @@ struct Inner {
     family_age_max: Family<FamilyLabel, FloatGauge>,
     family_never_ran: Family<FamilyLabel, Gauge>,
     family_paused: Family<FamilyLabel, Gauge>,
+    occurrence_next: Family<RoleLabel, FloatGauge>,
+    occurrence_late: Family<RoleLabel, FloatGauge>,
+    occurrences_skipped: Family<ReasonLabels, Counter>,
 }
 
 /// The metric handles. Cheap to clone.
@@ -241,6 +249,24 @@ impl Inner {
             self.family_never_ran.clone(),
         );
         r.register(
+            "leader_occurrence_next_seconds",
+            "Seconds until the next occurrence of the role's cron schedule to run, 0 once it is due \
+             (cluster fact; absent for interval roles and before a first occurrence is known)",
+            self.occurrence_next.clone(),
+        );
+        r.register(
+            "leader_occurrence_late_seconds",
+            "Seconds since the next occurrence to run came due with no term running it: a failed \
+             one awaiting its retry, or one no replica started (cluster fact; 0 when on time)",
+            self.occurrence_late.clone(),
+        );
+        r.register(
+            "leader_occurrences_skipped",
+            "Occurrences this replica recorded as skipped when it started a later one, by reason \
+             (deadline, catch_up)",
+            self.occurrences_skipped.clone(),
+        );
+        r.register(
             "leader_family_paused",
             "The family's keys an operator has paused (cluster fact)",
             self.family_paused.clone(),
@@ -275,6 +301,9 @@ impl Metrics {
             family_age_max: Family::default(),
             family_never_ran: Family::default(),
             family_paused: Family::default(),
+            occurrence_next: Family::default(),
+            occurrence_late: Family::default(),
+            occurrences_skipped: Family::default(),
         };
         inner.register_into(registry);
         for role in &inner.roles {
@@ -320,6 +349,7 @@ impl Metrics {
                     }
                     let paused = row.is_some_and(|s| s.paused_at.is_some());
                     inner.paused.get_or_create(&label(role)).set(i64::from(paused));
+                    self.refresh_occurrence(role, row);
                 }
                 for family in self.families() {
                     self.refresh_family(&family, &rows);
@@ -339,9 +369,45 @@ impl Metrics {
                 for role in &inner.roles {
                     inner.last_tick_age.remove(&label(role));
                     inner.paused.remove(&label(role));
+                    self.refresh_occurrence(role, None);
                     self.state(role, "error");
                 }
             }
+        }
+    }
+
+    /// The next occurrence's distance from the database clock, either way.
+    fn refresh_occurrence(&self, role: &Role, row: Option<&LeaseStatus>) {
+        let inner = &self.inner;
+        match row.and_then(|r| r.next_occurrence.map(|next| (next, r.db_now))) {
+            Some((next, now)) => {
+                let until = next.duration_since(now).unwrap_or_default();
+                let late = now.duration_since(next).unwrap_or_default();
+                inner
+                    .occurrence_next
+                    .get_or_create(&label(role))
+                    .set(until.as_secs_f64());
+                inner
+                    .occurrence_late
+                    .get_or_create(&label(role))
+                    .set(late.as_secs_f64());
+            }
+            None => {
+                inner.occurrence_next.remove(&label(role));
+                inner.occurrence_late.remove(&label(role));
+            }
+        }
+    }
+
+    pub(crate) fn skipped(&self, role: &Role, skipped: &[crate::Skipped]) {
+        for s in skipped {
+            self.inner
+                .occurrences_skipped
+                .get_or_create(&ReasonLabels {
+                    role: role.to_string(),
+                    reason: s.reason.as_str(),
+                })
+                .inc_by(u64::from(s.count));
         }
     }
 

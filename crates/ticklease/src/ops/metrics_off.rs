@@ -38,4 +38,7 @@ impl Metrics {
     pub(crate) fn family_tick_ended(&self, _: &str, _: TickOutcome, _: Option<LostReason>) {
         match *self {}
     }
+    pub(crate) fn skipped(&self, _: &Role, _: &[crate::Skipped]) {
+        match *self {}
+    }
 }

@@ -125,6 +125,9 @@ impl<S: LeaseStore> Manager<S> {
             Acquire::Refused(refusal) => return Ok(Lead::Refused(refusal)),
         };
         self.inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
+        if let Some(metrics) = &self.inner.metrics {
+            metrics.skipped(role, &ask.skipped);
+        }
         let scope = OccurrenceScope {
             at: occurrence,
             next: schedule.next_after(occurrence.max(answer.db_now)),
