@@ -269,9 +269,8 @@ async fn cmd_unpause(db: Db, role: Role) -> anyhow::Result<()> {
 }
 
 async fn cmd_run_now(db: Db, role: Role) -> anyhow::Result<()> {
-    let cleared = db
-        .store()
-        .await?
+    let store = db.store().await?;
+    let cleared = store
         .run_now(&role)
         .await
         .with_context(|| format!("could not clear {role}'s cooldown"))?;
@@ -283,6 +282,10 @@ async fn cmd_run_now(db: Db, role: Role) -> anyhow::Result<()> {
             "had no cooldown"
         }
     );
+    let rows = store.status().await?;
+    if rows.iter().any(|r| r.role == role.as_str() && r.schedule.is_some()) {
+        println!("{role}: runs once at once as a manual run (its next occurrence still runs)");
+    }
     Ok(())
 }
 

@@ -25,10 +25,14 @@ fn cells(e: &HistoryEntry, now: SystemTime) -> [String; 7] {
             outcome,
             reason,
             error,
+            manual_by,
         } => [
             ago,
             e.role.clone(),
-            outcome.clone(),
+            match manual_by {
+                Some(by) => format!("{outcome} (manual run by {by})"),
+                None => outcome.clone(),
+            },
             token.to_string(),
             holder.clone().unwrap_or_else(dash),
             acquired_at.map(|t| short(seconds(e.at, t))).unwrap_or_else(dash),
@@ -92,9 +96,11 @@ pub fn json(entries: &[HistoryEntry]) -> serde_json::Value {
                     outcome,
                     reason,
                     error,
+                    manual_by,
                 } => serde_json::json!({
                     "role": e.role, "at": time(e.at), "kind": "term", "token": token, "holder_id": holder,
                     "acquired_at": acquired_at.map(time), "outcome": outcome, "reason": reason, "error": error,
+                    "manual_by": manual_by,
                     "held_seconds": acquired_at.map(|t| seconds(e.at, t).max(0.0)),
                 }),
                 HistoryKind::Pause { by, reason } => {
@@ -135,6 +141,7 @@ mod tests {
                     outcome: "failed".into(),
                     reason: None,
                     error: Some("boom\u{1b}[31m".into()),
+                    manual_by: None,
                 },
             },
             HistoryEntry {

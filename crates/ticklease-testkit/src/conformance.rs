@@ -622,6 +622,70 @@ pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: Lea
     );
 }
 
+pub async fn run_now_of_a_cron_role_starts_one_manual_term<S: LeaseStore>(store: &S) {
+    let r = role("billing");
+    let ask = |occurrence: Option<SystemTime>| OccurrenceAsk {
+        occurrence,
+        schedule: "CRON_TZ=UTC 0 * * * *".into(),
+        ..OccurrenceAsk::default()
+    };
+    let first = store
+        .acquire_occurrence(&r, "a", TTL, &ask(None))
+        .await
+        .expect("look");
+    assert!(matches!(first.acquire, Acquire::Refused(_)), "{first:?}");
+    // Occurrence x fails once and awaits its retry.
+    let x = first.db_now + Duration::from_millis(10);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let Acquire::Acquired(failing) = store
+        .acquire_occurrence(&r, "a", TTL, &ask(Some(x)))
+        .await
+        .expect("ACQUIRE")
+        .acquire
+    else {
+        panic!("x is due")
+    };
+    assert!(store
+        .release(&r, failing.token, Release::Failed, Duration::from_millis(1))
+        .await
+        .expect("RELEASE"));
+    store.run_now(&r).await.expect("run now");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let manual = store
+        .acquire_occurrence(&r, "a", TTL, &ask(None))
+        .await
+        .expect("look");
+    let Acquire::Acquired(term) = manual.acquire else {
+        panic!("a run-now starts a manual term: {manual:?}")
+    };
+    assert!(manual.manual_by.is_some(), "{manual:?}");
+    assert!(store
+        .release(&r, term.token, Release::Completed, Duration::from_millis(1))
+        .await
+        .expect("RELEASE"));
+    let row = lease_row(store, "billing").await;
+    assert_eq!(
+        (row.last_occurrence, row.next_occurrence),
+        (None, Some(x)),
+        "a manual run completes no occurrence: x is still the next to run"
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let again = store
+        .acquire_occurrence(&r, "a", TTL, &ask(None))
+        .await
+        .expect("look");
+    assert!(
+        matches!(again.acquire, Acquire::Refused(_)) && again.manual_by.is_none(),
+        "one manual run per run-now: {again:?}"
+    );
+    let retried = store
+        .acquire_occurrence(&r, "a", TTL, &ask(Some(x)))
+        .await
+        .expect("ACQUIRE");
+    assert!(matches!(retried.acquire, Acquire::Acquired(_)), "{retried:?}");
+    assert_eq!(retried.failures, 1, "a manual run counts no attempt of x");
+}
+
 pub async fn replicas_beat_and_leave_per_family<S: LeaseStore>(store: &S) {
     assert_eq!(store.beat("fam", "b", TTL).await.expect("beat"), vec!["b"]);
     assert_eq!(store.beat("fam", "a", TTL).await.expect("beat"), vec!["a", "b"]);
@@ -667,6 +731,7 @@ macro_rules! conformance_suite {
             release_many_ends_each_term_by_its_outcome,
             replicas_beat_and_leave_per_family,
             an_occurrence_starts_once_due_and_never_again_once_completed,
+            run_now_of_a_cron_role_starts_one_manual_term,
         );
     };
     (@cases #[$attr:meta] $make:expr; $($case:ident),* $(,)?) => {

@@ -433,6 +433,19 @@
 //!   most once, never two at a time). A role moved from a cron schedule to
 //!   an interval and back counts from its last completed occurrence, not
 //!   from its interval ticks. Families are led on intervals only.
+//! - **Operators.** `ticklease status` (`--json`, the status page) shows a
+//!   cron role's schedule (as the replica that started its last term
+//!   declared it), its last completed occurrence and the next one to run
+//!   (the current one while a failed attempt awaits its retry), with how
+//!   late it is. `ticklease run-now ROLE` asks for a manual run: the next
+//!   ACQUIRE of any replica starts a term with no occurrence
+//!   ([`Tick::occurrence`] is `None`; the history's term row names who
+//!   asked), once, before the next occurrence rather than instead of it: it
+//!   completes no occurrence and counts no failed attempt. A replica hears
+//!   a run-now at once with a coordination session, else within `max_poll`
+//!   (a cron role's cached answer is at most that old). Metrics:
+//!   `leader_occurrence_next_seconds`, `leader_occurrence_late_seconds` (the
+//!   `TickleaseOccurrenceLate` alert) and `leader_occurrences_skipped_total`.
 //!
 //! ## History
 //!

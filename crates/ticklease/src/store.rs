@@ -236,6 +236,10 @@ pub struct OccurrenceAnswer {
     pub after: SystemTime,
     /// Failed attempts of the asked occurrence so far.
     pub failures: u32,
+    /// The term started is a manual run an operator asked for (run-now),
+    /// not the asked occurrence: who asked. Its RELEASE completes no
+    /// occurrence and counts no failed attempt.
+    pub manual_by: Option<String>,
     /// The database clock at the statement.
     pub db_now: SystemTime,
 }

@@ -593,3 +593,92 @@ async fn the_metrics_show_a_late_occurrence_and_count_the_skipped_ones() {
     // 5 when the minute turned between the UPDATE and the ACQUIRE.
     assert!(matches!(skipped, Some(4.0 | 5.0)), "{skipped:?}");
 }
+
+/// `run-now` of a cron role runs its work at once as a manual run (no
+/// occurrence; the history names who asked), once, and consumes no
+/// occurrence: the next one still runs when due. With a coordination
+/// session a replica hears the run-now at once; here, within max_poll.
+#[tokio::test]
+async fn run_now_of_a_cron_role_runs_once_at_once_and_consumes_no_occurrence() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    // The occurrence of the top of the hour after next: far off.
+    let hourly = Schedule::cron("0 * * * *").unwrap();
+    let first = m
+        .lead(&role(), hourly.clone(), |_| async { Ok::<_, std::io::Error>(()) })
+        .await;
+    assert!(
+        matches!(first, Ok(Lead::Refused(Refusal::NotDue { .. }))),
+        "{first:?}"
+    );
+    assert!(
+        m.store().run_now(&role()).await.unwrap() == false,
+        "no cooldown was set"
+    );
+    let mut chance = NextChance::new(&m, &role());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut ran = Vec::new();
+    let lead = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no manual run within 10 s"
+        );
+        let lead = m
+            .lead(&role(), hourly.clone(), |tick| {
+                ran.push(tick.occurrence());
+                async { Ok::<_, std::io::Error>(()) }
+            })
+            .await;
+        if matches!(lead, Ok(Lead::Completed { .. })) {
+            break lead;
+        }
+        assert!(chance.wait(&lead).await);
+    };
+    assert!(matches!(lead, Ok(Lead::Completed { .. })), "{lead:?}");
+    assert_eq!(ran, [None], "a manual run has no occurrence");
+    let owner = connect(&direct(&db)).await.unwrap();
+    let login: String = scalar(&owner, "SELECT session_user::text").await;
+    let history = m
+        .store()
+        .history(Some(&role()), Duration::from_secs(3600), 10)
+        .await
+        .unwrap();
+    assert!(
+        history.iter().any(
+            |e| matches!(&e.kind, HistoryKind::Term { outcome, manual_by: Some(by), .. }
+            if outcome == "completed" && *by == login)
+        ),
+        "{history:?}"
+    );
+    let row = ticklease_testkit::lease_row(m.store(), "billing").await;
+    assert_eq!(row.last_occurrence, None, "a manual run completes no occurrence");
+    // Once: later polls find nothing to run.
+    tokio::time::sleep(test_config().max_poll() * 2).await;
+    let again = m
+        .lead(&role(), hourly.clone(), |_| async { Ok::<_, std::io::Error>(()) })
+        .await;
+    assert!(
+        matches!(again, Ok(Lead::Refused(Refusal::NotDue { .. }))),
+        "{again:?}"
+    );
+    // The occurrence at the top of this hour still runs (counting moved back to before it).
+    owner
+        .execute(
+            "UPDATE leader_leases SET occurrences_since = date_trunc('hour', now()) - interval '1 minute'
+              WHERE role = 'billing'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let fresh = manager(&db).await;
+    let mut occurrence = None;
+    let scheduled = fresh
+        .lead(&role(), hourly.clone(), |tick| {
+            occurrence = tick.occurrence();
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .await;
+    assert!(matches!(scheduled, Ok(Lead::Completed { .. })), "{scheduled:?}");
+    let top: SystemTime = scalar(&owner, "SELECT date_trunc('hour', now())").await;
+    assert_eq!(occurrence, Some(top));
+}

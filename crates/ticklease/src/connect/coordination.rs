@@ -112,6 +112,20 @@ pub(crate) struct RoleSignals {
     pub(crate) follower: Notify,
     /// Paused: the holder renews now.
     pub(crate) holder: Notify,
+    /// How many times a follower was woken: a cron role's cached answer is
+    /// stale once this moves.
+    told: std::sync::atomic::AtomicU64,
+}
+
+impl RoleSignals {
+    pub(crate) fn told(&self) -> u64 {
+        self.told.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn wake_follower(&self) {
+        self.told.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.follower.notify_one();
+    }
 }
 
 /// Wake-ups of a family loop: the keys released, unpaused or run now since
@@ -204,7 +218,7 @@ impl Events {
             return;
         };
         match event {
-            "release" | "unpause" | "run_now" => signals.follower.notify_one(),
+            "release" | "unpause" | "run_now" => signals.wake_follower(),
             "pause" => signals.holder.notify_one(),
             _ => {}
         }
@@ -214,7 +228,7 @@ impl Events {
     /// follower asks now and every holder renews now.
     fn wake_all(&self) {
         for signals in self.roles.lock().expect("not poisoned").values() {
-            signals.follower.notify_one();
+            signals.wake_follower();
             signals.holder.notify_one();
         }
         for signals in self.families.lock().expect("not poisoned").values() {

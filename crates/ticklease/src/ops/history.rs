@@ -122,6 +122,8 @@ pub enum HistoryKind {
         reason: Option<String>,
         /// A short summary of the error or panic.
         error: Option<String>,
+        /// A manual run of a cron role (run-now, no occurrence): who asked for it.
+        manual_by: Option<String>,
     },
     /// An operator paused the role.
     Pause {
@@ -316,6 +318,7 @@ impl PgStore {
                         outcome: text("outcome"),
                         reason: r.get("reason"),
                         error: r.get("error"),
+                        manual_by: r.get("by"),
                     },
                 };
                 HistoryEntry {

@@ -265,9 +265,14 @@ fn recent(out: &mut String, events: &[HistoryEntry], now: SystemTime) {
                 error,
                 holder,
                 token,
+                manual_by,
                 ..
             } => format!(
-                "term {token} of {} ended {outcome}{}{}",
+                "{}term {token} of {} ended {outcome}{}{}",
+                manual_by
+                    .as_deref()
+                    .map(|b| format!("manual run by {b}: "))
+                    .unwrap_or_default(),
                 holder.as_deref().unwrap_or("?"),
                 reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
                 error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()

@@ -39,6 +39,10 @@ struct Row {
     failures: u32,
     schedule: Option<String>,
     next_occurrence: Option<SystemTime>,
+    /// A run-now of a cron role waiting for a replica, and who asked.
+    run_now_by: Option<String>,
+    /// The current term is that manual run.
+    manual_by: Option<String>,
 }
 
 impl Row {
@@ -211,6 +215,7 @@ fn acquire_row(
         return Acquire::Refused(Refusal::OverLimit);
     }
     row.occurrence = None;
+    row.manual_by = None;
     Acquire::Acquired(start_term(row, holder, lease_ttl, now))
 }
 
@@ -269,21 +274,33 @@ fn acquire_occurrence_row(
     let after = row.last_occurrence.or(row.occurrences_since).unwrap_or(now);
     let same = row.occurrence == ask.occurrence;
     let failures = if same { row.failures } else { 0 };
+    // A requested manual run does not wait for the asked occurrence.
     let due_at = row
         .not_before
         .filter(|n| *n > now)
-        .or(ask.occurrence.filter(|o| *o > now));
+        .or(ask.occurrence.filter(|o| *o > now && row.run_now_by.is_none()));
+    let runnable = ask
+        .occurrence
+        .filter(|o| *o <= now && *o > after && ask.before.is_none_or(|b| now < b));
+    let mut manual_by = None;
     let acquire = match blocked(row, now, due_at) {
         Some(refusal) => Acquire::Refused(refusal),
-        None => match ask.occurrence {
-            Some(o) if o > after && ask.before.is_none_or(|b| now < b) => {
+        None => match (runnable, row.run_now_by.take()) {
+            (Some(o), asked) => {
+                row.run_now_by = asked;
                 row.failures = failures;
                 row.occurrence = Some(o);
                 row.schedule = Some(ask.schedule.clone());
                 row.next_occurrence = ask.next;
+                row.manual_by = None;
                 Acquire::Acquired(start_term(row, holder, lease_ttl, now))
             }
-            _ => Acquire::Refused(Refusal::Contended),
+            (None, Some(by)) => {
+                row.manual_by = Some(by);
+                manual_by.clone_from(&row.manual_by);
+                Acquire::Acquired(start_term(row, holder, lease_ttl, now))
+            }
+            (None, None) => Acquire::Refused(Refusal::Contended),
         },
     };
     OccurrenceAnswer {
@@ -291,6 +308,7 @@ fn acquire_occurrence_row(
         after,
         failures,
         db_now: now,
+        manual_by,
     }
 }
 
@@ -318,12 +336,16 @@ fn release_row(s: &mut State, term: &Releasing, now: SystemTime) -> bool {
     if row.token != term.token.0 || row.holder_id.is_none() {
         return false;
     }
+    // A manual run (run-now) completes no occurrence and counts no attempt.
+    let manual = row.manual_by.take().is_some();
     if term.outcome.stamps_last_tick() {
         row.last_tick_ended_at = Some(now);
         row.last_tick_holder = row.holder_id.clone();
-        row.last_occurrence = row.last_occurrence.max(row.occurrence);
-        row.failures = 0;
-    } else if term.outcome == Release::Failed {
+        if !manual {
+            row.last_occurrence = row.last_occurrence.max(row.occurrence);
+            row.failures = 0;
+        }
+    } else if term.outcome == Release::Failed && !manual {
         row.failures = (row.failures + 1).min(1_000_000);
     }
     row.not_before = term.outcome.cooldown(term.interval).map(|d| now + d);
@@ -522,6 +544,9 @@ impl LeaseStore for MemoryStore {
             let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {
                 role: role.to_string(),
             })?;
+            if row.occurrences_since.is_some() || row.last_occurrence.is_some() {
+                row.run_now_by = Some("memory".into());
+            }
             Ok(row.not_before.take().is_some())
         })
     }

@@ -465,6 +465,7 @@ impl LeaseStore for PgStore {
                 .unwrap_or(db_now),
             failures: u32::try_from(row.get::<_, i32>("failures")).unwrap_or_default(),
             db_now,
+            manual_by: row.get("manual_by"),
         })
     }
 

@@ -25,6 +25,8 @@ pub(crate) struct Known {
     db_now: SystemTime,
     /// … and that instant on the local monotonic clock.
     at: Instant,
+    /// The role's notification count when it was asked ([`Manager::told`]).
+    told: u64,
 }
 
 impl Known {
@@ -87,14 +89,21 @@ impl<S: LeaseStore> Manager<S> {
         if self.inner.shutdown.is_cancelled() {
             return Ok(Lead::ShuttingDown);
         }
+        // The database is asked again once what it said is max_poll old, or
+        // when the role was notified since (a run-now is seen that way).
         let known = match self.known(role) {
-            Some(known) => known,
-            None => {
+            Some(known) if known.at.elapsed() < config.max_poll() && known.told == self.told(role) => known,
+            _ => {
                 let look = OccurrenceAsk {
                     schedule: schedule.to_string(),
                     ..OccurrenceAsk::default()
                 };
-                self.ask(role, &look).await?.0
+                let sent = Instant::now();
+                let (known, answer) = self.ask(role, &look).await?;
+                if let (Acquire::Acquired(term), Some(by)) = (answer.acquire, answer.manual_by) {
+                    return self.lead_manual(role, term.token, sent, &by, work).await;
+                }
+                known
             }
         };
         let now = known.db_now();
@@ -124,6 +133,9 @@ impl<S: LeaseStore> Manager<S> {
             Acquire::Acquired(term) => term,
             Acquire::Refused(refusal) => return Ok(Lead::Refused(refusal)),
         };
+        if let Some(by) = &answer.manual_by {
+            return self.lead_manual(role, term.token, sent, by, work).await;
+        }
         self.inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
         if let Some(metrics) = &self.inner.metrics {
             metrics.skipped(role, &ask.skipped);
@@ -148,6 +160,37 @@ impl<S: LeaseStore> Manager<S> {
             self.remember(role, |k| k.after = k.after.max(occurrence));
         }
         Ok(lead)
+    }
+
+    /// A manual run an operator asked for (run-now): a term like any other,
+    /// with no occurrence ([`Tick::occurrence`] is `None`); its RELEASE
+    /// completes none, and the role is due again at once for its schedule.
+    async fn lead_manual<F, Fut, T, E>(
+        &self,
+        role: &Role,
+        token: crate::Token,
+        sent: Instant,
+        by: &str,
+        work: F,
+    ) -> Result<Lead<T>, Error>
+    where
+        F: FnOnce(Tick) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<BoxError>,
+    {
+        tracing::info!(%role, %token, by, "a manual run (run-now)");
+        let cooldown = Duration::from_millis(1);
+        self.run_term(role, cooldown, token, sent, work, TermScope::default())
+            .await
+    }
+
+    /// How many times the role was notified (released, unpaused, run now) on
+    /// this replica's coordination session; 0 without one.
+    fn told(&self, role: &Role) -> u64 {
+        self.inner
+            .store
+            .signals()
+            .map_or(0, |s| s.role(role.as_str()).told())
     }
 
     pub(super) fn check_occurrence(&self, role: &Role, schedule: &Schedule) -> Result<(), Error> {
@@ -178,6 +221,8 @@ impl<S: LeaseStore> Manager<S> {
     /// One ACQUIRE of an occurrence; what it said of the role is kept.
     async fn ask(&self, role: &Role, ask: &OccurrenceAsk) -> Result<(Known, OccurrenceAnswer), Error> {
         let inner = &self.inner;
+        // Read before the statement: a notification during it asks again.
+        let told = self.told(role);
         let answer = inner
             .store
             .acquire_occurrence(role, &inner.holder_id, inner.config.lease_ttl(), ask)
@@ -186,6 +231,7 @@ impl<S: LeaseStore> Manager<S> {
             after: answer.after,
             db_now: answer.db_now,
             at: Instant::now(),
+            told,
         };
         inner
             .occurrences

@@ -35,7 +35,8 @@ BEGIN
                expires_at = EXCLUDED.expires_at,
                holder_key = EXCLUDED.holder_key,
                -- An interval tick is no occurrence (a role moved off a cron schedule).
-               occurrence = NULL
+               occurrence = NULL,
+               manual_by = NULL
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
            AND (l.last_tick_ended_at IS NULL
@@ -67,13 +68,24 @@ BEGIN
 END
 $fn$;
 
+CREATE OR REPLACE FUNCTION @schema@.leader_occurrence_runnable(p_occurrence timestamptz, p_before timestamptz,
+                                                    p_after timestamptz) RETURNS boolean
+LANGUAGE sql STABLE
+AS $fn$
+    -- An occurrence runs once the database clock reached it, when it is
+    -- later than the last completed one (p_after) and, if the caller says
+    -- it must be the latest, before the next one (p_before).
+    SELECT p_occurrence IS NOT NULL AND p_occurrence <= now() AND p_occurrence > p_after
+           AND (p_before IS NULL OR now() < p_before)
+$fn$;
+
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_holder text, p_ttl_ms bigint,
                                                     p_occurrence timestamptz, p_before timestamptz, p_key bigint,
                                                     p_skipped_reasons text[], p_skipped_summaries text[],
                                                     p_schedule text, p_next timestamptz)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
-               after_occurrence timestamptz, failures integer)
+               after_occurrence timestamptz, failures integer, manual_by text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- ACQUIRE of one occurrence of a cron schedule: starts a term for
@@ -89,6 +101,9 @@ AS $fn$
 -- occurrences the caller names (at most 2 summaries: reason and text),
 -- and, for operators, the caller's schedule (text) and the occurrence after
 -- the one it runs (p_next); a role's first look records the schedule too.
+-- An operator's run-now (run_now_by) starts a manual term when no asked
+-- occurrence is runnable: it runs no occurrence (its `occurrence` stays the
+-- last asked one), and its RELEASE completes none.
 -- A term it takes over is recorded and swept as in leader_acquire.
 #variable_conflict use_column
 BEGIN
@@ -128,21 +143,32 @@ BEGIN
                acquired_at = now(),
                expires_at = now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms),
                holder_key = p_key,
-               failures = CASE WHEN l.occurrence IS NOT DISTINCT FROM p_occurrence THEN l.failures ELSE 0 END,
-               occurrence = p_occurrence,
-               schedule = p_schedule,
-               next_occurrence = p_next
-         WHERE p_occurrence IS NOT NULL
-           AND l.paused_at IS NULL
+               failures = CASE WHEN NOT @schema@.leader_occurrence_runnable(
+                                       p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                               THEN l.failures
+                               WHEN l.occurrence IS NOT DISTINCT FROM p_occurrence THEN l.failures ELSE 0 END,
+               occurrence = CASE WHEN @schema@.leader_occurrence_runnable(
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                                 THEN p_occurrence ELSE l.occurrence END,
+               next_occurrence = CASE WHEN @schema@.leader_occurrence_runnable(
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                                 THEN p_next ELSE l.next_occurrence END,
+               manual_by = CASE WHEN @schema@.leader_occurrence_runnable(
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                                THEN NULL ELSE l.run_now_by END,
+               run_now_by = CASE WHEN @schema@.leader_occurrence_runnable(
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                                 THEN l.run_now_by END,
+               schedule = p_schedule
+         WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
            AND (l.not_before IS NULL OR l.not_before <= now())
-           AND p_occurrence <= now()
-           AND p_occurrence > coalesce(l.last_occurrence, l.occurrences_since)
-           AND (p_before IS NULL OR now() < p_before)
-        RETURNING l.holder_token, l.holder_id
+           AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                OR l.run_now_by IS NOT NULL)
+        RETURNING l.holder_token, l.holder_id, l.manual_by
     ),
     acquired AS (
-        SELECT u.holder_token FROM upserted AS u WHERE u.holder_id IS NOT NULL
+        SELECT u.holder_token, u.manual_by FROM upserted AS u WHERE u.holder_id IS NOT NULL
     ),
     taken_over AS (
         SELECT @schema@.leader_history_add(p_role, 'term', s.holder_token, s.holder_id, s.acquired_at, 'lost',
@@ -155,6 +181,7 @@ BEGIN
         SELECT @schema@.leader_history_add(p_role, 'skipped', NULL, NULL, NULL, NULL, k.reason, NULL, k.summary)
           FROM acquired AS a
           CROSS JOIN unnest(p_skipped_reasons, p_skipped_summaries) AS k (reason, summary)
+         WHERE a.manual_by IS NULL
     )
     SELECT a.holder_token,
            now(),
@@ -167,7 +194,8 @@ BEGIN
                 WHEN p_occurrence > now() THEN p_occurrence END,
            s.holder_key,
            coalesce(s.last_occurrence, s.occurrences_since),
-           CASE WHEN s.occurrence IS NOT DISTINCT FROM p_occurrence THEN s.failures ELSE 0 END
+           CASE WHEN s.occurrence IS NOT DISTINCT FROM p_occurrence THEN s.failures ELSE 0 END,
+           a.manual_by
       FROM (SELECT 1) AS one
       LEFT JOIN acquired AS a ON true
       LEFT JOIN @schema@.leader_leases AS s ON s.role = p_role
@@ -236,16 +264,20 @@ BEGIN
            holder_key = NULL,
            last_tick_ended_at = CASE WHEN p_stamp THEN now() ELSE l.last_tick_ended_at END,
            last_tick_holder = CASE WHEN p_stamp THEN l.holder_id ELSE l.last_tick_holder END,
-           -- A completed occurrence is never run again; a failed one counts an attempt.
-           last_occurrence = CASE WHEN p_stamp AND l.occurrence IS NOT NULL
+           -- A completed occurrence is never run again; a failed one counts an
+           -- attempt. A manual run (run-now) does neither.
+           last_occurrence = CASE WHEN p_stamp AND l.occurrence IS NOT NULL AND l.manual_by IS NULL
                                   THEN greatest(l.last_occurrence, l.occurrence) ELSE l.last_occurrence END,
-           failures = CASE WHEN p_stamp THEN 0
+           failures = CASE WHEN l.manual_by IS NOT NULL THEN l.failures
+                           WHEN p_stamp THEN 0
                            WHEN p_outcome IN ('failed', 'panicked') THEN least(l.failures + 1, 1000000)
                            ELSE l.failures END,
+           manual_by = NULL,
            not_before = now() + cooldown
      WHERE l.role = p_role;
+    -- A manual run's row names who asked for it.
     PERFORM @schema@.leader_history_add(p_role, 'term', p_token, ended.holder_id, ended.acquired_at,
-                                        p_outcome, p_reason, NULL, p_error);
+                                        p_outcome, p_reason, ended.manual_by, p_error);
     RETURN true;
 END
 $fn$;

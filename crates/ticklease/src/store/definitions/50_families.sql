@@ -84,7 +84,8 @@ BEGIN
                expires_at = now() + ttl,
                holder_key = p_key,
                -- A family key's tick is no occurrence (as leader_acquire).
-               occurrence = NULL
+               occurrence = NULL,
+               manual_by = NULL
           FROM locked AS k
          WHERE l.role = k.role
         RETURNING l.role, l.holder_token

@@ -72,8 +72,9 @@ $fn$;
 CREATE OR REPLACE FUNCTION @schema@.leader_run_now(p_role text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- Run now: the role is due at once (its cooldown cleared); recorded with the session's login user; it notifies
--- no one (see leader_release).
+-- Run now: the role is due at once (its cooldown cleared); for a cron role (one that asked about
+-- occurrences), a manual run is also requested, which the next ACQUIRE of an occurrence starts without
+-- consuming an occurrence. Recorded with the session's login user; it notifies no one (see leader_release).
 DECLARE
     had boolean;
 BEGIN
@@ -81,7 +82,11 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
     END IF;
-    UPDATE @schema@.leader_leases AS l SET not_before = NULL WHERE l.role = p_role;
+    UPDATE @schema@.leader_leases AS l
+       SET not_before = NULL,
+           run_now_by = CASE WHEN l.occurrences_since IS NOT NULL OR l.last_occurrence IS NOT NULL
+                             THEN left(session_user, 200) ELSE l.run_now_by END
+     WHERE l.role = p_role;
     PERFORM @schema@.leader_history_add(p_role, 'run_now', NULL, NULL, NULL, NULL, NULL, session_user, NULL);
     RETURN had;
 END

@@ -14,6 +14,9 @@
 -- `schedule` and `next_occurrence` are what the replica that started the
 -- last term declared (its schedule as text, the occurrence after the one it
 -- ran), for operators: status, metrics, the late-occurrence alert.
+-- `run_now_by` is an operator's run-now of a cron role, waiting for a
+-- replica (who asked); `manual_by` marks the current term as that manual
+-- run: it completes no occurrence and counts no failed attempt.
 -- leader_history gains the kind `skipped`: occurrences passed over, and why.
 --
 -- Locks: leader_leases, then leader_history (the order every lease
@@ -38,10 +41,13 @@ ALTER TABLE leader_leases
     ADD COLUMN failures integer NOT NULL DEFAULT 0,
     ADD COLUMN schedule text,
     ADD COLUMN next_occurrence timestamptz,
+    ADD COLUMN run_now_by text,
+    ADD COLUMN manual_by text,
     ADD CONSTRAINT leader_leases_finite_occurrences CHECK (
         isfinite(occurrence) AND isfinite(last_occurrence) AND isfinite(occurrences_since)
         AND isfinite(next_occurrence)) NOT VALID,
-    ADD CONSTRAINT leader_leases_schedule_bounded CHECK (length(schedule) <= 200) NOT VALID,
+    ADD CONSTRAINT leader_leases_schedule_bounded CHECK (
+        length(schedule) <= 200 AND length(run_now_by) <= 200 AND length(manual_by) <= 200) NOT VALID,
     ADD CONSTRAINT leader_leases_failures_bounded CHECK (failures BETWEEN 0 AND 1000000) NOT VALID;
 
 ALTER TABLE leader_history
