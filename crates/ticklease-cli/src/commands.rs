@@ -283,7 +283,10 @@ async fn cmd_run_now(db: Db, role: Role) -> anyhow::Result<()> {
         }
     );
     let rows = store.status().await?;
-    if rows.iter().any(|r| r.role == role.as_str() && r.schedule.is_some()) {
+    if rows
+        .iter()
+        .any(|r| r.role == role.as_str() && r.schedule.is_some())
+    {
         println!("{role}: runs once at once as a manual run (its next occurrence still runs)");
     }
     Ok(())

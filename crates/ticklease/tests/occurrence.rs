@@ -611,10 +611,7 @@ async fn run_now_of_a_cron_role_runs_once_at_once_and_consumes_no_occurrence() {
         matches!(first, Ok(Lead::Refused(Refusal::NotDue { .. }))),
         "{first:?}"
     );
-    assert!(
-        m.store().run_now(&role()).await.unwrap() == false,
-        "no cooldown was set"
-    );
+    assert!(!m.store().run_now(&role()).await.unwrap(), "no cooldown was set");
     let mut chance = NextChance::new(&m, &role());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let mut ran = Vec::new();
