@@ -224,7 +224,8 @@ pub struct WorkerRun {
     /// Longest wait between polls (default 5s).
     #[arg(long, value_parser = humantime::parse_duration)]
     max_poll: Option<Duration>,
-    /// A role's schedule (repeatable; default every 5s): ROLE=DURATION, or
+    /// A role's schedule (repeatable; default: billing on cron '0 * * * *',
+    /// billing as of each occurrence; the others every 5s): ROLE=DURATION, or
     /// ROLE=CRON with an optional zone prefix,
     /// 'billing=CRON_TZ=Europe/Berlin 5 0 * * *'.
     #[arg(long = "tick-interval", value_parser = parse_tick_interval)]

@@ -40,7 +40,7 @@ async fn twenty_racing_period_writers_make_exactly_one_invoice() {
     let client = &client;
     let Lead::Completed { value: subs, .. } = m
         .lead(&billing_role, Duration::from_secs(60), |t| async move {
-            Ok::<_, Infallible>(billing::due(client, t.fence(), 10).await.unwrap())
+            Ok::<_, Infallible>(billing::due(client, t.fence(), 10, None).await.unwrap())
         })
         .await
         .unwrap()
@@ -181,4 +181,49 @@ async fn racing_dunning_attempts_advance_the_count_once_per_attempt_and_charge_o
             "one charge per attempt"
         );
     }
+}
+
+/// Billing claims as of its tick's occurrence (the period key): a period due
+/// after the occurrence's instant is the next occurrence's, even when this
+/// one runs late; without an occurrence (an interval tick, a run-now) it
+/// claims what is due now.
+#[tokio::test]
+async fn billing_as_of_an_occurrence_claims_only_the_periods_due_by_its_instant() {
+    let db = setup(
+        "INSERT INTO subscriptions (period_start, next_billing_at, amount_cents, customer_email)
+         VALUES (now() - interval '1 hour', now() - interval '10 minutes', 500, 'early@example.test'),
+                (now() - interval '1 hour', now() - interval '1 minute', 700, 'late@example.test')",
+    )
+    .await;
+    let config = test_config();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let billing_role = Role::new("billing").unwrap();
+    let m = Manager::start(store, config, [billing_role.clone()])
+        .await
+        .unwrap();
+    let client = connect(&db).await.unwrap();
+    let client = &client;
+    let occurrence: std::time::SystemTime = scalar(client, "SELECT now() - interval '5 minutes'").await;
+    let Lead::Completed {
+        value: (as_of, now), ..
+    } = m
+        .lead(&billing_role, Duration::from_secs(60), |t| async move {
+            let as_of = billing::due(client, t.fence(), 10, Some(occurrence))
+                .await
+                .unwrap();
+            let now = billing::due(client, t.fence(), 10, None).await.unwrap();
+            Ok::<_, Infallible>((as_of, now))
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("no tick")
+    };
+    let emails = |subs: &[billing::Subscription]| -> Vec<String> {
+        subs.iter().map(|s| s.customer_email.clone()).collect()
+    };
+    assert_eq!(emails(&as_of), ["early@example.test"]);
+    assert_eq!(emails(&now), ["early@example.test", "late@example.test"]);
 }

@@ -38,9 +38,13 @@ async fn checksum(client: &Client, table: &str) -> String {
 async fn claim(client: &mut Client, funnel: &Funnel, fence: &Fence, predicate: &str) -> usize {
     let limit = 10i64;
     let claim_secs = 30.0f64;
+    let as_of: Option<std::time::SystemTime> = None;
     let mut rest: Vec<(&(dyn ToSql + Sync), Type)> = vec![(&limit, Type::INT8)];
-    if funnel.sql.contains("$4") {
-        rest.push((&claim_secs, Type::FLOAT8));
+    // $4: email's claim lease in seconds, billing's as-of instant (NULL: now).
+    match funnel.role {
+        "email_outbox" => rest.push((&claim_secs, Type::FLOAT8)),
+        "billing" => rest.push((&as_of, Type::TIMESTAMPTZ)),
+        _ => assert!(!funnel.sql.contains("$4"), "{}: what is its $4?", funnel.role),
     }
     let [role, token] = fence.params();
     let mut params = vec![role, token];

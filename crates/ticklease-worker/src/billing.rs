@@ -1,4 +1,5 @@
-//! billing: bills each due subscription once per period.
+//! billing: bills each due subscription once per period, on a cron
+//! schedule whose occurrence is the instant it bills as of.
 //!
 //! The period writer is one UPDATE that proves the (status, period start,
 //! watermark) snapshot the tick read, as the first statement of the
@@ -31,10 +32,20 @@ pub struct Subscription {
     pub customer_email: String,
 }
 
-/// Due subscriptions, at most `limit`, claimed under `fence`.
-pub async fn due(client: &Client, fence: &Fence, limit: i64) -> Result<Vec<Subscription>, WorkerError> {
+/// Subscriptions due as of `as_of` (`None`: the database's now), at most
+/// `limit`, claimed under `fence`.
+pub async fn due(
+    client: &Client,
+    fence: &Fence,
+    limit: i64,
+    as_of: Option<SystemTime>,
+) -> Result<Vec<Subscription>, WorkerError> {
     let rows = BILLING
-        .claim(client, fence, &[(&limit, Type::INT8)])
+        .claim(
+            client,
+            fence,
+            &[(&limit, Type::INT8), (&as_of, Type::TIMESTAMPTZ)],
+        )
         .await
         .map_err(WorkerError::db("billing claim"))?;
     Ok(rows
@@ -139,9 +150,14 @@ pub async fn close_period(client: &mut Client, sub: &Subscription) -> Result<Per
     Ok(PeriodClose::Invoiced { invoice_id })
 }
 
-/// One billing tick: closes the period of each due subscription.
+/// One billing tick: closes the period of each subscription due as of the
+/// tick's occurrence, the period key: every attempt of an occurrence bills
+/// the same periods, and one that starts late does not bill periods due
+/// after its instant (the next occurrence does). A run-now or an interval
+/// tick bills what is due now.
 pub(crate) async fn tick(ctx: &Arc<Ctx>, tick: &Tick, steps: &mut Steps) -> Result<(), WorkerError> {
-    let subs = due(&**ctx.pool.get().await?, tick.fence(), ctx.cfg.batch_size).await?;
+    let as_of = tick.occurrence();
+    let subs = due(&**ctx.pool.get().await?, tick.fence(), ctx.cfg.batch_size, as_of).await?;
     steps
         .each("bill", subs, |sub| {
             let ctx = ctx.clone();

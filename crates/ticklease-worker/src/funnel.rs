@@ -1,6 +1,7 @@
 //! The five claim funnels: the only leader-only statements, each carrying the
 //! fence in its innermost WHERE. `$1` and `$2` are always the fence's role and
-//! token, `$3` the batch size.
+//! token, `$3` the batch size; billing's `$4` is the instant it bills as of
+//! (its occurrence; NULL: now).
 
 use ticklease::Fence;
 use tokio_postgres::types::{ToSql, Type};
@@ -21,7 +22,7 @@ pub const BILLING: Funnel = Funnel {
     sql: "SELECT id, status, period_start, next_billing_at, extract(epoch FROM period)::float8 AS period_seconds,
                  amount_cents, customer_email
             FROM subscriptions
-           WHERE status = 'active' AND next_billing_at <= now() AND {fence}
+           WHERE status = 'active' AND next_billing_at <= coalesce($4, now()) AND {fence}
            ORDER BY next_billing_at, id LIMIT $3",
 };
 

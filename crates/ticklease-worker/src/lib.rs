@@ -120,6 +120,8 @@ pub enum WorkerError {
     Lease(#[from] ticklease::Error),
     #[error("lease store failed")]
     Store(#[from] ticklease::StoreError),
+    #[error("invalid schedule")]
+    Schedule(#[from] ticklease::ScheduleError),
     #[error("the worker's schema check failed")]
     Schema(#[from] ticklease::MigrateError),
     #[error("could not get a database connection")]
@@ -147,3 +149,7 @@ pub async fn migrate(
 
 /// Default pause between two ticks of a role.
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Billing's default schedule: at the top of every hour, UTC (a cron
+/// schedule; each occurrence bills what was due at its instant).
+pub const DEFAULT_BILLING_CRON: &str = "0 * * * *";

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::role::WorkerRole;
 use crate::{billing, delivery, dunning, email, outbox};
-use crate::{WorkerError, DEFAULT_TICK_INTERVAL, SCHEMA};
+use crate::{WorkerError, DEFAULT_BILLING_CRON, DEFAULT_TICK_INTERVAL, SCHEMA};
 
 /// Largest claim batch.
 pub const BATCH_MAX: i64 = 1000;
@@ -31,8 +31,9 @@ pub struct WorkerConfig {
     pub direct: Option<ticklease::PgConnect>,
     pub roles: Vec<Role>,
     pub lease: ticklease::Config,
-    /// Per-role schedules (an interval or a cron schedule); roles not named
-    /// here tick every [`DEFAULT_TICK_INTERVAL`].
+    /// Per-role schedules (an interval or a cron schedule); billing, if not
+    /// named here, runs on [`DEFAULT_BILLING_CRON`], the other roles tick
+    /// every [`DEFAULT_TICK_INTERVAL`].
     pub schedules: BTreeMap<Role, Schedule>,
     /// Base URL of the payment provider (`POST {url}/charges`).
     pub payments_url: String,
@@ -130,7 +131,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
             .schedules
             .get(role)
             .cloned()
-            .unwrap_or_else(|| Schedule::every(DEFAULT_TICK_INTERVAL));
+            .map_or_else(|| default_schedule(role), Ok)?;
         let ctx = ctx.clone();
         let worker_role: WorkerRole = role.as_str().parse()?;
         scheduler = scheduler.job(role, schedule, move |tick| {
@@ -138,6 +139,14 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
         })?;
     }
     Ok(scheduler.run(shutdown).await)
+}
+
+/// A role's schedule when the configuration names none.
+fn default_schedule(role: &Role) -> Result<Schedule, WorkerError> {
+    if role.as_str() == WorkerRole::Billing.as_str() {
+        return Ok(Schedule::cron(DEFAULT_BILLING_CRON)?);
+    }
+    Ok(Schedule::every(DEFAULT_TICK_INTERVAL))
 }
 
 /// One tick of `role`: its module's tick function under one step guard.
