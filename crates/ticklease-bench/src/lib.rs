@@ -14,6 +14,7 @@ pub mod plot;
 pub mod promotion;
 pub mod scale;
 pub mod scale_replica;
+pub mod schedules;
 pub mod stats;
 
 /// A progress bar of `len` steps on stderr (trials done, ETA), drawn only

@@ -9,6 +9,7 @@ use ticklease_bench::drill::Driver;
 use ticklease_bench::failover::{self, Env, Mode, Scenario};
 use ticklease_bench::scale::{self, ScaleOptions};
 use ticklease_bench::scale_replica::{self, ReplicaFlags};
+use ticklease_bench::schedules::{self, SchedulesOptions};
 use ticklease_bench::{drill, idle, promotion, Timing};
 
 #[derive(Parser)]
@@ -148,6 +149,27 @@ enum Cmd {
         #[arg(long, default_value = "docs/benchmarks/fence-cost.csv")]
         csv: PathBuf,
     },
+    /// Wall-clock schedules at scale: replicas sharing many roles on one cron
+    /// schedule, all due at once; with and without coordination sessions:
+    /// duplicates, missed occurrences, start lag, statements per occurrence.
+    Schedules {
+        #[arg(long, default_value_t = 10)]
+        replicas: usize,
+        #[arg(long, default_value_t = 1000)]
+        roles: usize,
+        #[arg(long, default_value_t = 10)]
+        occurrences: u32,
+        /// The schedule's period in seconds (`*/N * * * * *`).
+        #[arg(long, default_value_t = 10)]
+        every: u32,
+        #[arg(long, value_enum, default_value = "default")]
+        timing: Timing,
+        /// Each replica's lease-statement pool.
+        #[arg(long, default_value_t = 8)]
+        pool: usize,
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+    },
     /// (child process) One replica of the scale bench.
     #[command(hide = true)]
     ScaleReplica(ReplicaFlags),
@@ -257,6 +279,36 @@ async fn main() -> anyhow::Result<()> {
             if !report.ok() {
                 anyhow::bail!("chaos seed {seed}: {} violations", report.violations.len());
             }
+        }
+        Cmd::Schedules {
+            replicas,
+            roles,
+            occurrences,
+            every,
+            timing,
+            pool,
+            out,
+        } => {
+            let mut options = SchedulesOptions {
+                replicas,
+                roles,
+                occurrences,
+                every_secs: every,
+                timing,
+                coordinated: true,
+                pool,
+            };
+            let mut runs = Vec::new();
+            for coordinated in [true, false] {
+                options.coordinated = coordinated;
+                let run = schedules::run(&options).await?;
+                println!(
+                    "{run:?}",
+                    run = (&run.label, run.completed, run.duplicates, run.missed, run.lag())
+                );
+                runs.push(run);
+            }
+            println!("{}", schedules::write(&out, &options, &runs)?.display());
         }
         Cmd::Plot { dir } => {
             let mut any = false;

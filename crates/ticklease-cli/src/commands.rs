@@ -273,22 +273,19 @@ async fn cmd_run_now(db: Db, role: Role) -> anyhow::Result<()> {
     let cleared = store
         .run_now(&role)
         .await
-        .with_context(|| format!("could not clear {role}'s cooldown"))?;
+        .with_context(|| format!("could not run {role} now"))?;
+    let rows = store.status().await?;
+    let cron = rows
+        .iter()
+        .any(|r| r.role == role.as_str() && r.schedule.is_some());
     println!(
         "{role}: {}",
-        if cleared {
-            "cooldown cleared"
-        } else {
-            "had no cooldown"
+        match (cron, cleared) {
+            (true, _) => "a manual run starts at once (its next occurrence still runs)",
+            (false, true) => "cooldown cleared",
+            (false, false) => "had no cooldown",
         }
     );
-    let rows = store.status().await?;
-    if rows
-        .iter()
-        .any(|r| r.role == role.as_str() && r.schedule.is_some())
-    {
-        println!("{role}: runs once at once as a manual run (its next occurrence still runs)");
-    }
     Ok(())
 }
 

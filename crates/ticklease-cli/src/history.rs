@@ -84,7 +84,7 @@ fn cells(e: &HistoryEntry, now: SystemTime) -> [String; 7] {
 
 /// The entries as one JSON array, times in RFC 3339.
 pub fn json(entries: &[HistoryEntry]) -> serde_json::Value {
-    let time = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    let time = |t: SystemTime| crate::status::rfc3339(t, true);
     serde_json::Value::Array(
         entries
             .iter()

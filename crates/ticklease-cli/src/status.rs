@@ -13,6 +13,22 @@ pub(crate) fn seconds(later: SystemTime, earlier: SystemTime) -> f64 {
     }
 }
 
+/// The first instant RFC 3339 cannot write (year 10000).
+const RFC3339_END_SECS: u64 = 253_402_300_800;
+
+/// `t` in RFC 3339 UTC (milliseconds when `millis`), or `out of range`
+/// before 1970 or from the year 10000: the database holds instants that
+/// humantime refuses, and any login may write some (a status never panics).
+pub(crate) fn rfc3339(t: SystemTime, millis: bool) -> String {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) if d.as_secs() < RFC3339_END_SECS => match millis {
+            true => humantime::format_rfc3339_millis(t).to_string(),
+            false => humantime::format_rfc3339_seconds(t).to_string(),
+        },
+        _ => "out of range".into(),
+    }
+}
+
 pub(crate) fn short(seconds: f64) -> String {
     let s = seconds.max(0.0);
     match s {
@@ -122,11 +138,11 @@ fn cells(r: &LeaseStatus) -> [String; 12] {
             .unwrap_or_else(|| "-".into()),
         r.schedule.clone().unwrap_or_else(|| "-".into()),
         r.last_occurrence
-            .map(|t| humantime::format_rfc3339_seconds(t).to_string())
+            .map(|t| rfc3339(t, false))
             .unwrap_or_else(|| "-".into()),
         r.next_occurrence
             .map(|t| {
-                let at = humantime::format_rfc3339_seconds(t);
+                let at = rfc3339(t, false);
                 let wait = seconds(t, r.db_now);
                 if wait >= 0.0 {
                     format!("{at} (in {})", short(wait))
@@ -140,7 +156,7 @@ fn cells(r: &LeaseStatus) -> [String; 12] {
 
 /// The rows as one JSON array, times in RFC 3339.
 pub fn json(rows: &[LeaseStatus]) -> serde_json::Value {
-    let time = |t: Option<SystemTime>| t.map(|t| humantime::format_rfc3339_millis(t).to_string());
+    let time = |t: Option<SystemTime>| t.map(|t| rfc3339(t, true));
     serde_json::Value::Array(
         rows.iter()
             .map(|r| {
@@ -304,6 +320,16 @@ mod tests {
         assert_eq!(v[0]["schedule"], "CRON_TZ=Europe/Berlin 5 0 * * *");
         assert_eq!(v[0]["next_occurrence"], "2023-11-14T22:11:15.000Z");
         assert_eq!(v[0]["occurrence_late_seconds"], 125.0);
+    }
+
+    #[test]
+    fn instants_rfc3339_cannot_write_are_shown_out_of_range() {
+        let mut hostile = row("junk");
+        hostile.next_occurrence = Some(SystemTime::UNIX_EPOCH - Duration::from_secs(86_400 * 365 * 70));
+        hostile.last_occurrence = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_800 * 2));
+        let out = table(&[hostile.clone()]);
+        assert!(out.contains("out of range     out of range (late"), "{out}");
+        assert_eq!(json(&[hostile])[0]["last_occurrence"], "out of range");
     }
 
     #[test]

@@ -537,7 +537,7 @@ pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: Lea
     let ask = |occurrence: Option<SystemTime>| OccurrenceAsk {
         occurrence,
         schedule: schedule.into(),
-        next: occurrence.map(|o| o + Duration::from_secs(1)),
+        next: occurrence.map(|o| o + HOUR),
         ..OccurrenceAsk::default()
     };
     let look = store
@@ -617,28 +617,30 @@ pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: Lea
     let row = lease_row(store, "billing").await;
     assert_eq!(
         (row.schedule.as_deref(), row.last_occurrence, row.next_occurrence),
-        (Some(schedule), Some(soon), Some(soon + Duration::from_secs(1))),
+        (Some(schedule), Some(soon), Some(soon + HOUR)),
         "a completed occurrence is the last; the next is the one after it"
     );
 }
 
 pub async fn run_now_of_a_cron_role_starts_one_manual_term<S: LeaseStore>(store: &S) {
     let r = role("billing");
-    let ask = |occurrence: Option<SystemTime>| OccurrenceAsk {
+    let ask = |occurrence: Option<SystemTime>, schedule: &str| OccurrenceAsk {
         occurrence,
-        schedule: "CRON_TZ=UTC 0 * * * *".into(),
+        schedule: schedule.into(),
+        next: occurrence.map(|o| o + HOUR),
         ..OccurrenceAsk::default()
     };
+    let hourly = "CRON_TZ=UTC 0 * * * *";
     let first = store
-        .acquire_occurrence(&r, "a", TTL, &ask(None))
+        .acquire_occurrence(&r, "a", TTL, &ask(None, hourly))
         .await
         .expect("look");
     assert!(matches!(first.acquire, Acquire::Refused(_)), "{first:?}");
-    // Occurrence x fails once and awaits its retry.
+    // Occurrence x fails once and awaits its retry, 10 s off.
     let x = first.db_now + Duration::from_millis(10);
     tokio::time::sleep(Duration::from_millis(30)).await;
     let Acquire::Acquired(failing) = store
-        .acquire_occurrence(&r, "a", TTL, &ask(Some(x)))
+        .acquire_occurrence(&r, "a", TTL, &ask(Some(x), hourly))
         .await
         .expect("ACQUIRE")
         .acquire
@@ -646,19 +648,27 @@ pub async fn run_now_of_a_cron_role_starts_one_manual_term<S: LeaseStore>(store:
         panic!("x is due")
     };
     assert!(store
-        .release(&r, failing.token, Release::Failed, Duration::from_millis(1))
+        .release(&r, failing.token, Release::Failed, Duration::from_secs(10))
         .await
         .expect("RELEASE"));
-    store.run_now(&r).await.expect("run now");
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        !store.run_now(&r).await.expect("run now"),
+        "a cron role's cooldown stays"
+    );
+    // The manual run waits for no cooldown; the schedule of the replica that starts it is recorded.
+    let half_hourly = "CRON_TZ=UTC 30 * * * *";
     let manual = store
-        .acquire_occurrence(&r, "a", TTL, &ask(None))
+        .acquire_occurrence(&r, "a", TTL, &ask(None, half_hourly))
         .await
         .expect("look");
     let Acquire::Acquired(term) = manual.acquire else {
-        panic!("a run-now starts a manual term: {manual:?}")
+        panic!("a run-now starts a manual term at once: {manual:?}")
     };
     assert!(manual.manual_by.is_some(), "{manual:?}");
+    assert_eq!(
+        lease_row(store, "billing").await.schedule.as_deref(),
+        Some(half_hourly)
+    );
     assert!(store
         .release(&r, term.token, Release::Completed, Duration::from_millis(1))
         .await
@@ -669,9 +679,8 @@ pub async fn run_now_of_a_cron_role_starts_one_manual_term<S: LeaseStore>(store:
         (None, Some(x)),
         "a manual run completes no occurrence: x is still the next to run"
     );
-    tokio::time::sleep(Duration::from_millis(10)).await;
     let again = store
-        .acquire_occurrence(&r, "a", TTL, &ask(None))
+        .acquire_occurrence(&r, "a", TTL, &ask(None, hourly))
         .await
         .expect("look");
     assert!(
@@ -679,11 +688,71 @@ pub async fn run_now_of_a_cron_role_starts_one_manual_term<S: LeaseStore>(store:
         "one manual run per run-now: {again:?}"
     );
     let retried = store
-        .acquire_occurrence(&r, "a", TTL, &ask(Some(x)))
+        .acquire_occurrence(&r, "a", TTL, &ask(Some(x), hourly))
         .await
         .expect("ACQUIRE");
-    assert!(matches!(retried.acquire, Acquire::Acquired(_)), "{retried:?}");
+    assert!(
+        matches!(retried.acquire, Acquire::Refused(Refusal::NotDue { .. })),
+        "x waits for its backoff: {retried:?}"
+    );
     assert_eq!(retried.failures, 1, "a manual run counts no attempt of x");
+}
+
+pub async fn an_interval_term_clears_what_a_cron_schedule_recorded<S: LeaseStore>(store: &S) {
+    let r = role("billing");
+    let look = OccurrenceAsk {
+        schedule: "CRON_TZ=UTC 0 * * * *".into(),
+        ..OccurrenceAsk::default()
+    };
+    let first = store.acquire_occurrence(&r, "a", TTL, &look).await.expect("look");
+    let x = first.db_now + Duration::from_millis(10);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let at_x = OccurrenceAsk {
+        occurrence: Some(x),
+        next: Some(x + HOUR),
+        ..look.clone()
+    };
+    let Acquire::Acquired(term) = store
+        .acquire_occurrence(&r, "a", TTL, &at_x)
+        .await
+        .expect("ACQUIRE")
+        .acquire
+    else {
+        panic!("x is due")
+    };
+    assert!(store
+        .release(&r, term.token, Release::Completed, HOUR)
+        .await
+        .expect("RELEASE"));
+    store.run_now(&r).await.expect("run now");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The role moves to an interval: what the cron schedule recorded for operators goes.
+    let Acquire::Acquired(tick) = store
+        .acquire(&r, "a", TTL, Duration::from_millis(1))
+        .await
+        .expect("ACQUIRE")
+    else {
+        panic!("an interval tick starts")
+    };
+    assert!(store
+        .release(&r, tick.token, Release::Completed, HOUR)
+        .await
+        .expect("RELEASE"));
+    let row = lease_row(store, "billing").await;
+    assert_eq!(
+        (row.schedule, row.next_occurrence, row.last_occurrence),
+        (None, None, Some(x)),
+        "its counting stays"
+    );
+    assert!(
+        !store.run_now(&r).await.expect("run now"),
+        "an interval role had no cooldown"
+    );
+    let look = store.acquire_occurrence(&r, "a", TTL, &look).await.expect("look");
+    assert!(
+        matches!(look.acquire, Acquire::Refused(_)),
+        "no manual run left over from its cron days: {look:?}"
+    );
 }
 
 pub async fn replicas_beat_and_leave_per_family<S: LeaseStore>(store: &S) {
@@ -732,6 +801,7 @@ macro_rules! conformance_suite {
             replicas_beat_and_leave_per_family,
             an_occurrence_starts_once_due_and_never_again_once_completed,
             run_now_of_a_cron_role_starts_one_manual_term,
+            an_interval_term_clears_what_a_cron_schedule_recorded,
         );
     };
     (@cases #[$attr:meta] $make:expr; $($case:ident),* $(,)?) => {

@@ -108,6 +108,16 @@
 //!   up(key) ── connection lost ──► down: ACQUIRE/RENEW record no key (plain leases); this replica's
 //!    ▲                                   terms held under the old key are acquirable at once
 //!    └──── reconnected, new key ◄──┘     (a RENEW records the new key if no one took over)
+//!
+//!  a cron role's row (each term runs one occurrence X, or one manual run)
+//!
+//!   ACQUIRE(X): X reached on the database clock, X > last_occurrence (or, before any,
+//!     │         the first look), X still the latest unless All, role free  ──► held(token, X)
+//!   RELEASE completed ──► last_occurrence = X: X never runs again
+//!   RELEASE failed ─────► failures + 1: X is asked for again after its backoff, then the next one
+//!   RELEASE lost/interrupted/panicked ──► X is still the next to run
+//!   run-now ──► run_now_by: the next ACQUIRE with no runnable X starts a manual term
+//!               (no occurrence; its RELEASE completes none and counts no attempt)
 //! ```
 //!
 //! ## Guarantees and their bounds

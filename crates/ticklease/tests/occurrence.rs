@@ -679,3 +679,125 @@ async fn run_now_of_a_cron_role_runs_once_at_once_and_consumes_no_occurrence() {
     let top: SystemTime = scalar(&owner, "SELECT date_trunc('hour', now())").await;
     assert_eq!(occurrence, Some(top));
 }
+
+/// The instant recorded as the next occurrence is bounded (after the asked
+/// one, within 100 years; the asked one from 1970): any app login can call
+/// the ACQUIRE, and status formats what it recorded.
+#[tokio::test]
+async fn an_acquire_naming_a_next_occurrence_out_of_bounds_is_refused_and_writes_nothing() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    let now = SystemTime::now();
+    let year = Duration::from_secs(365 * 86_400);
+    for (occurrence, next) in [
+        (now, SystemTime::UNIX_EPOCH - year),
+        (now, now - Duration::from_secs(1)),
+        (now, now + year * 101),
+        (SystemTime::UNIX_EPOCH - year, now),
+    ] {
+        let ask = OccurrenceAsk {
+            occurrence: Some(occurrence),
+            next: Some(next),
+            schedule: "x".into(),
+            ..OccurrenceAsk::default()
+        };
+        let answer = m
+            .store()
+            .acquire_occurrence(&role(), "h", Duration::from_secs(10), &ask)
+            .await;
+        assert!(answer.is_err(), "{occurrence:?} then {next:?}: {answer:?}");
+    }
+    let row = ticklease_testkit::lease_row(m.store(), "billing").await;
+    assert_eq!((row.schedule, row.next_occurrence), (None, None));
+}
+
+/// With a coordination session a run-now is heard at once, also when the
+/// role had no cooldown to clear (the usual state of a cron role).
+#[tokio::test]
+async fn with_a_coordination_session_a_run_now_is_heard_at_once() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let config = test_config();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap()
+        .with_direct(direct(&db))
+        .await
+        .unwrap();
+    let m = Manager::start(store, config, [role()]).await.unwrap();
+    let (ran, mut runs) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let yearly = Schedule::cron("0 0 1 1 *").unwrap();
+    let scheduler = Scheduler::new(m.clone())
+        .job(&role(), yearly, move |tick| {
+            let _ = ran.send(tick.occurrence());
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .unwrap();
+    let run = tokio::spawn(scheduler.run(stop.clone()));
+    // The loop has looked once (the row records the schedule) and sleeps for up to a minute.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while ticklease_testkit::lease_row(m.store(), "billing")
+        .await
+        .schedule
+        .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the role loop never looked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(config.max_poll() * 2).await;
+    let asked = tokio::time::Instant::now();
+    assert!(!m.store().run_now(&role()).await.unwrap(), "no cooldown to clear");
+    let occurrence = tokio::time::timeout(Duration::from_secs(5), runs.recv())
+        .await
+        .expect("a manual run within 5 s of the run-now (the loop sleeps up to 60 s)")
+        .unwrap();
+    assert_eq!(occurrence, None, "a manual run");
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "heard after {:?}",
+        asked.elapsed()
+    );
+    stop.cancel();
+    run.await.unwrap();
+}
+
+/// A manual term lost to a pause is recorded with who asked for it.
+#[tokio::test]
+async fn a_manual_term_lost_to_a_pause_names_who_asked_for_it() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    let look = OccurrenceAsk {
+        schedule: "CRON_TZ=UTC 0 0 1 1 *".into(),
+        ..OccurrenceAsk::default()
+    };
+    let ttl = Duration::from_secs(10);
+    m.store()
+        .acquire_occurrence(&role(), "h", ttl, &look)
+        .await
+        .unwrap();
+    m.store().run_now(&role()).await.unwrap();
+    let manual = m
+        .store()
+        .acquire_occurrence(&role(), "h", ttl, &look)
+        .await
+        .unwrap();
+    assert!(matches!(manual.acquire, Acquire::Acquired(_)), "{manual:?}");
+    m.store().pause(&role(), "ops", "maintenance").await.unwrap();
+    let owner = connect(&direct(&db)).await.unwrap();
+    let login: String = scalar(&owner, "SELECT session_user::text").await;
+    let history = m
+        .store()
+        .history(Some(&role()), Duration::from_secs(3600), 10)
+        .await
+        .unwrap();
+    assert!(
+        history.iter().any(
+            |e| matches!(&e.kind, HistoryKind::Term { outcome, manual_by: Some(by), .. }
+            if outcome == "lost" && *by == login)
+        ),
+        "{history:?}"
+    );
+}

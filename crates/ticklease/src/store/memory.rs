@@ -216,6 +216,9 @@ fn acquire_row(
     }
     row.occurrence = None;
     row.manual_by = None;
+    row.run_now_by = None;
+    row.schedule = None;
+    row.next_occurrence = None;
     Acquire::Acquired(start_term(row, holder, lease_ttl, now))
 }
 
@@ -274,14 +277,16 @@ fn acquire_occurrence_row(
     let after = row.last_occurrence.or(row.occurrences_since).unwrap_or(now);
     let same = row.occurrence == ask.occurrence;
     let failures = if same { row.failures } else { 0 };
-    // A requested manual run does not wait for the asked occurrence.
+    // A requested manual run waits neither for the cooldown nor for the asked occurrence.
     let due_at = row
         .not_before
         .filter(|n| *n > now)
-        .or(ask.occurrence.filter(|o| *o > now && row.run_now_by.is_none()));
+        .or(ask.occurrence.filter(|o| *o > now))
+        .filter(|_| row.run_now_by.is_none());
+    let cooled = row.not_before.is_none_or(|n| n <= now);
     let runnable = ask
         .occurrence
-        .filter(|o| *o <= now && *o > after && ask.before.is_none_or(|b| now < b));
+        .filter(|o| *o <= now && *o > after && ask.before.is_none_or(|b| now < b) && cooled);
     let mut manual_by = None;
     let acquire = match blocked(row, now, due_at) {
         Some(refusal) => Acquire::Refused(refusal),
@@ -297,6 +302,7 @@ fn acquire_occurrence_row(
             }
             (None, Some(by)) => {
                 row.manual_by = Some(by);
+                row.schedule = Some(ask.schedule.clone());
                 manual_by.clone_from(&row.manual_by);
                 Acquire::Acquired(start_term(row, holder, lease_ttl, now))
             }
@@ -348,7 +354,10 @@ fn release_row(s: &mut State, term: &Releasing, now: SystemTime) -> bool {
     } else if term.outcome == Release::Failed && !manual {
         row.failures = (row.failures + 1).min(1_000_000);
     }
-    row.not_before = term.outcome.cooldown(term.interval).map(|d| now + d);
+    // A manual run leaves the cooldown (a failed occurrence's backoff) alone.
+    if !manual {
+        row.not_before = term.outcome.cooldown(term.interval).map(|d| now + d);
+    }
     row.holder_id = None;
     row.acquired_at = None;
     row.expires_at = None;
@@ -544,8 +553,10 @@ impl LeaseStore for MemoryStore {
             let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {
                 role: role.to_string(),
             })?;
-            if row.occurrences_since.is_some() || row.last_occurrence.is_some() {
+            if row.schedule.is_some() {
+                // A cron role: a manual run; its cooldown stays.
                 row.run_now_by = Some("memory".into());
+                return Ok(false);
             }
             Ok(row.not_before.take().is_some())
         })
@@ -591,7 +602,16 @@ impl LeaseStore for MemoryStore {
                     schedule: r.schedule.clone(),
                     last_occurrence: r.last_occurrence,
                     next_occurrence: match r.occurrence {
-                        Some(o) if Some(o) > r.last_occurrence && !r.live(now) => Some(o),
+                        // Retries spent: the cooldown reaches the next occurrence.
+                        Some(o)
+                            if Some(o) > r.last_occurrence
+                                && !r.live(now)
+                                && r.not_before
+                                    .zip(r.next_occurrence)
+                                    .is_none_or(|(n, next)| n + Duration::from_secs(1) < next) =>
+                        {
+                            Some(o)
+                        }
                         _ => r.next_occurrence,
                     },
                 })

@@ -744,10 +744,9 @@ impl LeaseStore for PgStore {
             .await
             .map_err(|e| unknown_role(e, role))?;
         let changed: bool = one("RUN NOW", rows)?.get(0);
-        if changed {
-            // An operator's command: it waits for the notification (bounded).
-            let _ = self.tell("run_now", &[role]).await;
-        }
+        // An operator's command: it waits for the notification (bounded). Sent
+        // also when no cooldown was cleared: a cron role's manual run is asked for.
+        let _ = self.tell("run_now", &[role]).await;
         Ok(changed)
     }
 

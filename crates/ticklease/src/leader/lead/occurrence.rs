@@ -90,9 +90,22 @@ impl<S: LeaseStore> Manager<S> {
             return Ok(Lead::ShuttingDown);
         }
         // The database is asked again once what it said is max_poll old, or
-        // when the role was notified since (a run-now is seen that way).
-        let known = match self.known(role) {
-            Some(known) if known.at.elapsed() < config.max_poll() && known.told == self.told(role) => known,
+        // when the role was notified since (a run-now is seen that way); an
+        // occurrence due by the old answer is asked for at once instead, as
+        // that ACQUIRE answers afresh too (and starts a waiting manual run
+        // when the occurrence is not one to run).
+        let cached = self.known(role);
+        let fresh = cached.filter(|k| k.at.elapsed() < config.max_poll() && k.told == self.told(role));
+        let known = match (fresh, cached) {
+            (Some(known), _) => known,
+            (None, Some(known))
+                if schedule
+                    .due(known.after, known.db_now(), config.lease_ttl())
+                    .run
+                    .is_some() =>
+            {
+                known
+            }
             _ => {
                 let look = OccurrenceAsk {
                     schedule: schedule.to_string(),

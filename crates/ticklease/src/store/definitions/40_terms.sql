@@ -34,9 +34,13 @@ BEGIN
                acquired_at = EXCLUDED.acquired_at,
                expires_at = EXCLUDED.expires_at,
                holder_key = EXCLUDED.holder_key,
-               -- An interval tick is no occurrence (a role moved off a cron schedule).
+               -- An interval tick is no occurrence: a role moved off a cron schedule
+               -- keeps only where its counting stands (last_occurrence).
                occurrence = NULL,
-               manual_by = NULL
+               manual_by = NULL,
+               run_now_by = NULL,
+               schedule = NULL,
+               next_occurrence = NULL
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
            AND (l.last_tick_ended_at IS NULL
@@ -46,7 +50,7 @@ BEGIN
     ),
     taken_over AS (
         SELECT @schema@.leader_history_add(p_role, 'term', s.holder_token, s.holder_id, s.acquired_at, 'lost',
-                   CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL),
+                   CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, s.manual_by, NULL),
                @schema@.leader_fence_sweep(ARRAY[p_role])
           FROM acquired AS a
           JOIN @schema@.leader_leases AS s ON s.role = p_role AND s.holder_id IS NOT NULL
@@ -69,14 +73,17 @@ END
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_occurrence_runnable(p_occurrence timestamptz, p_before timestamptz,
-                                                    p_after timestamptz) RETURNS boolean
+                                                    p_after timestamptz, p_not_before timestamptz)
+RETURNS boolean
 LANGUAGE sql STABLE
 AS $fn$
-    -- An occurrence runs once the database clock reached it, when it is
-    -- later than the last completed one (p_after) and, if the caller says
-    -- it must be the latest, before the next one (p_before).
+    -- An occurrence runs once the database clock reached it and the role's
+    -- cooldown (p_not_before) passed, when it is later than the last
+    -- completed one (p_after) and, if the caller says it must be the
+    -- latest, before the next one (p_before).
     SELECT p_occurrence IS NOT NULL AND p_occurrence <= now() AND p_occurrence > p_after
            AND (p_before IS NULL OR now() < p_before)
+           AND (p_not_before IS NULL OR p_not_before <= now())
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_holder text, p_ttl_ms bigint,
@@ -112,11 +119,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF NOT isfinite(p_occurrence) OR NOT isfinite(p_before) OR NOT isfinite(p_next)
-       OR length(p_schedule) > 200
+       OR p_next <= p_occurrence OR p_next > now() + interval '100 years'
+       OR p_occurrence < '1970-01-01' OR length(p_schedule) > 200
        OR coalesce(cardinality(p_skipped_reasons), 0) > 2
        OR coalesce(cardinality(p_skipped_reasons), 0) <> coalesce(cardinality(p_skipped_summaries), 0)
        OR EXISTS (SELECT 1 FROM unnest(p_skipped_reasons) AS r WHERE r IS NULL OR r NOT IN ('deadline', 'catch_up')) THEN
-        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs finite instants, a schedule of at most 200 characters and at most 2 skipped summaries with known reasons'
+        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs finite instants (the next after the asked one, within 100 years), a schedule of at most 200 characters and at most 2 skipped summaries with known reasons'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @schema@.leader_require_key(p_key);
@@ -144,26 +152,26 @@ BEGIN
                expires_at = now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms),
                holder_key = p_key,
                failures = CASE WHEN NOT @schema@.leader_occurrence_runnable(
-                                       p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                                       p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
                                THEN l.failures
                                WHEN l.occurrence IS NOT DISTINCT FROM p_occurrence THEN l.failures ELSE 0 END,
                occurrence = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
                                  THEN p_occurrence ELSE l.occurrence END,
                next_occurrence = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
                                  THEN p_next ELSE l.next_occurrence END,
                manual_by = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
                                 THEN NULL ELSE l.run_now_by END,
                run_now_by = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
                                  THEN l.run_now_by END,
                schedule = p_schedule
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
-           AND (l.not_before IS NULL OR l.not_before <= now())
-           AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since))
+           -- A manual run waits for no cooldown: it is asked for at once.
+           AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
                 OR l.run_now_by IS NOT NULL)
         RETURNING l.holder_token, l.holder_id, l.manual_by
     ),
@@ -172,7 +180,7 @@ BEGIN
     ),
     taken_over AS (
         SELECT @schema@.leader_history_add(p_role, 'term', s.holder_token, s.holder_id, s.acquired_at, 'lost',
-                   CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL),
+                   CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, s.manual_by, NULL),
                @schema@.leader_fence_sweep(ARRAY[p_role])
           FROM acquired AS a
           JOIN @schema@.leader_leases AS s ON s.role = p_role AND s.holder_id IS NOT NULL
@@ -273,7 +281,8 @@ BEGIN
                            WHEN p_outcome IN ('failed', 'panicked') THEN least(l.failures + 1, 1000000)
                            ELSE l.failures END,
            manual_by = NULL,
-           not_before = now() + cooldown
+           -- A manual run leaves the cooldown (a failed occurrence's backoff) alone.
+           not_before = CASE WHEN l.manual_by IS NULL THEN now() + cooldown ELSE l.not_before END
      WHERE l.role = p_role;
     -- A manual run's row names who asked for it.
     PERFORM @schema@.leader_history_add(p_role, 'term', p_token, ended.holder_id, ended.acquired_at,

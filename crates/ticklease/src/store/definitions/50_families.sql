@@ -66,7 +66,7 @@ BEGIN
     PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = ANY (picked) ORDER BY l.role FOR UPDATE OF l;
     live := ARRAY(SELECT @schema@.leader_live_keys());
     WITH locked AS (
-        SELECT l.role, l.holder_token, l.holder_id, l.acquired_at, l.expires_at
+        SELECT l.role, l.holder_token, l.holder_id, l.acquired_at, l.expires_at, l.manual_by
           FROM @schema@.leader_leases AS l
          WHERE l.role = ANY (picked)
            AND l.paused_at IS NULL
@@ -85,7 +85,10 @@ BEGIN
                holder_key = p_key,
                -- A family key's tick is no occurrence (as leader_acquire).
                occurrence = NULL,
-               manual_by = NULL
+               manual_by = NULL,
+               run_now_by = NULL,
+               schedule = NULL,
+               next_occurrence = NULL
           FROM locked AS k
          WHERE l.role = k.role
         RETURNING l.role, l.holder_token
@@ -93,7 +96,7 @@ BEGIN
     taken_over AS (
         SELECT k.role,
                @schema@.leader_history_add(k.role, 'term', k.holder_token, k.holder_id, k.acquired_at, 'lost',
-                   CASE WHEN k.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, NULL, NULL)
+                   CASE WHEN k.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, k.manual_by, NULL)
           FROM locked AS k
          WHERE k.holder_id IS NOT NULL
     )

@@ -34,7 +34,7 @@ BEGIN
             PERFORM @schema@.leader_history_add(p_role, 'term', ended.holder_token, ended.holder_id,
                                                 ended.acquired_at, 'lost',
                                                 CASE WHEN ended.expires_at <= now() THEN 'expired' ELSE 'paused' END,
-                                                NULL, NULL);
+                                                ended.manual_by, NULL);
         END IF;
         PERFORM @schema@.leader_history_add(p_role, 'pause', NULL, NULL, NULL, NULL,
                                             coalesce(p_reason, ''), p_by, NULL);
@@ -72,20 +72,21 @@ $fn$;
 CREATE OR REPLACE FUNCTION @schema@.leader_run_now(p_role text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- Run now: the role is due at once (its cooldown cleared); for a cron role (one that asked about
--- occurrences), a manual run is also requested, which the next ACQUIRE of an occurrence starts without
--- consuming an occurrence. Recorded with the session's login user; it notifies no one (see leader_release).
+-- Run now: an interval role is due at once (its cooldown cleared; true when it had one). A cron role
+-- (one whose last ACQUIRE was of an occurrence) gets a manual run instead, which the next ACQUIRE of an
+-- occurrence starts whatever its cooldown, without consuming an occurrence; its cooldown (a failed
+-- occurrence's backoff) stays. Recorded with the session's login user; it notifies no one (see leader_release).
 DECLARE
     had boolean;
 BEGIN
-    SELECT l.not_before IS NOT NULL INTO had FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
+    SELECT l.schedule IS NULL AND l.not_before IS NOT NULL INTO had
+      FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
     END IF;
     UPDATE @schema@.leader_leases AS l
-       SET not_before = NULL,
-           run_now_by = CASE WHEN l.occurrences_since IS NOT NULL OR l.last_occurrence IS NOT NULL
-                             THEN left(session_user, 200) ELSE l.run_now_by END
+       SET not_before = CASE WHEN l.schedule IS NULL THEN NULL ELSE l.not_before END,
+           run_now_by = CASE WHEN l.schedule IS NOT NULL THEN left(session_user, 200) END
      WHERE l.role = p_role;
     PERFORM @schema@.leader_history_add(p_role, 'run_now', NULL, NULL, NULL, NULL, NULL, session_user, NULL);
     RETURN had;

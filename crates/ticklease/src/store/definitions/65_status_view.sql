@@ -8,8 +8,8 @@
 -- One row per role: its term, whether it is live (the live keys read once
 -- for all rows), its pause, its last tick and outcome, and for a cron
 -- schedule: the schedule, the last completed occurrence and the next one
--- to run (the current term's while it is not completed and no term runs
--- it, as after a failed attempt; else the one after the last term's).
+-- to run (the current term's while it is not completed, no term runs it
+-- and a retry is due before the next one; else the one after the last term's).
 CREATE OR REPLACE VIEW leader_status AS
 WITH live AS (SELECT ARRAY(SELECT leader_live_keys()) AS keys)
 SELECT l.role,
@@ -33,6 +33,9 @@ SELECT l.role,
        l.last_occurrence,
        CASE WHEN l.occurrence > coalesce(l.last_occurrence, '-infinity')
                  AND NOT leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, statement_timestamp(), live.keys)
+                 -- Retries spent: the cooldown reaches the next occurrence.
+                 AND (l.not_before IS NULL OR l.next_occurrence IS NULL
+                      OR l.not_before < l.next_occurrence - interval '1 second')
             THEN l.occurrence
             ELSE l.next_occurrence END AS next_occurrence
   FROM leader_leases AS l CROSS JOIN live;
