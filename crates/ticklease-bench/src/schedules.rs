@@ -85,7 +85,7 @@ pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
         .await?;
     let schedule = Schedule::cron(&format!("*/{} * * * * *", o.every_secs))?;
     let roles: Vec<Role> = (0..o.roles)
-        .map(|i| Role::new(&format!("job{i:04}")))
+        .map(|i| Role::new(format!("job{i:04}")))
         .collect::<Result<_, _>>()?;
     let stop = CancellationToken::new();
     let mut runs = Vec::new();
