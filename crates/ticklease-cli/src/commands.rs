@@ -275,15 +275,16 @@ async fn cmd_run_now(db: Db, role: Role) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("could not run {role} now"))?;
     let rows = store.status().await?;
-    let cron = rows
-        .iter()
-        .any(|r| r.role == role.as_str() && r.schedule.is_some());
+    let row = rows.iter().find(|r| r.role == role.as_str());
+    let cron = row.is_some_and(|r| r.schedule.is_some());
+    let paused = row.is_some_and(|r| r.paused_at.is_some());
     println!(
         "{role}: {}",
-        match (cron, cleared) {
-            (true, _) => "a manual run starts at once (its next occurrence still runs)",
-            (false, true) => "cooldown cleared",
-            (false, false) => "had no cooldown",
+        match (cron, paused, cleared) {
+            (true, true, _) => "paused: a manual run starts once it is unpaused",
+            (true, false, _) => "a manual run starts at once (its next occurrence still runs)",
+            (false, _, true) => "cooldown cleared",
+            (false, _, false) => "had no cooldown",
         }
     );
     Ok(())

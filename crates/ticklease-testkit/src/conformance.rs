@@ -655,6 +655,16 @@ pub async fn run_now_of_a_cron_role_starts_one_manual_term<S: LeaseStore>(store:
         !store.run_now(&r).await.expect("run now"),
         "a cron role's cooldown stays"
     );
+    store.pause(&r, "ops", "").await.expect("pause");
+    let paused = store
+        .acquire_occurrence(&r, "a", TTL, &ask(None, hourly))
+        .await
+        .expect("look");
+    assert!(
+        matches!(paused.acquire, Acquire::Refused(Refusal::Paused { .. })) && paused.run_now_pending,
+        "a paused role keeps its run-now waiting: {paused:?}"
+    );
+    store.unpause(&r).await.expect("unpause");
     // The manual run waits for no cooldown; the schedule of the replica that starts it is recorded.
     let half_hourly = "CRON_TZ=UTC 30 * * * *";
     let manual = store
@@ -748,11 +758,17 @@ pub async fn an_interval_term_clears_what_a_cron_schedule_recorded<S: LeaseStore
         !store.run_now(&r).await.expect("run now"),
         "an interval role had no cooldown"
     );
-    let look = store.acquire_occurrence(&r, "a", TTL, &look).await.expect("look");
+    let back = store.acquire_occurrence(&r, "a", TTL, &look).await.expect("look");
     assert!(
-        matches!(look.acquire, Acquire::Refused(_)),
-        "no manual run left over from its cron days: {look:?}"
+        matches!(back.acquire, Acquire::Refused(_)) && !back.run_now_pending,
+        "no manual run left over from its interval days: {back:?}"
     );
+    // Back on cron: the look records the schedule again, so a run-now is a manual run.
+    let row = lease_row(store, "billing").await;
+    assert_eq!(row.schedule.as_deref(), Some("CRON_TZ=UTC 0 * * * *"));
+    store.run_now(&r).await.expect("run now");
+    let manual = store.acquire_occurrence(&r, "a", TTL, &look).await.expect("look");
+    assert!(manual.manual_by.is_some(), "{manual:?}");
 }
 
 pub async fn replicas_beat_and_leave_per_family<S: LeaseStore>(store: &S) {

@@ -115,7 +115,8 @@
 //!     │         the first look), X still the latest unless All, role free  ──► held(token, X)
 //!   RELEASE completed ──► last_occurrence = X: X never runs again
 //!   RELEASE failed ─────► failures + 1: X is asked for again after its backoff, then the next one
-//!   RELEASE lost/interrupted/panicked ──► X is still the next to run
+//!   RELEASE lost/interrupted ──► X is still the next to run (a lost one after at most a minute)
+//!   RELEASE panicked, or failed with retries spent ──► the role waits for the next occurrence
 //!   run-now ──► run_now_by: the next ACQUIRE with no runnable X starts a manual term
 //!               (no occurrence; its RELEASE completes none and counts no attempt)
 //! ```
@@ -450,10 +451,14 @@
 //!   late it is. `ticklease run-now ROLE` asks for a manual run: the next
 //!   ACQUIRE of any replica starts a term with no occurrence
 //!   ([`Tick::occurrence`] is `None`; the history's term row names who
-//!   asked), once, before the next occurrence rather than instead of it: it
-//!   completes no occurrence and counts no failed attempt. A replica hears
-//!   a run-now at once with a coordination session, else within `max_poll`
-//!   (a cron role's cached answer is at most that old). Metrics:
+//!   asked), once, whatever the role's cooldown (unless an occurrence is
+//!   due then: it runs first), before the next occurrence rather than
+//!   instead of it: it completes no occurrence, counts no failed attempt and
+//!   leaves a failed occurrence's backoff as it was. A replica hears a
+//!   run-now at once with a coordination session, else within `max_poll`
+//!   (a cron role's cached answer is at most that old). A role moved to an
+//!   interval drops its schedule, next occurrence and any pending run-now
+//!   at its first interval term (its counting stays). Metrics:
 //!   `leader_occurrence_next_seconds`, `leader_occurrence_late_seconds` (the
 //!   `TickleaseOccurrenceLate` alert) and `leader_occurrences_skipped_total`.
 //!

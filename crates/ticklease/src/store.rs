@@ -240,6 +240,9 @@ pub struct OccurrenceAnswer {
     /// not the asked occurrence: who asked. Its RELEASE completes no
     /// occurrence and counts no failed attempt.
     pub manual_by: Option<String>,
+    /// An operator's run-now waits for a manual run this ACQUIRE did not start
+    /// (an occurrence ran first, or the role is paused or held).
+    pub run_now_pending: bool,
     /// The database clock at the statement.
     pub db_now: SystemTime,
 }

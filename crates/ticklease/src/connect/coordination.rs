@@ -112,8 +112,11 @@ pub(crate) struct RoleSignals {
     pub(crate) follower: Notify,
     /// Paused: the holder renews now.
     pub(crate) holder: Notify,
-    /// How many times a follower was woken: a cron role's cached answer is
-    /// stale once this moves.
+    /// How many run-nows were heard (or might have been missed, at a
+    /// reconnect): a cron role's cached answer is stale once this moves. A
+    /// release or an unpause leaves it: the next occurrence is asked for
+    /// anyway, and every replica looking after each release would double the
+    /// statements of an occurrence.
     told: std::sync::atomic::AtomicU64,
 }
 
@@ -122,7 +125,7 @@ impl RoleSignals {
         self.told.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    fn wake_follower(&self) {
+    fn run_now(&self) {
         self.told.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.follower.notify_one();
     }
@@ -218,7 +221,8 @@ impl Events {
             return;
         };
         match event {
-            "release" | "unpause" | "run_now" => signals.wake_follower(),
+            "release" | "unpause" => signals.follower.notify_one(),
+            "run_now" => signals.run_now(),
             "pause" => signals.holder.notify_one(),
             _ => {}
         }
@@ -228,7 +232,7 @@ impl Events {
     /// follower asks now and every holder renews now.
     fn wake_all(&self) {
         for signals in self.roles.lock().expect("not poisoned").values() {
-            signals.wake_follower();
+            signals.run_now();
             signals.holder.notify_one();
         }
         for signals in self.families.lock().expect("not poisoned").values() {

@@ -6,5 +6,5 @@
 -- the asked one. A SECURITY DEFINER function (definitions/40_terms.sql).
 -- Calls: leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[], text, timestamptz)
 SELECT holder_token, db_now, holder_id, expires_at, held, paused_by, pause_reason, due_at, holder_key,
-       after_occurrence, failures, manual_by
+       after_occurrence, failures, manual_by, run_now_pending
   FROM leader_acquire_occurrence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)

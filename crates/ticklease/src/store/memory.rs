@@ -274,6 +274,9 @@ fn acquire_occurrence_row(
         row.occurrences_since = Some(now);
         row.schedule = Some(ask.schedule.clone());
     }
+    if ask.occurrence.is_none() {
+        row.schedule = Some(ask.schedule.clone());
+    }
     let after = row.last_occurrence.or(row.occurrences_since).unwrap_or(now);
     let same = row.occurrence == ask.occurrence;
     let failures = if same { row.failures } else { 0 };
@@ -314,6 +317,7 @@ fn acquire_occurrence_row(
         after,
         failures,
         db_now: now,
+        run_now_pending: row.run_now_by.is_some(),
         manual_by,
     }
 }

@@ -466,6 +466,7 @@ impl LeaseStore for PgStore {
             failures: u32::try_from(row.get::<_, i32>("failures")).unwrap_or_default(),
             db_now,
             manual_by: row.get("manual_by"),
+            run_now_pending: row.get::<_, Option<bool>>("run_now_pending").unwrap_or_default(),
         })
     }
 

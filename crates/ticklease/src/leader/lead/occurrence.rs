@@ -25,8 +25,10 @@ pub(crate) struct Known {
     db_now: SystemTime,
     /// … and that instant on the local monotonic clock.
     at: Instant,
-    /// The role's notification count when it was asked ([`Manager::told`]).
+    /// The role's run-now count when it was asked ([`Manager::told`]).
     told: u64,
+    /// A run-now waited for a manual run the answer did not start.
+    run_now_pending: bool,
 }
 
 impl Known {
@@ -89,13 +91,15 @@ impl<S: LeaseStore> Manager<S> {
         if self.inner.shutdown.is_cancelled() {
             return Ok(Lead::ShuttingDown);
         }
-        // The database is asked again once what it said is max_poll old, or
-        // when the role was notified since (a run-now is seen that way); an
+        // The database is asked again once what it said is max_poll old, when
+        // a run-now of the role was heard since, or while one waits; an
         // occurrence due by the old answer is asked for at once instead, as
         // that ACQUIRE answers afresh too (and starts a waiting manual run
         // when the occurrence is not one to run).
         let cached = self.known(role);
-        let fresh = cached.filter(|k| k.at.elapsed() < config.max_poll() && k.told == self.told(role));
+        let fresh = cached.filter(|k| {
+            k.at.elapsed() < config.max_poll() && k.told == self.told(role) && !k.run_now_pending
+        });
         let known = match (fresh, cached) {
             (Some(known), _) => known,
             (None, Some(known))
@@ -197,8 +201,8 @@ impl<S: LeaseStore> Manager<S> {
             .await
     }
 
-    /// How many times the role was notified (released, unpaused, run now) on
-    /// this replica's coordination session; 0 without one.
+    /// How many run-nows of the role this replica's coordination session
+    /// heard (or may have missed at a reconnect); 0 without one.
     fn told(&self, role: &Role) -> u64 {
         self.inner
             .store
@@ -245,6 +249,7 @@ impl<S: LeaseStore> Manager<S> {
             db_now: answer.db_now,
             at: Instant::now(),
             told,
+            run_now_pending: answer.run_now_pending,
         };
         inner
             .occurrences

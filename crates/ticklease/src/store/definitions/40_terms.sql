@@ -92,7 +92,7 @@ CREATE OR REPLACE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_hol
                                                     p_schedule text, p_next timestamptz)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
-               after_occurrence timestamptz, failures integer, manual_by text)
+               after_occurrence timestamptz, failures integer, manual_by text, run_now_pending boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- ACQUIRE of one occurrence of a cron schedule: starts a term for
@@ -135,6 +135,12 @@ BEGIN
         VALUES (p_role, @schema@.leader_token_seed(), now(), p_schedule)
         ON CONFLICT (role) DO UPDATE SET occurrences_since = now(), schedule = p_schedule
          WHERE l.occurrences_since IS NULL AND l.last_occurrence IS NULL;
+    END IF;
+    -- A look records the caller's schedule when the row shows another or none
+    -- (a role back from an interval): operators and run-now see a cron role.
+    IF p_occurrence IS NULL THEN
+        UPDATE @schema@.leader_leases AS l SET schedule = p_schedule
+         WHERE l.role = p_role AND l.schedule IS DISTINCT FROM p_schedule;
     END IF;
     RETURN QUERY
     WITH upserted AS (
@@ -203,7 +209,9 @@ BEGIN
            s.holder_key,
            coalesce(s.last_occurrence, s.occurrences_since),
            CASE WHEN s.occurrence IS NOT DISTINCT FROM p_occurrence THEN s.failures ELSE 0 END,
-           a.manual_by
+           a.manual_by,
+           -- The row as it was before this statement: a run-now this did not start still waits.
+           s.run_now_by IS NOT NULL AND a.manual_by IS NULL
       FROM (SELECT 1) AS one
       LEFT JOIN acquired AS a ON true
       LEFT JOIN @schema@.leader_leases AS s ON s.role = p_role
