@@ -788,6 +788,39 @@ pub async fn replicas_beat_and_leave_per_family<S: LeaseStore>(store: &S) {
     );
 }
 
+/// ACQUIRE (one row and batched) tells how many attempts failed since the
+/// last completed tick: a failure or a panic counts one, an interruption
+/// none, a completion starts again from 0 (the retry policy's count).
+pub async fn acquire_counts_failed_attempts_until_a_completion<S: LeaseStore>(store: &S) {
+    let r = role("dunning");
+    let quick = Duration::from_millis(1);
+    let failures = |a: Acquire| match a {
+        Acquire::Acquired(term) => (term.token, term.failures),
+        other => panic!("expected a term, got {other:?}"),
+    };
+    let mut seen = Vec::new();
+    for outcome in [Release::Failed, Release::Interrupted, Release::Failed, Release::Completed] {
+        let (token, failed) = failures(store.acquire(&r, "a", TTL, quick).await.expect("ACQUIRE"));
+        seen.push(failed);
+        assert!(store.release(&r, token, outcome, quick).await.expect("RELEASE"));
+        tokio::time::sleep(quick * 5).await;
+    }
+    let many = store
+        .acquire_many(std::slice::from_ref(&r), "a", TTL, quick, 1)
+        .await
+        .expect("ACQUIRE many");
+    let (token, failed) = failures(many.into_iter().next().expect("an answer").1);
+    seen.push(failed);
+    assert_eq!(seen, [0, 1, 1, 2, 0], "failed attempts as each ACQUIRE saw them");
+    assert!(store.release(&r, token, Release::Failed, quick).await.expect("RELEASE"));
+    tokio::time::sleep(quick * 5).await;
+    let many = store
+        .acquire_many(std::slice::from_ref(&r), "a", TTL, quick, 1)
+        .await
+        .expect("ACQUIRE many");
+    assert_eq!(failures(many.into_iter().next().expect("an answer").1).1, 1);
+}
+
 /// Generates one test per conformance case for the store `$make` builds.
 /// Put the test attribute first: `conformance_suite!(#[tokio::test] make_store());`
 #[macro_export]
@@ -818,6 +851,7 @@ macro_rules! conformance_suite {
             an_occurrence_starts_once_due_and_never_again_once_completed,
             run_now_of_a_cron_role_starts_one_manual_term,
             an_interval_term_clears_what_a_cron_schedule_recorded,
+            acquire_counts_failed_attempts_until_a_completion,
         );
     };
     (@cases #[$attr:meta] $make:expr; $($case:ident),* $(,)?) => {

@@ -425,9 +425,12 @@ pub enum ScheduleError {
     /// A setting of cron schedules given to an interval schedule.
     #[error("an interval schedule has no {what}: it belongs to cron schedules")]
     NotForInterval {
-        /// The setting: `time zone`, `catch-up policy`, `starting deadline` or `retry policy`.
+        /// The setting: `time zone`, `catch-up policy` or `starting deadline`.
         what: &'static str,
     },
+    /// A cron schedule given to a role family (families run on intervals).
+    #[error("a role family runs on an interval schedule (Schedule::every); cron schedules are for declared roles")]
+    NotForFamily,
     /// An interval of zero or above the longest duration.
     #[error("an interval must be above zero and at most {max:?}, got {interval:?}")]
     Interval {

@@ -416,7 +416,13 @@
 //!   database counts the failed attempts); once they are spent, and after a
 //!   panic, the role waits for the next occurrence (counted from the
 //!   RELEASE, so a slow failing tick does not delay it); after a lost term,
-//!   at most a minute. Interval schedules keep the spec's waits. Under
+//!   at most a minute. Interval schedules keep the spec's waits unless given
+//!   a policy (`Schedule::every(d).retry(..)`, also for families): then a
+//!   tick whose work returned `Err` is retried after its backoff, and once a
+//!   round of attempts is spent the role waits its interval, after which a
+//!   new round starts (ACQUIRE reads the count of failed attempts since the
+//!   last completed tick with the row; a RELEASE that commits while the
+//!   ACQUIRE runs leaves it at most one attempt behind). Under
 //!   `All`, which never passes a period over silently, an occurrence that
 //!   keeps failing is asked again at each later occurrence and holds the
 //!   later ones back until it completes (or the role is paused).

@@ -30,6 +30,9 @@ pub struct Term {
     pub token: Token,
     /// The database clock when the term started (observability only).
     pub db_now: SystemTime,
+    /// Attempts of the role that failed since its last completed tick (or
+    /// occurrence), for the retry policy.
+    pub failures: u32,
 }
 
 /// What one ACQUIRE did: a term, or why none started (a normal outcome).

@@ -773,3 +773,63 @@ async fn phantom_registrations_live_a_minute_and_a_beat_returns_a_bounded_list()
     assert!(live.iter().any(|h| h == "zzz:real"), "the caller is among them");
     assert!(live.windows(2).all(|w| w[0] < w[1]), "ordered by holder id");
 }
+
+/// A family on an interval with a retry policy: a key whose work returned
+/// `Err` runs again after the backoff (not an hour later), the attempts of
+/// one round at most; the other keys complete once.
+#[tokio::test]
+async fn a_family_key_that_failed_is_retried_after_its_backoff_and_its_attempts_are_bounded() {
+    let config = test_config();
+    let (store, _) = ticklease_testkit::pg_store(&config).await;
+    let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+    let family = family(2);
+    let hourly = ticklease::Schedule::every(Duration::from_secs(3600))
+        .retry(ticklease::Retry {
+            attempts: 3,
+            backoff: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(200),
+        })
+        .unwrap();
+    let stop = CancellationToken::new();
+    let (ran, mut runs) = mpsc::unbounded_channel();
+    let scheduler = Scheduler::new(manager.clone())
+        .family(&family, hourly, move |tick| {
+            let ran = ran.clone();
+            async move {
+                let _ = ran.send((tick.role().to_string(), Instant::now()));
+                match tick.role().as_str() {
+                    "fam:k001" => Err(std::io::Error::other("the provider is down")),
+                    _ => Ok(()),
+                }
+            }
+        })
+        .unwrap();
+    tokio::spawn(scheduler.run(stop.clone()));
+    let mut failing = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while failing.len() < 3 {
+        let (role, at) = tokio::time::timeout_at(deadline, runs.recv())
+            .await
+            .expect("three attempts of the failing key within 10 s")
+            .unwrap();
+        if role == "fam:k001" {
+            failing.push(at);
+        }
+    }
+    // Spent: no fourth attempt within a few heartbeats.
+    let more = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            if runs.recv().await.unwrap().0 == "fam:k001" {
+                break;
+            }
+        }
+    })
+    .await;
+    stop.cancel();
+    assert!(more.is_err(), "the attempts are spent: the key waits its interval");
+    let gaps: Vec<Duration> = failing.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(90) && *g < Duration::from_secs(2)),
+        "retried after the backoff: {gaps:?}"
+    );
+}

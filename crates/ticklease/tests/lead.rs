@@ -402,3 +402,55 @@ async fn hung_renew_is_a_missed_beat_and_past_abandon_the_work_stops_before_the_
         "not_before = now + min(interval, 60 s), got {wait}s"
     );
 }
+
+/// An interval's retry policy: a tick whose work returned `Err` is tried
+/// again after the backoff; once the round's attempts are spent the role
+/// waits its interval, and a completion starts a fresh round.
+#[tokio::test]
+async fn a_failed_interval_tick_is_retried_after_its_backoff_until_the_attempts_are_spent() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db, &["dunning"]).await;
+    let hourly = ticklease::Schedule::every(HOUR)
+        .retry(ticklease::Retry {
+            attempts: 2,
+            backoff: Duration::from_millis(150),
+            backoff_max: Duration::from_millis(150),
+        })
+        .unwrap();
+    let fail = |_| async { Err::<(), _>(std::io::Error::other("the provider is down")) };
+    let first = m.lead(&role("dunning"), hourly.clone(), fail).await.unwrap();
+    assert!(matches!(first, Lead::Failed { .. }), "{first:?}");
+    let remaining = match m.lead(&role("dunning"), hourly.clone(), fail).await.unwrap() {
+        Lead::Refused(Refusal::NotDue { remaining, .. }) => remaining,
+        other => panic!("a retry waits for its backoff, got {other:?}"),
+    };
+    assert!(remaining <= Duration::from_millis(150), "{remaining:?}");
+    tokio::time::sleep(remaining + Duration::from_millis(20)).await;
+    let second = m.lead(&role("dunning"), hourly.clone(), fail).await.unwrap();
+    assert!(matches!(second, Lead::Failed { .. }), "the retry runs: {second:?}");
+    match m.lead(&role("dunning"), hourly, fail).await.unwrap() {
+        Lead::Refused(Refusal::NotDue { remaining, .. }) => {
+            assert!(remaining > HOUR - Duration::from_secs(60), "spent: {remaining:?}")
+        }
+        other => panic!("spent attempts wait the interval, got {other:?}"),
+    }
+    // Without a policy a failed tick waits the interval (the spec).
+    let plain = m.lead(&role("dunning"), HOUR, fail).await;
+    assert!(matches!(plain, Ok(Lead::Refused(Refusal::NotDue { .. }))), "{plain:?}");
+}
+
+/// `Schedule::every` keeps the spec's wait: no retry unless asked for.
+#[tokio::test]
+async fn a_failed_interval_tick_without_a_retry_policy_waits_its_interval() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db, &["dunning"]).await;
+    let fail = |_| async { Err::<(), _>(std::io::Error::other("the provider is down")) };
+    let first = m.lead(&role("dunning"), HOUR, fail).await.unwrap();
+    assert!(matches!(first, Lead::Failed { .. }), "{first:?}");
+    match m.lead(&role("dunning"), HOUR, fail).await.unwrap() {
+        Lead::Refused(Refusal::NotDue { remaining, .. }) => {
+            assert!(remaining > HOUR - Duration::from_secs(60), "{remaining:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -219,7 +219,7 @@ fn bad_expressions_zones_and_policies_are_refused_by_name() {
         ScheduleError::NotForInterval { what: "time zone" }
     );
     assert!(Schedule::every(MIN).catch_up(CatchUp::Skip).is_err());
-    assert!(Schedule::every(MIN).retry(Retry::default()).is_err());
+    assert!(Schedule::every(MIN).retry(Retry { attempts: 0, ..Retry::default() }).is_err());
     assert!(Schedule::every(MIN).starting_deadline(MIN).is_err());
     assert!(matches!(
         Schedule::cron("0 0 30 2 *"),
@@ -387,6 +387,30 @@ fn retries_back_off_exponentially_up_to_the_cap_then_stop() {
     assert_eq!(waits, [None, Some(10), Some(20), Some(25), Some(25), None]);
     assert_eq!(Retry::NONE.backoff_after(1), None);
     assert_eq!(Retry::default().backoff_after(1), Some(Retry::BACKOFF_DEFAULT));
+}
+
+#[test]
+fn an_intervals_retries_come_in_rounds_each_ended_by_the_interval() {
+    let r = Retry {
+        attempts: 3,
+        backoff: Duration::from_secs(10),
+        backoff_max: Duration::from_secs(300),
+    };
+    let waits: Vec<Option<u64>> = (0..7).map(|f| r.backoff_in_round(f).map(|d| d.as_secs())).collect();
+    assert_eq!(waits, [Some(10), Some(20), None, Some(10), Some(20), None, Some(10)]);
+    assert_eq!(Retry::NONE.backoff_in_round(0), None);
+    assert_eq!(Retry::NONE.backoff_in_round(7), None);
+}
+
+#[test]
+fn an_interval_schedule_takes_a_retry_policy_and_none_by_default() {
+    let every = Schedule::every(Duration::from_secs(60));
+    assert_eq!(every.retry_policy(), Retry::NONE);
+    let policy = Retry {
+        attempts: 2,
+        ..Retry::default()
+    };
+    assert_eq!(every.retry(policy).unwrap().retry_policy(), policy);
 }
 
 #[test]

@@ -20,12 +20,12 @@ use crate::ops::metrics::{LostReason, Metrics, TickOutcome};
 use crate::ops::outcome::panic_message;
 use crate::store::batch::Batcher;
 use crate::store::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew,
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Term, Renew,
 };
 use crate::term::fence::Fence;
 use crate::term::holder::HolderId;
 use crate::term::role::Role;
-use crate::term::schedule::Schedule;
+use crate::term::schedule::{Retry, Schedule};
 use crate::term::token::Token;
 
 mod occurrence;
@@ -186,6 +186,8 @@ pub(crate) struct TermScope {
     pub(crate) removed: Option<KeyCancel>,
     /// The occurrence a cron schedule's term runs, and its waits.
     pub(crate) occurrence: Option<occurrence::OccurrenceScope>,
+    /// An interval's retry: the cooldown if this attempt's work returns `Err`.
+    pub(crate) backoff: Option<Duration>,
 }
 
 /// Cancels a family key's term, on its removal or with the manager's shutdown.
@@ -474,7 +476,7 @@ impl<S: LeaseStore> Manager<S> {
         &self,
         role: &Role,
         interval: Duration,
-    ) -> Result<Result<(Token, Instant), Refusal>, Error> {
+    ) -> Result<Result<(Term, Instant), Refusal>, Error> {
         let inner = &self.inner;
         if let (Some(m), Some(signals)) = (&inner.metrics, inner.store.signals()) {
             m.coordination_up(signals.key().is_some());
@@ -490,7 +492,7 @@ impl<S: LeaseStore> Manager<S> {
             Acquire::Refused(refusal) => return Ok(Err(refusal)),
         };
         inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
-        Ok(Ok((term.token, sent)))
+        Ok(Ok((term, sent)))
     }
 
     fn heartbeat(&self, role: &Role, token: Token, acquire_sent: Instant, scope: &TermScope) -> Heartbeat<S> {
@@ -531,7 +533,7 @@ impl<S: LeaseStore> Manager<S> {
     {
         let schedule = schedule.into();
         match schedule.interval() {
-            Some(interval) => self.lead_every(role, interval, work).await,
+            Some(interval) => self.lead_every(role, interval, schedule.retry_policy(), work).await,
             None => self.lead_occurrence(role, &schedule, work).await,
         }
     }
@@ -540,6 +542,7 @@ impl<S: LeaseStore> Manager<S> {
         &self,
         role: &Role,
         interval: Duration,
+        retry: Retry,
         work: F,
     ) -> Result<Lead<T>, Error>
     where
@@ -552,11 +555,15 @@ impl<S: LeaseStore> Manager<S> {
         if inner.shutdown.is_cancelled() {
             return Ok(Lead::ShuttingDown);
         }
-        let (token, sent) = match self.acquire(role, interval).await? {
+        let (term, sent) = match self.acquire(role, interval).await? {
             Ok(started) => started,
             Err(refusal) => return Ok(Lead::Refused(refusal)),
         };
-        self.run_term(role, interval, token, sent, work, TermScope::default())
+        let scope = TermScope {
+            backoff: retry.backoff_in_round(term.failures),
+            ..TermScope::default()
+        };
+        self.run_term(role, interval, term.token, sent, work, scope)
             .await
     }
 
@@ -654,10 +661,13 @@ impl<S: LeaseStore> Manager<S> {
         }
         let ending = ending(&settled);
         let release = settled.release;
+        let failed = settled.outcome == TickOutcome::Failed;
         if let Some(o) = &scope.occurrence {
             // An occurrence whose work returned Err is retried after its backoff;
             // otherwise the role waits for its next occurrence, counted from now.
-            guard.interval = o.wait(settled.outcome == TickOutcome::Failed);
+            guard.interval = o.wait(failed);
+        } else if let Some(backoff) = scope.backoff.filter(|_| failed) {
+            guard.interval = backoff;
         }
         guard.armed = false;
         let released = guard.release(release, ending).await;

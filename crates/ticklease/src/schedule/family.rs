@@ -40,6 +40,7 @@ use crate::schedule::wake::{next_wake, Polled};
 use crate::store::{Acquire, LeaseStore, Refusal, BATCH_MAX};
 use crate::term::family::Family;
 use crate::term::role::Role;
+use crate::term::schedule::Retry;
 
 pub use crate::store::REGISTRATION_TTL_MAX;
 
@@ -61,7 +62,7 @@ fn told_spacing(config: &crate::Config) -> Duration {
 }
 
 /// How a term of one of `family`'s keys is cancelled and counted.
-fn scope(family: &Family, removed: KeyCancel) -> TermScope {
+fn scope(family: &Family, removed: KeyCancel, backoff: Option<Duration>) -> TermScope {
     TermScope {
         family: Some(FamilyScope {
             name: family.shared_name(),
@@ -69,6 +70,7 @@ fn scope(family: &Family, removed: KeyCancel) -> TermScope {
         }),
         removed: Some(removed),
         occurrence: None,
+        backoff,
     }
 }
 
@@ -76,6 +78,7 @@ fn scope(family: &Family, removed: KeyCancel) -> TermScope {
 pub(crate) struct FamilyJob {
     pub(crate) family: Family,
     pub(crate) interval: Duration,
+    pub(crate) retry: Retry,
     pub(crate) work: Work,
 }
 
@@ -129,6 +132,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
     let FamilyJob {
         family,
         interval,
+        retry,
         work,
     } = job;
     let config = *manager.config();
@@ -252,7 +256,8 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                                 key.probe = false;
                                 let (manager, work, name) =
                                     (manager.clone(), work.clone(), role.as_str().to_string());
-                                let scope = scope(&family, removed);
+                                let backoff = retry.backoff_in_round(term.failures);
+                                let scope = scope(&family, removed, backoff);
                                 terms.spawn(async move {
                                     let lead = AssertUnwindSafe(manager.run_term(
                                         &role,
@@ -266,7 +271,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                                     .await;
                                     let key =
                                         name.split_once(':').map_or(name.clone(), |(_, k)| k.to_string());
-                                    (key, ended(&role, interval, &config, lead))
+                                    (key, ended(&role, interval, backoff, &config, lead))
                                 });
                             }
                             Acquire::Refused(refusal) => {
@@ -460,10 +465,13 @@ fn sync_keys(family: &Family, keys: &mut BTreeMap<String, Key>, now: Instant) {
 fn ended(
     role: &Role,
     interval: Duration,
+    backoff: Option<Duration>,
     config: &crate::Config,
     lead: std::thread::Result<Result<Lead<()>, crate::Error>>,
 ) -> Duration {
     match lead {
+        // A retry's cooldown is its backoff.
+        Ok(Ok(Lead::Failed { .. })) if backoff.is_some() => backoff.unwrap_or(interval),
         // RELEASE stamped the tick or set a cooldown of one interval (a lost
         // term's is at most that): not due before.
         Ok(Ok(Lead::Completed { .. } | Lead::Failed { .. } | Lead::Lost { .. })) => interval,

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::chain;
-use crate::error::Error;
+use crate::error::{Error, ScheduleError};
 use crate::leader::lead::{check_interval, BoxError, Lead, Manager, Tick, Work};
 use crate::ops::outcome::panic_message;
 use crate::schedule::chance::NextChance;
@@ -133,13 +133,24 @@ impl<S: LeaseStore> Scheduler<S> {
 
     /// Adds the job of every key of `family`, as it changes: `work` runs
     /// once per tick of each key (its role is [`Tick::role`]), at most once
-    /// per `interval` each, spread over the replicas that run the family.
-    pub fn family<F, Fut, E>(mut self, family: &Family, interval: Duration, work: F) -> Result<Self, Error>
+    /// per interval each (a [`Schedule::every`], with its retry policy),
+    /// spread over the replicas that run the family.
+    pub fn family<F, Fut, E>(
+        mut self,
+        family: &Family,
+        schedule: impl Into<Schedule>,
+        work: F,
+    ) -> Result<Self, Error>
     where
         F: Fn(Tick) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
+        let schedule = schedule.into();
+        let interval = schedule.interval().ok_or_else(|| Error::Schedule {
+            role: family.name().to_string(),
+            source: ScheduleError::NotForFamily,
+        })?;
         check_interval(family.name(), interval)?;
         if self.families.iter().any(|j| j.family.name() == family.name()) {
             return Err(Error::DuplicateJob {
@@ -152,6 +163,7 @@ impl<S: LeaseStore> Scheduler<S> {
         self.families.push(FamilyJob {
             family: family.clone(),
             interval,
+            retry: schedule.retry_policy(),
             work: boxed(work),
         });
         Ok(self)

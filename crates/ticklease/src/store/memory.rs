@@ -254,6 +254,7 @@ fn start_term(row: &mut Row, holder: &str, lease_ttl: Duration, now: SystemTime)
     Term {
         token: Token(row.token),
         db_now: now,
+        failures: row.failures,
     }
 }
 

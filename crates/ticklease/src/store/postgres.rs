@@ -356,6 +356,7 @@ fn acquired(row: &Row) -> Acquire {
         return Acquire::Acquired(Term {
             token: Token(token),
             db_now,
+            failures: u32::try_from(row.get::<_, i32>("failures")).unwrap_or_default(),
         });
     }
     let paused_by: Option<String> = row.get("paused_by");

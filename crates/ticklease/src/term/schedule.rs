@@ -118,6 +118,14 @@ impl Retry {
         let doublings = (failed - 1).min(31);
         Some(self.backoff.saturating_mul(1 << doublings).min(self.backoff_max))
     }
+
+    /// The wait after one more failed attempt of an interval's tick, when
+    /// `failed` attempts failed since the last completed tick: attempts
+    /// come in rounds of `attempts`, each round ended by the interval's
+    /// wait (`None`).
+    pub fn backoff_in_round(&self, failed: u32) -> Option<Duration> {
+        self.backoff_after(failed % self.attempts.max(1) + 1)
+    }
 }
 
 impl Default for Retry {
@@ -205,7 +213,8 @@ fn parser() -> CronParser {
 
 impl Schedule {
     /// Due once per `interval` since the last completed tick (the spec's
-    /// model): a failed tick waits one interval, a lost one at most a minute.
+    /// model): a failed tick waits one interval, a lost one at most a minute
+    /// (no retry unless [`Schedule::retry`] asks for one).
     pub fn every(interval: Duration) -> Schedule {
         Schedule {
             kind: Kind::Every(interval),
@@ -294,9 +303,12 @@ impl Schedule {
         Ok(self)
     }
 
-    /// Retries of an occurrence whose work returned `Err` (default [`Retry::default`]).
+    /// Retries of a tick whose work returned `Err`: for a cron schedule,
+    /// attempts of one occurrence (default [`Retry::default`]); for an
+    /// interval, attempts of one interval's tick (default [`Retry::NONE`],
+    /// the spec's wait), after which the role waits one interval and the
+    /// next tick starts a fresh round of attempts.
     pub fn retry(mut self, retry: Retry) -> Result<Schedule, ScheduleError> {
-        self.cron_only("retry policy")?;
         let in_bounds = (1..=Retry::ATTEMPTS_MAX).contains(&retry.attempts)
             && !retry.backoff.is_zero()
             && retry.backoff <= retry.backoff_max
