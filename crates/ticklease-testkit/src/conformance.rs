@@ -821,6 +821,33 @@ pub async fn acquire_counts_failed_attempts_until_a_completion<S: LeaseStore>(st
     assert_eq!(failures(many.into_iter().next().expect("an answer").1).1, 1);
 }
 
+/// Unpause keeps the pause's window, and ACQUIRE of an occurrence answers
+/// it (the skipped occurrences that fell due within it are named paused);
+/// a second pause replaces it.
+pub async fn unpause_keeps_the_pauses_window_for_the_occurrences_it_passed_over<S: LeaseStore>(store: &S) {
+    let r = role("billing");
+    let look = || async {
+        let ask = OccurrenceAsk {
+            schedule: "CRON_TZ=UTC 0 * * * *".into(),
+            ..OccurrenceAsk::default()
+        };
+        store.acquire_occurrence(&r, "a", TTL, &ask).await.expect("look")
+    };
+    assert_eq!(look().await.last_pause, None, "never paused");
+    assert!(store.pause(&r, "ops", "maintenance").await.expect("pause"));
+    assert_eq!(look().await.last_pause, None, "still paused");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(store.unpause(&r).await.expect("unpause"));
+    let answer = look().await;
+    let (paused, unpaused) = answer.last_pause.expect("the pause's window");
+    assert!(unpaused >= paused + Duration::from_millis(40), "{paused:?} .. {unpaused:?}");
+    assert!(near(unpaused, answer.db_now));
+    assert!(store.pause(&r, "ops", "again").await.expect("pause"));
+    assert!(store.unpause(&r).await.expect("unpause"));
+    let (again, _) = look().await.last_pause.expect("the pause's window");
+    assert!(again >= unpaused, "the last pause replaces the one before");
+}
+
 /// Generates one test per conformance case for the store `$make` builds.
 /// Put the test attribute first: `conformance_suite!(#[tokio::test] make_store());`
 #[macro_export]
@@ -852,6 +879,7 @@ macro_rules! conformance_suite {
             run_now_of_a_cron_role_starts_one_manual_term,
             an_interval_term_clears_what_a_cron_schedule_recorded,
             acquire_counts_failed_attempts_until_a_completion,
+            unpause_keeps_the_pauses_window_for_the_occurrences_it_passed_over,
         );
     };
     (@cases #[$attr:meta] $make:expr; $($case:ident),* $(,)?) => {

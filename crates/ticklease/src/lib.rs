@@ -433,8 +433,10 @@
 //!   still within its starting deadline (the lease TTL unless set). An
 //!   optional starting deadline skips any occurrence older than it. The term
 //!   that runs records the occurrences passed over in `leader_history`
-//!   (kind `skipped`, with the reason and how many from when to when), so
-//!   "did last night's billing run?" has an answer.
+//!   (kind `skipped`, with how many from when to when and why: `paused`
+//!   for those that fell due while the role was paused, as unpause records
+//!   the pause's window in the row; `deadline`; `catch_up`), so "did last
+//!   night's billing run?" has an answer.
 //! - **Counting starts** at a role's first ACQUIRE of an occurrence: a new
 //!   schedule does not run the past.
 //! - **Daylight saving**, by the Vixie rule: a fixed time in the spring gap

@@ -248,6 +248,9 @@ pub struct OccurrenceAnswer {
     pub run_now_pending: bool,
     /// The database clock at the statement.
     pub db_now: SystemTime,
+    /// The role's last pause, when it was paused and unpaused (the skipped
+    /// occurrences that fell due within it are recorded as paused).
+    pub last_pause: Option<(SystemTime, SystemTime)>,
 }
 
 /// Most roles in one batched statement; larger batches are split.

@@ -801,3 +801,62 @@ async fn a_manual_term_lost_to_a_pause_names_who_asked_for_it() {
         "{history:?}"
     );
 }
+
+/// Unpause records the pause's window in the row; the first occurrence run
+/// afterwards records those that fell due within it as skipped `paused`,
+/// and the other missed ones as `catch_up`.
+#[tokio::test]
+async fn occurrences_due_while_the_role_was_paused_are_recorded_as_skipped_for_the_pause() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    let minutely = Schedule::cron("* * * * *").unwrap();
+    let look = m
+        .lead(&role(), minutely.clone(), |_| async { Ok::<_, std::io::Error>(()) })
+        .await;
+    assert!(matches!(look, Ok(Lead::Refused(_))), "{look:?}");
+    assert!(m.store().pause(&role(), "ops", "provider maintenance").await.unwrap());
+    assert!(m.store().unpause(&role()).await.unwrap());
+    let owner = connect(&direct(&db)).await.unwrap();
+    let recorded: bool = scalar(
+        &owner,
+        "SELECT last_paused_at <= last_unpaused_at AND last_unpaused_at <= now() FROM leader_leases WHERE role = 'billing'",
+    )
+    .await;
+    assert!(recorded, "unpause records when the role was paused and unpaused");
+    // As if declared 10.5 minutes ago and paused from 6.5 to 1.5 minutes ago.
+    owner
+        .execute(
+            "UPDATE leader_leases SET occurrences_since = date_trunc('minute', now()) - interval '630 seconds',
+                    last_paused_at = date_trunc('minute', now()) - interval '390 seconds',
+                    last_unpaused_at = date_trunc('minute', now()) - interval '90 seconds'
+              WHERE role = 'billing'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let fresh = manager(&db).await;
+    let lead = fresh
+        .lead(&role(), minutely, |_| async { Ok::<_, std::io::Error>(()) })
+        .await
+        .unwrap();
+    assert!(matches!(lead, Lead::Completed { .. }), "{lead:?}");
+    let skipped: Vec<(String, String)> = owner
+        .query(
+            "SELECT reason, error FROM leader_history WHERE role = 'billing' AND kind = 'skipped' ORDER BY reason",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(skipped.len(), 2, "{skipped:?}");
+    assert_eq!(skipped[0].0, "catch_up");
+    assert_eq!(skipped[1].0, "paused");
+    assert!(skipped[1].1.starts_with("5 occurrences from "), "{skipped:?}");
+    // Before the pause 4 (-10, -9, -8, -7 min); after it 1 (-1 min), or 2 when the minute turned.
+    assert!(
+        skipped[0].1.starts_with("5 occurrences from ") || skipped[0].1.starts_with("6 occurrences from "),
+        "{skipped:?}"
+    );
+}

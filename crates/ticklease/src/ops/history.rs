@@ -145,8 +145,9 @@ pub enum HistoryKind {
     /// Occurrences of a cron schedule passed over, recorded by the term
     /// that ran instead.
     Skipped {
-        /// Why: `deadline` (older than the starting deadline) or `catch_up`
-        /// (the catch-up policy ran a newer one).
+        /// Why: `deadline` (older than the starting deadline), `paused`
+        /// (due while the role was paused) or `catch_up` (the catch-up
+        /// policy ran a newer one).
         reason: String,
         /// How many, from when to when (UTC).
         summary: String,

@@ -22,8 +22,8 @@
 //!   `leader_renew_duration_seconds`, `leader_db_clock_drift_seconds`,
 //!   `leader_tick_interval_seconds{role}` (what the stall alert compares with),
 //!   `leader_coordination_up` (its coordination session, as of its last poll),
-//!   and `leader_occurrences_skipped_total{role,reason}` (reason `deadline` or
-//!   `catch_up`: occurrences it recorded passed over when it started a later one).
+//!   and `leader_occurrences_skipped_total{role,reason}` (reason `deadline`,
+//!   `paused` or `catch_up`: occurrences it recorded passed over when it started a later one).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -263,7 +263,7 @@ impl Inner {
         r.register(
             "leader_occurrences_skipped",
             "Occurrences this replica recorded as skipped when it started a later one, by reason \
-             (deadline, catch_up)",
+             (deadline, paused, catch_up)",
             self.occurrences_skipped.clone(),
         );
         r.register(

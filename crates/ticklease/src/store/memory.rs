@@ -41,6 +41,8 @@ struct Row {
     next_occurrence: Option<SystemTime>,
     /// A run-now of a cron role waiting for a replica, and who asked.
     run_now_by: Option<String>,
+    /// The last pause: when paused, when unpaused.
+    last_pause: Option<(SystemTime, SystemTime)>,
     /// The current term is that manual run.
     manual_by: Option<String>,
 }
@@ -320,6 +322,7 @@ fn acquire_occurrence_row(
         db_now: now,
         run_now_pending: row.run_now_by.is_some(),
         manual_by,
+        last_pause: row.last_pause,
     }
 }
 
@@ -542,11 +545,16 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn unpause(&self, role: &Role) -> Result<bool, StoreError> {
+        let now = self.now();
         self.with(|s| {
             let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {
                 role: role.to_string(),
             })?;
-            let was = row.paused_at.take().is_some();
+            let paused_at = row.paused_at.take();
+            let was = paused_at.is_some();
+            if let Some(at) = paused_at {
+                row.last_pause = Some((at, now.max(at)));
+            }
             row.paused_by = None;
             row.pause_reason = None;
             Ok(was)

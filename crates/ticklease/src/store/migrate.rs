@@ -81,6 +81,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "occurrences",
         sql: include_str!("migrations/0008_occurrences.sql"),
     },
+    Migration {
+        version: 9,
+        name: "pause_window",
+        sql: include_str!("migrations/0009_pause_window.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).

@@ -468,6 +468,9 @@ impl LeaseStore for PgStore {
             db_now,
             manual_by: row.get("manual_by"),
             run_now_pending: row.get::<_, Option<bool>>("run_now_pending").unwrap_or_default(),
+            last_pause: row
+                .get::<_, Option<SystemTime>>("last_paused_at")
+                .zip(row.get::<_, Option<SystemTime>>("last_unpaused_at")),
         })
     }
 

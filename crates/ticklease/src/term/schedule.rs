@@ -147,6 +147,8 @@ const _: () = assert!(Retry::BACKOFF_DEFAULT.as_millis() <= Retry::BACKOFF_MAX_D
 pub enum SkipReason {
     /// It was due longer ago than the starting deadline.
     Deadline,
+    /// It fell due while the role was paused (and no policy ran it after).
+    Paused,
     /// The catch-up policy runs a newer one instead.
     CatchUp,
 }
@@ -156,6 +158,7 @@ impl SkipReason {
     pub fn as_str(self) -> &'static str {
         match self {
             SkipReason::Deadline => "deadline",
+            SkipReason::Paused => "paused",
             SkipReason::CatchUp => "catch_up",
         }
     }
@@ -198,6 +201,47 @@ pub struct Due {
     pub skipped: Vec<Skipped>,
     /// The first occurrence after the database's now.
     pub next: Option<SystemTime>,
+}
+
+/// The range `(from, until)` of occurrences skipped for `reason`, with the
+/// part that fell due within the pause `[paused, unpaused)` given to
+/// [`SkipReason::Paused`] (each part as `(after, before)` bounds).
+fn split_by_pause(
+    from: SystemTime,
+    until: SystemTime,
+    reason: SkipReason,
+    paused: Option<(SystemTime, SystemTime)>,
+) -> Vec<(SystemTime, SystemTime, SkipReason)> {
+    let Some((paused, unpaused)) = paused.filter(|(p, u)| p < u && *p < until && *u > from + NANO) else {
+        return vec![(from, until, reason)];
+    };
+    let inside_from = from.max(paused - NANO);
+    let inside_until = until.min(unpaused);
+    vec![
+        (from, until.min(paused), reason),
+        (inside_from, inside_until, SkipReason::Paused),
+        (inside_until - NANO, until, reason),
+    ]
+}
+
+/// One record per reason, in the order deadline, paused, catch-up: a
+/// reason split around a pause spans both parts.
+fn merge_by_reason(records: Vec<Skipped>) -> Vec<Skipped> {
+    let mut merged: Vec<Skipped> = Vec::new();
+    for reason in [SkipReason::Deadline, SkipReason::Paused, SkipReason::CatchUp] {
+        let mut parts = records.iter().filter(|r| r.reason == reason);
+        let Some(first) = parts.next().copied() else {
+            continue;
+        };
+        merged.push(parts.fold(first, |acc, r| Skipped {
+            reason,
+            first: acc.first.min(r.first),
+            last: acc.last.max(r.last),
+            count: (acc.count + r.count).min(SKIPPED_COUNTED_MAX),
+            more: acc.more || r.more || acc.count + r.count > SKIPPED_COUNTED_MAX,
+        }));
+    }
+    merged
 }
 
 /// The fields of a five- or six-field expression, in order.
@@ -409,7 +453,15 @@ impl Schedule {
     /// completed occurrence (or, before the first, the instant the schedule
     /// started counting). Occurrences at or before `after` never run again.
     /// Interval schedules have no occurrences: `run` and `next` are `None`.
-    pub fn due(&self, after: SystemTime, now: SystemTime, lease_ttl: Duration) -> Due {
+    /// The skipped occurrences that fell due within `paused` (the role's
+    /// last pause: from, until) are recorded as [`SkipReason::Paused`].
+    pub fn due(
+        &self,
+        after: SystemTime,
+        now: SystemTime,
+        lease_ttl: Duration,
+        paused: Option<(SystemTime, SystemTime)>,
+    ) -> Due {
         let next = self.next_after(now);
         let Some(latest) = self.latest_at_or_before(now).filter(|l| *l > after) else {
             return Due {
@@ -432,17 +484,23 @@ impl Schedule {
             Some(on_time) if candidate < on_time => self.next_after(on_time - NANO).filter(|r| *r <= latest),
             _ => Some(candidate),
         };
-        // Everything in (after, end) was passed over: the late part for the
-        // deadline, the rest for the catch-up policy.
+        // Everything in (after, end) was passed over: what fell due while
+        // paused for the pause, the late part for the deadline, the rest for
+        // the catch-up policy.
         let end = run.unwrap_or(latest + NANO);
         let late_end = on_time.map_or(after, |t| t.min(end));
-        let skipped = [
-            self.skipped(after, late_end, SkipReason::Deadline),
-            self.skipped(late_end.max(after + NANO) - NANO, end, SkipReason::CatchUp),
-        ];
+        let mut skipped = Vec::new();
+        for (from, until, reason) in [
+            (after, late_end, SkipReason::Deadline),
+            (late_end.max(after + NANO) - NANO, end, SkipReason::CatchUp),
+        ] {
+            for (from, until, reason) in split_by_pause(from, until, reason, paused) {
+                skipped.extend(self.skipped(from, until, reason));
+            }
+        }
         Due {
             run,
-            skipped: skipped.into_iter().flatten().collect(),
+            skipped: merge_by_reason(skipped),
             next,
         }
     }

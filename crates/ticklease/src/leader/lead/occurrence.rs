@@ -29,6 +29,8 @@ pub(crate) struct Known {
     told: u64,
     /// A run-now waited for a manual run the answer did not start.
     run_now_pending: bool,
+    /// The role's last pause (paused, unpaused).
+    last_pause: Option<(SystemTime, SystemTime)>,
 }
 
 impl Known {
@@ -104,7 +106,7 @@ impl<S: LeaseStore> Manager<S> {
             (Some(known), _) => known,
             (None, Some(known))
                 if schedule
-                    .due(known.after, known.db_now(), config.lease_ttl())
+                    .due(known.after, known.db_now(), config.lease_ttl(), known.last_pause)
                     .run
                     .is_some() =>
             {
@@ -124,7 +126,7 @@ impl<S: LeaseStore> Manager<S> {
             }
         };
         let now = known.db_now();
-        let due = schedule.due(known.after, now, config.lease_ttl());
+        let due = schedule.due(known.after, now, config.lease_ttl(), known.last_pause);
         let Some(occurrence) = due.run else {
             let due_at = due.next.unwrap_or(now + config.max_poll());
             return Ok(Lead::Refused(Refusal::NotDue {
@@ -250,6 +252,7 @@ impl<S: LeaseStore> Manager<S> {
             at: Instant::now(),
             told,
             run_now_pending: answer.run_now_pending,
+            last_pause: answer.last_pause,
         };
         inner
             .occurrences

@@ -86,13 +86,18 @@ AS $fn$
            AND (p_not_before IS NULL OR p_not_before <= now())
 $fn$;
 
-CREATE OR REPLACE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_holder text, p_ttl_ms bigint,
+-- Generation 3 added the last pause's window to the answer (a new row type).
+DROP FUNCTION IF EXISTS @schema@.leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint,
+                                                          text[], text[], text, timestamptz);
+
+CREATE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_holder text, p_ttl_ms bigint,
                                                     p_occurrence timestamptz, p_before timestamptz, p_key bigint,
                                                     p_skipped_reasons text[], p_skipped_summaries text[],
                                                     p_schedule text, p_next timestamptz)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
-               after_occurrence timestamptz, failures integer, manual_by text, run_now_pending boolean)
+               after_occurrence timestamptz, failures integer, manual_by text, run_now_pending boolean,
+               last_paused_at timestamptz, last_unpaused_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- ACQUIRE of one occurrence of a cron schedule: starts a term for
@@ -105,13 +110,15 @@ AS $fn$
 -- and the database's now, setting occurrences_since on a role's first
 -- look. The occurrence arithmetic (cron, zones) is the caller's; this
 -- decides on the database clock alone. A started term records the skipped
--- occurrences the caller names (at most 2 summaries: reason and text),
+-- occurrences the caller names (at most 3 summaries: reason and text),
 -- and, for operators, the caller's schedule (text) and the occurrence after
 -- the one it runs (p_next); a role's first look records the schedule too.
 -- An operator's run-now (run_now_by) starts a manual term when no asked
 -- occurrence is runnable: it runs no occurrence (its `occurrence` stays the
 -- last asked one), and its RELEASE completes none.
--- A term it takes over is recorded and swept as in leader_acquire.
+-- A term it takes over is recorded and swept as in leader_acquire. The
+-- answer carries the role's last pause (when paused and unpaused), so the
+-- caller can name the occurrences that fell due while it was paused.
 #variable_conflict use_column
 BEGIN
     IF p_holder IS NULL OR length(p_holder) > 200 THEN
@@ -121,10 +128,10 @@ BEGIN
     IF NOT isfinite(p_occurrence) OR NOT isfinite(p_before) OR NOT isfinite(p_next)
        OR p_next <= p_occurrence OR p_next > now() + interval '100 years'
        OR p_occurrence < '1970-01-01' OR length(p_schedule) > 200
-       OR coalesce(cardinality(p_skipped_reasons), 0) > 2
+       OR coalesce(cardinality(p_skipped_reasons), 0) > 3
        OR coalesce(cardinality(p_skipped_reasons), 0) <> coalesce(cardinality(p_skipped_summaries), 0)
-       OR EXISTS (SELECT 1 FROM unnest(p_skipped_reasons) AS r WHERE r IS NULL OR r NOT IN ('deadline', 'catch_up')) THEN
-        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs finite instants (the next after the asked one, within 100 years), a schedule of at most 200 characters and at most 2 skipped summaries with known reasons'
+       OR EXISTS (SELECT 1 FROM unnest(p_skipped_reasons) AS r WHERE r IS NULL OR r NOT IN ('deadline', 'paused', 'catch_up')) THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs finite instants (the next after the asked one, within 100 years), a schedule of at most 200 characters and at most 3 skipped summaries with known reasons'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @schema@.leader_require_key(p_key);
@@ -211,7 +218,9 @@ BEGIN
            CASE WHEN s.occurrence IS NOT DISTINCT FROM p_occurrence THEN s.failures ELSE 0 END,
            a.manual_by,
            -- The row as it was before this statement: a run-now this did not start still waits.
-           s.run_now_by IS NOT NULL AND a.manual_by IS NULL
+           s.run_now_by IS NOT NULL AND a.manual_by IS NULL,
+           s.last_paused_at,
+           s.last_unpaused_at
       FROM (SELECT 1) AS one
       LEFT JOIN acquired AS a ON true
       LEFT JOIN @schema@.leader_leases AS s ON s.role = p_role

@@ -53,8 +53,10 @@ AS $fn$
 DECLARE
     changed boolean;
 BEGIN
+    -- The pause's window stays, for the occurrences it passed over.
     UPDATE @schema@.leader_leases AS l
-       SET paused_at = NULL, paused_by = NULL, pause_reason = NULL
+       SET paused_at = NULL, paused_by = NULL, pause_reason = NULL,
+           last_paused_at = l.paused_at, last_unpaused_at = greatest(now(), l.paused_at)
      WHERE l.role = p_role AND l.paused_at IS NOT NULL
     RETURNING true INTO changed;
     IF changed IS NULL THEN
