@@ -448,6 +448,23 @@ impl LeaseStore for Timed {
         .await
     }
 
+    async fn acquire_many_occurrence(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &ticklease::FamilyOccurrenceAsk,
+        limit: usize,
+    ) -> Result<Vec<(Role, ticklease::OccurrenceAnswer)>, StoreError> {
+        let call = self
+            .inner
+            .acquire_many_occurrence(roles, holder, lease_ttl, ask, limit);
+        self.timed(Kind::Acquire, roles.len(), call, |answers| {
+            started(answers.iter().map(|(_, a)| &a.acquire))
+        })
+        .await
+    }
+
     async fn renew_many(
         &self,
         terms: &[(Role, Token)],

@@ -5,8 +5,8 @@
 use std::time::{Duration, SystemTime};
 
 use ticklease::{
-    Acquire, LeaseStatus, LeaseStore, LossReason, OccurrenceAsk, Refusal, Release, Renew, Role, StoreError,
-    Token,
+    Acquire, FamilyOccurrenceAsk, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, OccurrenceAsk,
+    Refusal, Release, Renew, Role, StoreError, Token,
 };
 
 /// The lease TTL the suite uses.
@@ -799,7 +799,12 @@ pub async fn acquire_counts_failed_attempts_until_a_completion<S: LeaseStore>(st
         other => panic!("expected a term, got {other:?}"),
     };
     let mut seen = Vec::new();
-    for outcome in [Release::Failed, Release::Interrupted, Release::Failed, Release::Completed] {
+    for outcome in [
+        Release::Failed,
+        Release::Interrupted,
+        Release::Failed,
+        Release::Completed,
+    ] {
         let (token, failed) = failures(store.acquire(&r, "a", TTL, quick).await.expect("ACQUIRE"));
         seen.push(failed);
         assert!(store.release(&r, token, outcome, quick).await.expect("RELEASE"));
@@ -812,7 +817,10 @@ pub async fn acquire_counts_failed_attempts_until_a_completion<S: LeaseStore>(st
     let (token, failed) = failures(many.into_iter().next().expect("an answer").1);
     seen.push(failed);
     assert_eq!(seen, [0, 1, 1, 2, 0], "failed attempts as each ACQUIRE saw them");
-    assert!(store.release(&r, token, Release::Failed, quick).await.expect("RELEASE"));
+    assert!(store
+        .release(&r, token, Release::Failed, quick)
+        .await
+        .expect("RELEASE"));
     tokio::time::sleep(quick * 5).await;
     let many = store
         .acquire_many(std::slice::from_ref(&r), "a", TTL, quick, 1)
@@ -840,12 +848,110 @@ pub async fn unpause_keeps_the_pauses_window_for_the_occurrences_it_passed_over<
     assert!(store.unpause(&r).await.expect("unpause"));
     let answer = look().await;
     let (paused, unpaused) = answer.last_pause.expect("the pause's window");
-    assert!(unpaused >= paused + Duration::from_millis(40), "{paused:?} .. {unpaused:?}");
+    assert!(
+        unpaused >= paused + Duration::from_millis(40),
+        "{paused:?} .. {unpaused:?}"
+    );
     assert!(near(unpaused, answer.db_now));
     assert!(store.pause(&r, "ops", "again").await.expect("pause"));
     assert!(store.unpause(&r).await.expect("unpause"));
     let (again, _) = look().await.last_pause.expect("the pause's window");
     assert!(again >= unpaused, "the last pause replaces the one before");
+}
+
+/// The batched ACQUIRE of an occurrence: every key counts from its first
+/// ask; the occurrence starts once reached, on at most `limit` keys in the
+/// order given (the others over the limit), never again on a key that
+/// completed it (due at the next occurrence); a key's run-now starts a
+/// manual term; a failed key keeps its count of attempts.
+pub async fn acquire_many_of_an_occurrence_starts_each_key_once_up_to_the_limit<S: LeaseStore>(store: &S) {
+    let keys: Vec<Role> = ["fam:a", "fam:b", "fam:c"].into_iter().map(role).collect();
+    let ask = |occurrence: SystemTime| FamilyOccurrenceAsk {
+        occurrence,
+        next: occurrence + HOUR,
+        schedule: "CRON_TZ=UTC 0 * * * *".into(),
+        recent: vec![occurrence - HOUR],
+    };
+    let by_key =
+        |answers: Vec<(Role, OccurrenceAnswer)>| -> std::collections::BTreeMap<String, OccurrenceAnswer> {
+            answers.into_iter().map(|(r, a)| (r.to_string(), a)).collect()
+        };
+    let keys = &keys;
+    let many = |x: SystemTime, limit: usize| async move {
+        by_key(
+            store
+                .acquire_many_occurrence(keys, "a", TTL, &ask(x), limit)
+                .await
+                .expect("ACQUIRE many"),
+        )
+    };
+    // The first ask starts counting: an occurrence before it never runs.
+    let first = many(SystemTime::now() - HOUR, 3).await;
+    let db_now = first["fam:a"].db_now;
+    for answer in first.values() {
+        assert!(
+            near(answer.after, db_now),
+            "counting starts at the first ask: {answer:?}"
+        );
+        assert!(!matches!(answer.acquire, Acquire::Acquired(_)), "{answer:?}");
+    }
+    let x = db_now + Duration::from_millis(200);
+    let early = many(x, 3).await;
+    assert!(
+        early
+            .values()
+            .all(|a| matches!(a.acquire, Acquire::Refused(Refusal::NotDue { due_at, .. }) if due_at == x)),
+        "not before the store's clock reaches it: {early:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let due = many(x, 2).await;
+    let token = |a: &OccurrenceAnswer| match a.acquire {
+        Acquire::Acquired(term) => Some(term.token),
+        _ => None,
+    };
+    let (ta, tb) = (
+        token(&due["fam:a"]).expect("a starts"),
+        token(&due["fam:b"]).expect("b starts"),
+    );
+    assert!(
+        matches!(due["fam:c"].acquire, Acquire::Refused(Refusal::OverLimit)),
+        "{due:?}"
+    );
+    assert_eq!(lease_row(store, "fam:a").await.next_occurrence, Some(x + HOUR));
+    assert!(store
+        .release(&keys[0], ta, Release::Completed, HOUR)
+        .await
+        .expect("RELEASE"));
+    assert!(store
+        .release(&keys[1], tb, Release::Failed, Duration::from_millis(1))
+        .await
+        .expect("RELEASE"));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = many(x, 3).await;
+    assert!(
+        matches!(again["fam:a"].acquire, Acquire::Refused(Refusal::NotDue { due_at, .. }) if due_at == x + HOUR),
+        "a completed occurrence never runs again: {again:?}"
+    );
+    assert_eq!(lease_row(store, "fam:a").await.last_occurrence, Some(x));
+    let (retry, tc) = (
+        token(&again["fam:b"]).expect("b retries"),
+        token(&again["fam:c"]).expect("c starts"),
+    );
+    assert_eq!(again["fam:b"].failures, 1, "the retry knows its failed attempt");
+    for (key, t) in [(&keys[1], retry), (&keys[2], tc)] {
+        assert!(store
+            .release(key, t, Release::Completed, HOUR)
+            .await
+            .expect("RELEASE"));
+    }
+    assert!(
+        !store.run_now(&keys[0]).await.expect("run now"),
+        "a cron key's run-now is a manual run"
+    );
+    let manual = many(x, 3).await;
+    assert!(token(&manual["fam:a"]).is_some(), "{manual:?}");
+    assert!(manual["fam:a"].manual_by.is_some(), "a manual term: {manual:?}");
+    assert!(token(&manual["fam:b"]).is_none() && token(&manual["fam:c"]).is_none());
 }
 
 /// Generates one test per conformance case for the store `$make` builds.
@@ -880,6 +986,7 @@ macro_rules! conformance_suite {
             an_interval_term_clears_what_a_cron_schedule_recorded,
             acquire_counts_failed_attempts_until_a_completion,
             unpause_keeps_the_pauses_window_for_the_occurrences_it_passed_over,
+            acquire_many_of_an_occurrence_starts_each_key_once_up_to_the_limit,
         );
     };
     (@cases #[$attr:meta] $make:expr; $($case:ident),* $(,)?) => {

@@ -86,6 +86,21 @@ impl<S: LeaseStore> LeaseStore for Counting<S> {
         self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         answer
     }
+    async fn acquire_many_occurrence(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &ticklease::FamilyOccurrenceAsk,
+        limit: usize,
+    ) -> Result<Vec<(Role, ticklease::OccurrenceAnswer)>, StoreError> {
+        let answer = self
+            .inner
+            .acquire_many_occurrence(roles, holder, lease_ttl, ask, limit)
+            .await;
+        self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        answer
+    }
     async fn renew_many(
         &self,
         terms: &[(Role, Token)],

@@ -429,7 +429,9 @@ pub enum ScheduleError {
         what: &'static str,
     },
     /// A cron schedule given to a role family (families run on intervals).
-    #[error("a role family runs on an interval schedule (Schedule::every); cron schedules are for declared roles")]
+    #[error(
+        "a role family runs on an interval schedule (Schedule::every); cron schedules are for declared roles"
+    )]
     NotForFamily,
     /// An interval of zero or above the longest duration.
     #[error("an interval must be above zero and at most {max:?}, got {interval:?}")]

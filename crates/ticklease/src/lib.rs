@@ -799,8 +799,9 @@ pub use schedule::chance::NextChance;
 pub use schedule::family::REGISTRATION_TTL_MAX;
 pub use schedule::scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use store::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, OccurrenceAsk, PgStore,
-    PgStoreOptions, Refusal, Release, Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX, POOL_SIZE_MAX,
+    Acquire, Ending, FamilyOccurrenceAsk, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
+    OccurrenceAsk, PgStore, PgStoreOptions, Refusal, Release, Releasing, Renew, Term, BATCH_MAX,
+    ERROR_SUMMARY_MAX, POOL_SIZE_MAX,
 };
 pub use term::family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT};
 pub use term::fence::Fence;

@@ -228,6 +228,23 @@ pub struct OccurrenceAsk {
     pub next: Option<SystemTime>,
 }
 
+/// What a batched ACQUIRE of one occurrence for many keys of a family asks
+/// ([`LeaseStore::acquire_many_occurrence`]), under the Latest catch-up policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FamilyOccurrenceAsk {
+    /// The occurrence to start terms for.
+    pub occurrence: SystemTime,
+    /// The occurrence after it: terms start only before the database clock
+    /// reaches it, and it is recorded for operators.
+    pub next: SystemTime,
+    /// The schedule as text (at most 200 characters), recorded for operators.
+    pub schedule: String,
+    /// The latest occurrences before `occurrence`, newest last (at most
+    /// [`SKIPPED_COUNTED_MAX`](crate::SKIPPED_COUNTED_MAX)): a started key
+    /// records those after its last completed one as skipped.
+    pub recent: Vec<SystemTime>,
+}
+
 /// What an ACQUIRE of an occurrence answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OccurrenceAnswer {
@@ -375,6 +392,23 @@ pub trait LeaseStore: Send + Sync + 'static {
         interval: Duration,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<(Role, Acquire)>, StoreError>> + Send;
+
+    /// ACQUIRE of one occurrence for many keys of a family in one statement:
+    /// starts terms for `holder` on at most `limit` of the keys for which
+    /// `ask.occurrence` is runnable (as [`LeaseStore::acquire_occurrence`]
+    /// decides it, the occurrence being the latest), or whose operator's
+    /// run-now waits (a manual term), in the order given; the others are
+    /// refused ([`Refusal::OverLimit`] past the limit). Each key counts from
+    /// its first ask. One answer per distinct role, in no particular order.
+    /// At most [`BATCH_MAX`] roles.
+    fn acquire_many_occurrence(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &FamilyOccurrenceAsk,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(Role, OccurrenceAnswer)>, StoreError>> + Send;
 
     /// RENEW for many terms in one statement, each term-scoped by `(role,
     /// token)`; the answers in the order given. At most [`BATCH_MAX`] terms.

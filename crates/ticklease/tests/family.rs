@@ -826,10 +826,14 @@ async fn a_family_key_that_failed_is_retried_after_its_backoff_and_its_attempts_
     })
     .await;
     stop.cancel();
-    assert!(more.is_err(), "the attempts are spent: the key waits its interval");
+    assert!(
+        more.is_err(),
+        "the attempts are spent: the key waits its interval"
+    );
     let gaps: Vec<Duration> = failing.windows(2).map(|w| w[1] - w[0]).collect();
     assert!(
-        gaps.iter().all(|g| *g >= Duration::from_millis(90) && *g < Duration::from_secs(2)),
+        gaps.iter()
+            .all(|g| *g >= Duration::from_millis(90) && *g < Duration::from_secs(2)),
         "retried after the backoff: {gaps:?}"
     );
 }

@@ -427,7 +427,10 @@ async fn a_failed_interval_tick_is_retried_after_its_backoff_until_the_attempts_
     assert!(remaining <= Duration::from_millis(150), "{remaining:?}");
     tokio::time::sleep(remaining + Duration::from_millis(20)).await;
     let second = m.lead(&role("dunning"), hourly.clone(), fail).await.unwrap();
-    assert!(matches!(second, Lead::Failed { .. }), "the retry runs: {second:?}");
+    assert!(
+        matches!(second, Lead::Failed { .. }),
+        "the retry runs: {second:?}"
+    );
     match m.lead(&role("dunning"), hourly, fail).await.unwrap() {
         Lead::Refused(Refusal::NotDue { remaining, .. }) => {
             assert!(remaining > HOUR - Duration::from_secs(60), "spent: {remaining:?}")
@@ -436,7 +439,10 @@ async fn a_failed_interval_tick_is_retried_after_its_backoff_until_the_attempts_
     }
     // Without a policy a failed tick waits the interval (the spec).
     let plain = m.lead(&role("dunning"), HOUR, fail).await;
-    assert!(matches!(plain, Ok(Lead::Refused(Refusal::NotDue { .. }))), "{plain:?}");
+    assert!(
+        matches!(plain, Ok(Lead::Refused(Refusal::NotDue { .. }))),
+        "{plain:?}"
+    );
 }
 
 /// `Schedule::every` keeps the spec's wait: no retry unless asked for.

@@ -811,10 +811,16 @@ async fn occurrences_due_while_the_role_was_paused_are_recorded_as_skipped_for_t
     let m = manager(&db).await;
     let minutely = Schedule::cron("* * * * *").unwrap();
     let look = m
-        .lead(&role(), minutely.clone(), |_| async { Ok::<_, std::io::Error>(()) })
+        .lead(&role(), minutely.clone(), |_| async {
+            Ok::<_, std::io::Error>(())
+        })
         .await;
     assert!(matches!(look, Ok(Lead::Refused(_))), "{look:?}");
-    assert!(m.store().pause(&role(), "ops", "provider maintenance").await.unwrap());
+    assert!(m
+        .store()
+        .pause(&role(), "ops", "provider maintenance")
+        .await
+        .unwrap());
     assert!(m.store().unpause(&role()).await.unwrap());
     let owner = connect(&direct(&db)).await.unwrap();
     let recorded: bool = scalar(

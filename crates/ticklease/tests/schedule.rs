@@ -219,7 +219,12 @@ fn bad_expressions_zones_and_policies_are_refused_by_name() {
         ScheduleError::NotForInterval { what: "time zone" }
     );
     assert!(Schedule::every(MIN).catch_up(CatchUp::Skip).is_err());
-    assert!(Schedule::every(MIN).retry(Retry { attempts: 0, ..Retry::default() }).is_err());
+    assert!(Schedule::every(MIN)
+        .retry(Retry {
+            attempts: 0,
+            ..Retry::default()
+        })
+        .is_err());
     assert!(Schedule::every(MIN).starting_deadline(MIN).is_err());
     assert!(matches!(
         Schedule::cron("0 0 30 2 *"),
@@ -286,7 +291,12 @@ fn catch_up_latest_runs_the_most_recent_missed_occurrence_once() {
     assert_eq!((due.run, due.skipped.len()), (None, 0));
     assert_eq!(due.next, Some(at("2026-12-02T11:00:00Z")));
     // The occurrence is due when the database clock reaches it, not before.
-    let due = s.due(at("2026-12-02T10:00:00Z"), at("2026-12-02T10:59:59.999Z"), TTL, None);
+    let due = s.due(
+        at("2026-12-02T10:00:00Z"),
+        at("2026-12-02T10:59:59.999Z"),
+        TTL,
+        None,
+    );
     assert_eq!(due.run, None);
     let due = s.due(at("2026-12-02T10:00:00Z"), at("2026-12-02T11:00:00Z"), TTL, None);
     assert_eq!(due.run, Some(at("2026-12-02T11:00:00Z")));
@@ -304,8 +314,18 @@ fn occurrences_due_while_paused_are_skipped_as_paused() {
     assert_eq!(
         due.skipped,
         [
-            skipped(SkipReason::Paused, "2026-12-02T09:00:00Z", "2026-12-02T11:00:00Z", 3),
-            skipped(SkipReason::CatchUp, "2026-12-02T08:00:00Z", "2026-12-02T08:00:00Z", 1),
+            skipped(
+                SkipReason::Paused,
+                "2026-12-02T09:00:00Z",
+                "2026-12-02T11:00:00Z",
+                3
+            ),
+            skipped(
+                SkipReason::CatchUp,
+                "2026-12-02T08:00:00Z",
+                "2026-12-02T08:00:00Z",
+                1
+            ),
         ]
     );
     // An occurrence at the pause's first instant fell due while paused; one
@@ -317,7 +337,15 @@ fn occurrences_due_while_paused_are_skipped_as_paused() {
     // A pause before the last completed occurrence names nothing.
     let old = Some((at("2026-12-01T01:00:00Z"), at("2026-12-01T05:00:00Z")));
     let due = s.due(at("2026-12-02T07:00:00Z"), at("2026-12-02T09:20:00Z"), TTL, old);
-    assert_eq!(due.skipped, [skipped(SkipReason::CatchUp, "2026-12-02T08:00:00Z", "2026-12-02T08:00:00Z", 1)]);
+    assert_eq!(
+        due.skipped,
+        [skipped(
+            SkipReason::CatchUp,
+            "2026-12-02T08:00:00Z",
+            "2026-12-02T08:00:00Z",
+            1
+        )]
+    );
     // Past the starting deadline and paused: the pause is the reason.
     let late = s.clone().starting_deadline(Duration::from_secs(1800)).unwrap();
     let pause = Some((at("2026-12-02T07:30:00Z"), at("2026-12-02T09:30:00Z")));
@@ -431,8 +459,13 @@ fn an_intervals_retries_come_in_rounds_each_ended_by_the_interval() {
         backoff: Duration::from_secs(10),
         backoff_max: Duration::from_secs(300),
     };
-    let waits: Vec<Option<u64>> = (0..7).map(|f| r.backoff_in_round(f).map(|d| d.as_secs())).collect();
-    assert_eq!(waits, [Some(10), Some(20), None, Some(10), Some(20), None, Some(10)]);
+    let waits: Vec<Option<u64>> = (0..7)
+        .map(|f| r.backoff_in_round(f).map(|d| d.as_secs()))
+        .collect();
+    assert_eq!(
+        waits,
+        [Some(10), Some(20), None, Some(10), Some(20), None, Some(10)]
+    );
     assert_eq!(Retry::NONE.backoff_in_round(0), None);
     assert_eq!(Retry::NONE.backoff_in_round(7), None);
 }

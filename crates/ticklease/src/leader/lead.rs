@@ -20,7 +20,7 @@ use crate::ops::metrics::{LostReason, Metrics, TickOutcome};
 use crate::ops::outcome::panic_message;
 use crate::store::batch::Batcher;
 use crate::store::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Term, Renew,
+    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Term,
 };
 use crate::term::fence::Fence;
 use crate::term::holder::HolderId;
@@ -533,7 +533,10 @@ impl<S: LeaseStore> Manager<S> {
     {
         let schedule = schedule.into();
         match schedule.interval() {
-            Some(interval) => self.lead_every(role, interval, schedule.retry_policy(), work).await,
+            Some(interval) => {
+                self.lead_every(role, interval, schedule.retry_policy(), work)
+                    .await
+            }
             None => self.lead_occurrence(role, &schedule, work).await,
         }
     }
@@ -563,8 +566,7 @@ impl<S: LeaseStore> Manager<S> {
             backoff: retry.backoff_in_round(term.failures),
             ..TermScope::default()
         };
-        self.run_term(role, interval, term.token, sent, work, scope)
-            .await
+        self.run_term(role, interval, term.token, sent, work, scope).await
     }
 
     /// Why a term whose RELEASE found it over ended: a RENEW of it changes

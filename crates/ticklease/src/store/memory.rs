@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use crate::error::StoreError;
 use crate::store::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, OccurrenceAsk, Refusal, Release,
-    Releasing, Renew, Term, BATCH_MAX, REGISTRATION_TTL_MAX,
+    Acquire, Ending, FamilyOccurrenceAsk, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
+    OccurrenceAsk, Refusal, Release, Releasing, Renew, Term, BATCH_MAX, REGISTRATION_TTL_MAX,
 };
 use crate::term::role::Role;
 use crate::term::token::Token;
@@ -260,7 +260,8 @@ fn start_term(row: &mut Row, holder: &str, lease_ttl: Duration, now: SystemTime)
     }
 }
 
-/// ACQUIRE of an occurrence, as `leader_acquire_occurrence` decides it.
+/// ACQUIRE of an occurrence, as `leader_acquire_occurrence` decides it;
+/// with `start` false a term it would start is only reported ([`Refusal::OverLimit`]).
 fn acquire_occurrence_row(
     s: &mut State,
     role: &Role,
@@ -268,6 +269,7 @@ fn acquire_occurrence_row(
     lease_ttl: Duration,
     ask: &OccurrenceAsk,
     now: SystemTime,
+    start: bool,
 ) -> OccurrenceAnswer {
     let row = s.rows.entry(role.to_string()).or_insert_with(|| Row {
         token: seed_token(now) - 1,
@@ -296,6 +298,9 @@ fn acquire_occurrence_row(
     let mut manual_by = None;
     let acquire = match blocked(row, now, due_at) {
         Some(refusal) => Acquire::Refused(refusal),
+        None if !start && (runnable.is_some() || row.run_now_by.is_some()) => {
+            Acquire::Refused(Refusal::OverLimit)
+        }
         None => match (runnable, row.run_now_by.take()) {
             (Some(o), asked) => {
                 row.run_now_by = asked;
@@ -392,7 +397,7 @@ impl LeaseStore for MemoryStore {
         ask: &OccurrenceAsk,
     ) -> Result<OccurrenceAnswer, StoreError> {
         let now = self.now();
-        Ok(self.with(|s| acquire_occurrence_row(s, role, holder, lease_ttl, ask, now)))
+        Ok(self.with(|s| acquire_occurrence_row(s, role, holder, lease_ttl, ask, now, true)))
     }
 
     async fn acquire_many(
@@ -416,6 +421,53 @@ impl LeaseStore for MemoryStore {
                     if matches!(answer, Acquire::Acquired(_)) {
                         started += 1;
                     }
+                    (role.clone(), answer)
+                })
+                .collect()
+        }))
+    }
+
+    async fn acquire_many_occurrence(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &FamilyOccurrenceAsk,
+        limit: usize,
+    ) -> Result<Vec<(Role, OccurrenceAnswer)>, StoreError> {
+        check_batch("ACQUIRE many", roles.len())?;
+        let now = self.now();
+        let one = OccurrenceAsk {
+            occurrence: Some(ask.occurrence),
+            before: Some(ask.next),
+            skipped: Vec::new(),
+            schedule: ask.schedule.clone(),
+            next: Some(ask.next),
+        };
+        let mut seen = BTreeSet::new();
+        let mut started = 0;
+        Ok(self.with(|s| {
+            roles
+                .iter()
+                .filter(|role| seen.insert(*role))
+                .map(|role| {
+                    let mut answer =
+                        acquire_occurrence_row(s, role, holder, lease_ttl, &one, now, started < limit);
+                    if matches!(answer.acquire, Acquire::Acquired(_)) {
+                        started += 1;
+                    }
+                    // As the batched statement: a refused key's due time is the next
+                    // occurrence once this one completed.
+                    if let Acquire::Refused(Refusal::Contended) = answer.acquire {
+                        if answer.after >= ask.occurrence {
+                            answer.acquire = Acquire::Refused(Refusal::NotDue {
+                                due_at: ask.next,
+                                remaining: ask.next.duration_since(now).unwrap_or_default(),
+                            });
+                        }
+                    }
+                    answer.run_now_pending = false;
+                    answer.last_pause = None;
                     (role.clone(), answer)
                 })
                 .collect()

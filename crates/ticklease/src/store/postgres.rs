@@ -15,8 +15,8 @@ use tokio_postgres::Row;
 
 use super::cancel::CancelTarget;
 use super::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, OccurrenceAsk, Refusal, Release,
-    Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX,
+    Acquire, Ending, FamilyOccurrenceAsk, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
+    OccurrenceAsk, Refusal, Release, Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX,
 };
 use crate::config::Config;
 use crate::connect::coordination::Signals;
@@ -194,6 +194,47 @@ impl PgStore {
             }
         }
         result
+    }
+
+    /// The batched ACQUIRE's rows: on an `interval`, or for the occurrence of `ask`.
+    async fn acquire_many_rows(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        interval: Option<Duration>,
+        ask: Option<&FamilyOccurrenceAsk>,
+        limit: usize,
+    ) -> Result<Vec<Row>, StoreError> {
+        check_batch("ACQUIRE many", roles.len())?;
+        let names: Vec<&str> = roles.iter().map(Role::as_str).collect();
+        let (ttl, interval, key) = (millis(lease_ttl), interval.map(millis), self.holder_key());
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let (occurrence, next) = (ask.map(|a| a.occurrence), ask.map(|a| a.next));
+        let schedule = ask.map(|a| a.schedule.as_str());
+        let recent = ask.map(|a| a.recent.clone());
+        self.keyed(
+            key,
+            self.query(
+                "ACQUIRE many",
+                ACQUIRE_MANY,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&holder, Type::TEXT),
+                    (&ttl, Type::INT8),
+                    (&interval, Type::INT8),
+                    (&key, Type::INT8),
+                    (&limit, Type::INT4),
+                    (&occurrence, Type::TIMESTAMPTZ),
+                    // The term must start before the next occurrence (Latest).
+                    (&next, Type::TIMESTAMPTZ),
+                    (&schedule, Type::TEXT),
+                    (&next, Type::TIMESTAMPTZ),
+                    (&recent, Type::TIMESTAMPTZ_ARRAY),
+                ],
+            ),
+        )
+        .await
     }
 
     /// Tells the coordination sessions of a decision that committed (`event`
@@ -385,6 +426,15 @@ fn acquired(row: &Row) -> Acquire {
     }
 }
 
+/// A batched ACQUIRE's row: past the limit, or as one ACQUIRE's.
+fn acquired_many(row: &Row) -> Acquire {
+    if row.get::<_, bool>("over_limit") {
+        Acquire::Refused(Refusal::OverLimit)
+    } else {
+        acquired(row)
+    }
+}
+
 /// A RENEW row of the term `token`.
 fn renewed(row: &Row, token: Token) -> Renew {
     if row.get::<_, bool>("renewed") {
@@ -482,39 +532,47 @@ impl LeaseStore for PgStore {
         interval: Duration,
         limit: usize,
     ) -> Result<Vec<(Role, Acquire)>, StoreError> {
-        check_batch("ACQUIRE many", roles.len())?;
-        let names: Vec<&str> = roles.iter().map(Role::as_str).collect();
-        let (ttl, interval, key) = (millis(lease_ttl), millis(interval), self.holder_key());
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         let rows = self
-            .keyed(
-                key,
-                self.query(
-                    "ACQUIRE many",
-                    ACQUIRE_MANY,
-                    &[
-                        (&names, Type::TEXT_ARRAY),
-                        (&holder, Type::TEXT),
-                        (&ttl, Type::INT8),
-                        (&interval, Type::INT8),
-                        (&key, Type::INT8),
-                        (&limit, Type::INT4),
-                    ],
-                ),
-            )
+            .acquire_many_rows(roles, holder, lease_ttl, Some(interval), None, limit)
             .await?;
-        let answers: Vec<(Role, Acquire)> = rows
+        Ok(rows
+            .iter()
+            .map(|row| (Role(row.get("role")), acquired_many(row)))
+            .collect())
+    }
+
+    async fn acquire_many_occurrence(
+        &self,
+        roles: &[Role],
+        holder: &str,
+        lease_ttl: Duration,
+        ask: &FamilyOccurrenceAsk,
+        limit: usize,
+    ) -> Result<Vec<(Role, OccurrenceAnswer)>, StoreError> {
+        let rows = self
+            .acquire_many_rows(roles, holder, lease_ttl, None, Some(ask), limit)
+            .await?;
+        Ok(rows
             .iter()
             .map(|row| {
-                let role = Role(row.get("role"));
-                if row.get::<_, bool>("over_limit") {
-                    (role, Acquire::Refused(Refusal::OverLimit))
-                } else {
-                    (role, acquired(row))
-                }
+                let db_now: SystemTime = row.get("db_now");
+                let answer = OccurrenceAnswer {
+                    acquire: acquired_many(row),
+                    after: row
+                        .get::<_, Option<SystemTime>>("after_occurrence")
+                        .unwrap_or(db_now),
+                    failures: row
+                        .get::<_, Option<i32>>("failures")
+                        .and_then(|f| u32::try_from(f).ok())
+                        .unwrap_or_default(),
+                    manual_by: row.get("manual_by"),
+                    run_now_pending: false,
+                    db_now,
+                    last_pause: None,
+                };
+                (Role(row.get("role")), answer)
             })
-            .collect();
-        Ok(answers)
+            .collect())
     }
 
     async fn renew_many(

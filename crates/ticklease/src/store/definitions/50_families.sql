@@ -1,14 +1,49 @@
 -- Families: the batched lease statements (one statement for many roles of
 -- one family) and the registry of the replicas that serve a family.
 
+CREATE OR REPLACE FUNCTION @schema@.leader_family_due(l @schema@.leader_leases, p_every interval,
+                                                   p_occurrence timestamptz, p_before timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $fn$
+    -- Whether a family key's row is due (leaving aside who holds it): on an
+    -- interval (p_occurrence NULL) as ACQUIRE decides it; on a cron schedule
+    -- when p_occurrence is runnable, or an operator's run-now waits.
+    SELECT l.paused_at IS NULL
+           AND CASE WHEN p_occurrence IS NULL
+                    THEN (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - p_every)
+                         AND (l.not_before IS NULL OR l.not_before <= now())
+                    ELSE @schema@.leader_occurrence_runnable(p_occurrence, p_before,
+                             coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
+                         OR l.run_now_by IS NOT NULL
+               END
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_family_skipped(p_occurrences timestamptz[], p_capped boolean)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $fn$
+    -- The history's summary of skipped occurrences (as the library writes
+    -- one): how many, from when to when (UTC); a lower bound when the
+    -- occurrences it was given did not reach back to the first skipped.
+    SELECT CASE WHEN p_capped THEN 'more than ' ELSE '' END
+           || cardinality(p_occurrences)
+           || CASE WHEN cardinality(p_occurrences) = 1 AND NOT p_capped THEN ' occurrence' ELSE ' occurrences' END
+           || ' from ' || to_char(min(o) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+           || ' to ' || to_char(max(o) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+      FROM unnest(p_occurrences) AS o
+$fn$;
+
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire_many(p_roles text[], p_holder text, p_ttl_ms bigint,
-                                              p_interval_ms bigint, p_key bigint, p_limit integer)
+                                              p_interval_ms bigint, p_key bigint, p_limit integer,
+                                              p_occurrence timestamptz, p_before timestamptz,
+                                              p_schedule text, p_next timestamptz, p_recent timestamptz[])
 RETURNS TABLE (role text, holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
-               over_limit boolean)
+               over_limit boolean, after_occurrence timestamptz, failures integer, manual_by text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- ACQUIRE for many roles of one interval: starts terms on at most p_limit
+-- ACQUIRE for many roles of one family: starts terms on at most p_limit
 -- of them, taken in the caller's order (its preferred roles first) among
 -- those that look acquirable. The picked rows are locked in role order and
 -- checked again under the lock with ACQUIRE's predicate (a row another
@@ -19,13 +54,27 @@ AS $fn$
 -- does not pick are read without a lock, so a batch never waits on terms
 -- held elsewhere. over_limit: acquirable, but past the limit. The live
 -- coordination keys are read once (leader_live_keys), not once per row.
+--
+-- On an interval (p_occurrence NULL) each key is due as ACQUIRE decides.
+-- On a cron schedule each key runs p_occurrence as leader_acquire_occurrence
+-- decides it under the Latest catch-up policy (p_before, the occurrence
+-- after it, not reached yet), counting from its first ask, or starts the
+-- manual run an operator asked for when the occurrence is not runnable; a
+-- started occurrence records the occurrences the key passed over, from
+-- p_recent (the caller's latest occurrences before p_occurrence, at most
+-- 1000): those due while the key was paused as `paused`, the others as
+-- `catch_up`. A refused key's due_at is its cooldown, else the next
+-- occurrence when this one completed, else this one while not reached.
 #variable_conflict use_column
 DECLARE
     picked text[];
     won_roles text[];
     won_tokens bigint[];
     gone text[];
-    every_interval interval := @schema@.leader_check_ms('interval', p_interval_ms);
+    noted bigint;
+    cron boolean := p_occurrence IS NOT NULL;
+    every_interval interval := CASE WHEN p_occurrence IS NULL
+                                    THEN @schema@.leader_check_ms('interval', p_interval_ms) END;
     ttl interval := @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
     live bigint[] := ARRAY(SELECT @schema@.leader_live_keys());
 BEGIN
@@ -38,8 +87,26 @@ BEGIN
         RAISE EXCEPTION 'ticklease: leader_acquire_many needs a holder id of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF cron AND (NOT isfinite(p_occurrence) OR p_occurrence < '1970-01-01'
+                 OR p_next IS NULL OR NOT isfinite(p_next) OR p_next <= p_occurrence
+                 OR p_next > now() + interval '100 years'
+                 OR p_before IS NULL OR p_before <= p_occurrence OR NOT isfinite(p_before)
+                 OR length(p_schedule) > 200 OR coalesce(cardinality(p_recent), 0) > 1000
+                 OR EXISTS (SELECT 1 FROM unnest(p_recent) AS o WHERE o IS NULL OR o >= p_occurrence OR NOT isfinite(o))) THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_many of an occurrence needs finite instants (the next after it, within 100 years), a schedule of at most 200 characters and at most 1000 earlier occurrences'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF NOT (p_key IS NULL OR p_key = ANY (live)) THEN
         PERFORM @schema@.leader_require_key(p_key);
+    END IF;
+    IF cron THEN
+        -- Every key counts from its first ask (a new key does not run the
+        -- past): rows created or marked in role order, as leader_seed does.
+        INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
+        SELECT r, @schema@.leader_token_seed(), now(), p_schedule
+          FROM (SELECT DISTINCT u AS r FROM unnest(p_roles) AS u) AS d ORDER BY r
+        ON CONFLICT (role) DO UPDATE SET occurrences_since = now(), schedule = p_schedule
+         WHERE l.occurrences_since IS NULL AND l.last_occurrence IS NULL;
     END IF;
     SELECT coalesce(array_agg(c.role ORDER BY c.ord), '{}') INTO picked
       FROM (SELECT f.role, f.ord
@@ -48,12 +115,11 @@ BEGIN
                      GROUP BY u.role) AS f
               -- Row by row through the primary key: the table is updated
               -- all the time, and a scan of it would grow with its dead rows.
-              LEFT JOIN LATERAL (SELECT x.* FROM @schema@.leader_leases AS x WHERE x.role = f.role) AS l ON true
+              LEFT JOIN LATERAL (SELECT x.*, x AS whole FROM @schema@.leader_leases AS x WHERE x.role = f.role) AS l
+                ON true
              WHERE l.role IS NULL
-                OR (l.paused_at IS NULL
-                    AND NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, now(), live)
-                    AND (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - every_interval)
-                    AND (l.not_before IS NULL OR l.not_before <= now()))
+                OR (NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, now(), live)
+                    AND @schema@.leader_family_due(l.whole, every_interval, p_occurrence, p_before))
              ORDER BY f.ord
              LIMIT p_limit) AS c;
     -- Picked roles without a row get one first (a new statement: visible
@@ -66,13 +132,15 @@ BEGIN
     PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = ANY (picked) ORDER BY l.role FOR UPDATE OF l;
     live := ARRAY(SELECT @schema@.leader_live_keys());
     WITH locked AS (
-        SELECT l.role, l.holder_token, l.holder_id, l.acquired_at, l.expires_at, l.manual_by
+        SELECT l.role, l.holder_token, l.holder_id, l.acquired_at, l.expires_at, l.manual_by, l.run_now_by,
+               l.occurrence, l.last_paused_at, l.last_unpaused_at,
+               coalesce(l.last_occurrence, l.occurrences_since) AS after,
+               cron AND @schema@.leader_occurrence_runnable(p_occurrence, p_before,
+                            coalesce(l.last_occurrence, l.occurrences_since), l.not_before) AS runs
           FROM @schema@.leader_leases AS l
          WHERE l.role = ANY (picked)
-           AND l.paused_at IS NULL
            AND NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, now(), live)
-           AND (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - every_interval)
-           AND (l.not_before IS NULL OR l.not_before <= now())
+           AND @schema@.leader_family_due(l, every_interval, p_occurrence, p_before)
          ORDER BY l.role
            FOR UPDATE OF l
     ),
@@ -83,12 +151,14 @@ BEGIN
                acquired_at = now(),
                expires_at = now() + ttl,
                holder_key = p_key,
-               -- A family key's tick is no occurrence (as leader_acquire).
-               occurrence = NULL,
-               manual_by = NULL,
-               run_now_by = NULL,
-               schedule = NULL,
-               next_occurrence = NULL
+               -- An interval tick is no occurrence (as leader_acquire); a cron
+               -- term runs p_occurrence, or is the manual run that waited.
+               occurrence = CASE WHEN k.runs THEN p_occurrence WHEN cron THEN l.occurrence END,
+               failures = CASE WHEN k.runs AND l.occurrence IS DISTINCT FROM p_occurrence THEN 0 ELSE l.failures END,
+               manual_by = CASE WHEN cron AND NOT k.runs THEN l.run_now_by END,
+               run_now_by = CASE WHEN k.runs THEN l.run_now_by END,
+               schedule = p_schedule,
+               next_occurrence = CASE WHEN k.runs THEN p_next WHEN cron THEN l.next_occurrence END
           FROM locked AS k
          WHERE l.role = k.role
         RETURNING l.role, l.holder_token
@@ -99,11 +169,26 @@ BEGIN
                    CASE WHEN k.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, k.manual_by, NULL)
           FROM locked AS k
          WHERE k.holder_id IS NOT NULL
+    ),
+    skipped AS (
+        SELECT @schema@.leader_history_add(g.role, 'skipped', NULL, NULL, NULL, NULL, g.reason, NULL,
+                   @schema@.leader_family_skipped(g.occurrences, g.capped))
+          FROM (SELECT k.role,
+                       CASE WHEN o >= k.last_paused_at AND o < k.last_unpaused_at THEN 'paused' ELSE 'catch_up' END
+                           AS reason,
+                       array_agg(o ORDER BY o) AS occurrences,
+                       cardinality(p_recent) = 1000 AND k.after < (SELECT min(m) FROM unnest(p_recent) AS m)
+                           AS capped
+                  FROM locked AS k
+                  CROSS JOIN unnest(p_recent) AS o
+                 WHERE k.runs AND o > k.after
+                 GROUP BY 1, 2, k.after) AS g
     )
     SELECT coalesce(array_agg(t.role), '{}'), coalesce(array_agg(t.holder_token), '{}'),
-           -- Referenced, so the planner keeps it.
-           (SELECT array_agg(o.role) FROM taken_over AS o)
-      INTO won_roles, won_tokens, gone
+           -- Referenced, so the planner keeps them.
+           (SELECT array_agg(o.role) FROM taken_over AS o),
+           (SELECT count(*) FROM skipped)
+      INTO won_roles, won_tokens, gone, noted
       FROM started AS t;
     -- The taken-over terms' open transactions end, in one read of the lock table.
     IF cardinality(gone) > 0 THEN
@@ -111,24 +196,28 @@ BEGIN
     END IF;
     RETURN QUERY
         SELECT w.role, w.token, now(), p_holder, now() + ttl, true, NULL::text, NULL::text, NULL::timestamptz,
-               p_key, false
-          FROM unnest(won_roles, won_tokens) AS w(role, token);
+               p_key, false, coalesce(s.last_occurrence, s.occurrences_since), s.failures, s.manual_by
+          FROM unnest(won_roles, won_tokens) AS w(role, token)
+          JOIN @schema@.leader_leases AS s ON s.role = w.role;
     -- The others, as they are now (a fresh snapshot: a race's winner shows).
     RETURN QUERY
         SELECT DISTINCT ON (u.role)
                u.role, NULL::bigint, now(), s.holder_id, s.expires_at,
                coalesce(@schema@.leader_term_live_among(s.holder_id, s.expires_at, s.holder_key, now(), live), false),
                s.paused_by, s.pause_reason,
-               greatest(s.last_tick_ended_at + every_interval, s.not_before),
+               CASE WHEN NOT cron THEN greatest(s.last_tick_ended_at + every_interval, s.not_before)
+                    WHEN s.not_before > now() THEN s.not_before
+                    WHEN coalesce(s.last_occurrence, s.occurrences_since) >= p_occurrence THEN p_next
+                    WHEN p_occurrence > now() THEN p_occurrence END,
                s.holder_key,
                u.role <> ALL (picked)
                AND (s.role IS NULL
-                    OR (s.paused_at IS NULL
-                        AND NOT @schema@.leader_term_live_among(s.holder_id, s.expires_at, s.holder_key, now(), live)
-                        AND (s.last_tick_ended_at IS NULL OR s.last_tick_ended_at <= now() - every_interval)
-                        AND (s.not_before IS NULL OR s.not_before <= now())))
+                    OR (NOT @schema@.leader_term_live_among(s.holder_id, s.expires_at, s.holder_key, now(), live)
+                        AND @schema@.leader_family_due(s.whole, every_interval, p_occurrence, p_before))),
+               coalesce(s.last_occurrence, s.occurrences_since), s.failures, NULL::text
           FROM unnest(p_roles) AS u(role)
-          LEFT JOIN LATERAL (SELECT x.* FROM @schema@.leader_leases AS x WHERE x.role = u.role) AS s ON true
+          LEFT JOIN LATERAL (SELECT x.*, x AS whole FROM @schema@.leader_leases AS x WHERE x.role = u.role) AS s
+            ON true
          WHERE u.role <> ALL (won_roles)
          ORDER BY u.role;
 END

@@ -8,6 +8,9 @@
 --   session). Can go when no replica older than 0004 runs.
 -- * leader_release(text, bigint, boolean, bigint): replicas of the release
 --   of 0004 (no outcome). Can go when no replica older than 0005 runs.
+-- * leader_acquire_many(text[], text, bigint, bigint, bigint, integer):
+--   replicas of definitions generations 1-2 (families on intervals alone).
+--   Can go when no replica older than migration 0009 runs.
 -- * leader_fence_lock(text, bigint): claim statements written against 0002,
 --   when the spec's leader_fence was unsound and this was the fence to use
 --   (0003 made leader_fence sound). Can go at the next major version,
@@ -46,3 +49,17 @@ $fn$;
 CREATE OR REPLACE FUNCTION @schema@.leader_fence_lock(p_role text, p_token bigint) RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $fn$ SELECT @schema@.leader_fence(p_role, p_token) $fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire_many(p_roles text[], p_holder text, p_ttl_ms bigint,
+                                              p_interval_ms bigint, p_key bigint, p_limit integer)
+RETURNS TABLE (role text, holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
+               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
+               over_limit boolean)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $fn$
+    -- A replica of generation 2 or older asks on an interval alone.
+    SELECT a.role, a.holder_token, a.db_now, a.holder_id, a.expires_at, a.held, a.paused_by, a.pause_reason,
+           a.due_at, a.holder_key, a.over_limit
+      FROM @schema@.leader_acquire_many(p_roles, p_holder, p_ttl_ms, p_interval_ms, p_key, p_limit,
+                                        NULL, NULL, NULL, NULL, NULL) AS a
+$fn$;

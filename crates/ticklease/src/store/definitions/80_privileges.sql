@@ -75,6 +75,8 @@ BEGIN
                         leader_release(text, bigint, boolean, bigint),
                         leader_release(text, bigint, boolean, bigint, text, text, text),
                         leader_acquire_many(text[], text, bigint, bigint, bigint, integer),
+                        leader_acquire_many(text[], text, bigint, bigint, bigint, integer, timestamptz, timestamptz,
+                                            text, timestamptz, timestamptz[]),
                         leader_renew_many(text[], bigint[], bigint, bigint),
                         leader_release_many(text[], bigint[], boolean[], bigint[], text[], text[], text[]),
                         leader_replica_beat(text, text, bigint, bigint), leader_replica_leave(text, text),
