@@ -428,11 +428,13 @@ pub enum ScheduleError {
         /// The setting: `time zone`, `catch-up policy` or `starting deadline`.
         what: &'static str,
     },
-    /// A cron schedule given to a role family (families run on intervals).
-    #[error(
-        "a role family runs on an interval schedule (Schedule::every); cron schedules are for declared roles"
-    )]
-    NotForFamily,
+    /// A setting a role family's batched ACQUIRE does not run (it runs the
+    /// latest occurrence of a cron schedule, once per key).
+    #[error("a role family's cron schedule takes no {what}: each key runs the latest occurrence (CatchUp::Latest)")]
+    NotForFamily {
+        /// The setting: `starting deadline` or `catch-up policy other than Latest`.
+        what: &'static str,
+    },
     /// An interval of zero or above the longest duration.
     #[error("an interval must be above zero and at most {max:?}, got {interval:?}")]
     Interval {

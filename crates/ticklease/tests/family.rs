@@ -837,3 +837,119 @@ async fn a_family_key_that_failed_is_retried_after_its_backoff_and_its_attempts_
         "retried after the backoff: {gaps:?}"
     );
 }
+
+/// A family on a cron schedule: two replicas, every key runs each
+/// occurrence once (the latest, its instant as `Tick::occurrence`), in
+/// batched statements; a key whose counting started long ago records the
+/// occurrences it passed over as skipped, those due while it was paused
+/// apart.
+#[tokio::test]
+async fn a_cron_familys_keys_each_run_every_occurrence_once_across_replicas() {
+    let config = test_config();
+    let (first, db) = ticklease_testkit::pg_store(&config).await;
+    let owner = ticklease_testkit::connect(&direct(&db)).await.unwrap();
+    owner
+        .batch_execute(
+            "SELECT leader_seed(ARRAY['fam:k000', 'fam:k001']);
+             UPDATE leader_leases SET occurrences_since = now() - interval '10.5 seconds'
+              WHERE role IN ('fam:k000', 'fam:k001');
+             UPDATE leader_leases SET last_paused_at = now() - interval '10.2 seconds',
+                    last_unpaused_at = now() - interval '5.5 seconds'
+              WHERE role = 'fam:k001';",
+        )
+        .await
+        .unwrap();
+    let every_second = ticklease::Schedule::cron("* * * * * *").unwrap();
+    let family = family(4);
+    let (ran, mut runs) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    for store in [first, pg(&db, &config).await] {
+        let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+        let ran = ran.clone();
+        let scheduler = Scheduler::new(manager)
+            .family(&family, every_second.clone(), move |tick| {
+                let ran = ran.clone();
+                async move {
+                    let _ = ran.send((tick.role().to_string(), tick.occurrence(), tick.token()));
+                    Ok::<_, std::io::Error>(())
+                }
+            })
+            .unwrap();
+        tokio::spawn(scheduler.run(stop.clone()));
+    }
+    let mut seen: BTreeMap<(String, std::time::SystemTime), usize> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while let Ok(Some((role, occurrence, _))) = tokio::time::timeout_at(deadline, runs.recv()).await {
+        *seen
+            .entry((role, occurrence.expect("a cron term runs an occurrence")))
+            .or_default() += 1;
+    }
+    stop.cancel();
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "each occurrence once per key: {twice:?}");
+    for key in keys(4) {
+        let runs = seen
+            .keys()
+            .filter(|(role, _)| *role == format!("fam:{key}"))
+            .count();
+        assert!(runs >= 2, "{key} ran {runs} occurrences in 4 s: {seen:?}");
+    }
+    let skipped: Vec<(String, String)> = owner
+        .query(
+            "SELECT role, reason || ': ' || error FROM leader_history WHERE kind = 'skipped' ORDER BY role, reason",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let roles: Vec<&str> = skipped.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        roles,
+        ["fam:k000", "fam:k001", "fam:k001"],
+        "only keys counting since long ago: {skipped:?}"
+    );
+    let starts = |text: &str, counts: &[u32], reason: &str| {
+        counts
+            .iter()
+            .any(|n| text.starts_with(&format!("{reason}: {n} occurrences from ")))
+    };
+    assert!(starts(&skipped[0].1, &[9, 10], "catch_up"), "{skipped:?}");
+    assert!(starts(&skipped[1].1, &[4, 5, 6], "catch_up"), "{skipped:?}");
+    assert!(starts(&skipped[2].1, &[4, 5, 6], "paused"), "{skipped:?}");
+}
+
+/// A family's cron schedule runs the latest occurrence of each key: other
+/// catch-up policies and a starting deadline are refused up front.
+#[tokio::test]
+async fn a_familys_cron_schedule_with_another_catch_up_policy_is_refused() {
+    let manager = Manager::start(FakeStore::default(), test_config(), Vec::<Role>::new())
+        .await
+        .unwrap();
+    let hourly = ticklease::Schedule::cron("0 * * * *").unwrap();
+    for schedule in [
+        hourly
+            .clone()
+            .catch_up(ticklease::CatchUp::All { max: 3 })
+            .unwrap(),
+        hourly.clone().starting_deadline(Duration::from_secs(60)).unwrap(),
+    ] {
+        let refused = Scheduler::new(manager.clone())
+            .family(&family(1), schedule, |_| async { Ok::<_, std::io::Error>(()) });
+        assert!(
+            matches!(
+                &refused,
+                Err(ticklease::Error::Schedule {
+                    source: ticklease::ScheduleError::NotForFamily { .. },
+                    ..
+                })
+            ),
+            "{:?}",
+            refused.err()
+        );
+    }
+    assert!(Scheduler::new(manager)
+        .family(&family(1), hourly, |_| async { Ok::<_, std::io::Error>(()) })
+        .is_ok());
+}

@@ -20,7 +20,8 @@ use crate::ops::metrics::{LostReason, Metrics, TickOutcome};
 use crate::ops::outcome::panic_message;
 use crate::store::batch::Batcher;
 use crate::store::{
-    Acquire, Ending, LeaseStatus, LeaseStore, LossReason, Refusal, Release, Releasing, Renew, Term,
+    Acquire, Ending, FamilyOccurrenceAsk, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, Refusal,
+    Release, Releasing, Renew, Term,
 };
 use crate::term::fence::Fence;
 use crate::term::holder::HolderId;
@@ -28,7 +29,7 @@ use crate::term::role::Role;
 use crate::term::schedule::{Retry, Schedule};
 use crate::term::token::Token;
 
-mod occurrence;
+pub(crate) mod occurrence;
 
 /// The error type work may return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -433,18 +434,58 @@ impl<S: LeaseStore> Manager<S> {
         limit: usize,
     ) -> Result<(Vec<(Role, Acquire)>, Instant), Error> {
         let inner = &self.inner;
+        let ttl = inner.config.lease_ttl();
+        self.batched(
+            || {
+                inner
+                    .store
+                    .acquire_many(roles, &inner.holder_id, ttl, interval, limit)
+            },
+            |a| a,
+        )
+        .await
+    }
+
+    /// The batched ACQUIRE of one occurrence for many keys of a family.
+    pub(crate) async fn acquire_many_occurrence(
+        &self,
+        roles: &[Role],
+        ask: &FamilyOccurrenceAsk,
+        limit: usize,
+    ) -> Result<(Vec<(Role, OccurrenceAnswer)>, Instant), Error> {
+        let inner = &self.inner;
+        let ttl = inner.config.lease_ttl();
+        self.batched(
+            || {
+                inner
+                    .store
+                    .acquire_many_occurrence(roles, &inner.holder_id, ttl, ask, limit)
+            },
+            |a| &a.acquire,
+        )
+        .await
+    }
+
+    /// Sends a batched ACQUIRE: the coordination session's state for the
+    /// metrics before, the clock drift from a started term after.
+    async fn batched<A, Fut>(
+        &self,
+        send: impl FnOnce() -> Fut,
+        acquire: impl Fn(&A) -> &Acquire,
+    ) -> Result<(Vec<(Role, A)>, Instant), Error>
+    where
+        Fut: Future<Output = Result<Vec<(Role, A)>, crate::StoreError>>,
+    {
+        let inner = &self.inner;
         if let (Some(m), Some(signals)) = (&inner.metrics, inner.store.signals()) {
             m.coordination_up(signals.key().is_some());
         }
         let sent = Instant::now();
         let sent_wall = SystemTime::now();
-        let answers = inner
-            .store
-            .acquire_many(roles, &inner.holder_id, inner.config.lease_ttl(), interval, limit)
-            .await?;
+        let answers = send().await?;
         if let Some(Acquire::Acquired(term)) = answers
             .iter()
-            .map(|(_, a)| a)
+            .map(|(_, a)| acquire(a))
             .find(|a| matches!(a, Acquire::Acquired(_)))
         {
             inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);

@@ -456,12 +456,15 @@ impl Metrics {
     }
 
     /// Exports `family`'s aggregates (the scheduler calls this for each family it runs).
-    pub(crate) fn family(&self, family: &crate::Family, interval: Duration) {
+    pub(crate) fn family(&self, family: &crate::Family, interval: Option<Duration>) {
         let label = family_label(family.name());
-        self.inner
-            .family_interval
-            .get_or_create(&label)
-            .set(interval.as_secs_f64());
+        // A cron family has no interval for the stall alert to compare with.
+        if let Some(interval) = interval {
+            self.inner
+                .family_interval
+                .get_or_create(&label)
+                .set(interval.as_secs_f64());
+        }
         self.inner.family_leading.get_or_create(&label).set(0);
         // Exists at 0 from the start: the first panic is then an increase.
         drop(self.inner.family_lost.get_or_create(&FamilyReasonLabels {

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -38,9 +38,12 @@ use crate::leader::lead::{FamilyScope, KeyCancel, Lead, Manager, TermScope};
 use crate::ops::outcome::panic_message;
 use crate::schedule::wake::{next_wake, Polled};
 use crate::store::{Acquire, LeaseStore, Refusal, BATCH_MAX};
+use asking::{Answer, DbClock, TermPlan};
+
+mod asking;
 use crate::term::family::Family;
 use crate::term::role::Role;
-use crate::term::schedule::Retry;
+use crate::term::schedule::Schedule;
 
 pub use crate::store::REGISTRATION_TTL_MAX;
 
@@ -62,23 +65,22 @@ fn told_spacing(config: &crate::Config) -> Duration {
 }
 
 /// How a term of one of `family`'s keys is cancelled and counted.
-fn scope(family: &Family, removed: KeyCancel, backoff: Option<Duration>) -> TermScope {
+fn scope(family: &Family, removed: KeyCancel, plan: &TermPlan) -> TermScope {
     TermScope {
         family: Some(FamilyScope {
             name: family.shared_name(),
             per_role_metrics: family.per_role_metrics(),
         }),
         removed: Some(removed),
-        occurrence: None,
-        backoff,
+        occurrence: plan.occurrence,
+        backoff: plan.backoff,
     }
 }
 
 /// A family's job in a scheduler.
 pub(crate) struct FamilyJob {
     pub(crate) family: Family,
-    pub(crate) interval: Duration,
-    pub(crate) retry: Retry,
+    pub(crate) schedule: Schedule,
     pub(crate) work: Work,
 }
 
@@ -101,6 +103,9 @@ struct Key {
     /// grace counts from when it was seen acquirable, never from an instant
     /// between its due time and its preferred replica's ACQUIRE.
     probe: bool,
+    /// On a cron schedule, its last completed occurrence (or where its
+    /// counting started) as last answered.
+    after: Option<SystemTime>,
 }
 
 /// The fair share and its slack: how many terms a replica may hold.
@@ -131,10 +136,10 @@ pub(crate) async fn family_loop<S: LeaseStore>(
 ) {
     let FamilyJob {
         family,
-        interval,
-        retry,
+        schedule,
         work,
     } = job;
+    let mut clock = DbClock::default();
     let config = *manager.config();
     let store = manager.store_arc().clone();
     let holder = manager.holder_id().to_string();
@@ -239,15 +244,28 @@ pub(crate) async fn family_loop<S: LeaseStore>(
             if limit == 0 || candidates.is_empty() || replicas.is_empty() || shutdown.is_cancelled() {
                 continue;
             }
-            match manager.acquire_many(&candidates, interval, room).await {
+            // How far back the skipped occurrences of these keys can reach.
+            let back_to = candidates
+                .iter()
+                .map(|role| key_of(&keys, role).and_then(|k| k.after))
+                .min()
+                .flatten();
+            match asking::ask(&manager, &schedule, &mut clock, &candidates, back_to, room).await {
                 Ok((answers, sent)) => {
                     let now = Instant::now();
-                    for (role, answer) in answers {
+                    for Answer {
+                        role,
+                        acquire,
+                        plan,
+                        after,
+                    } in answers
+                    {
                         let Some(key) = role.as_str().split_once(':').and_then(|(_, k)| keys.get_mut(k))
                         else {
                             continue;
                         };
-                        match answer {
+                        key.after = after.or(key.after);
+                        match acquire {
                             Acquire::Acquired(term) => {
                                 let removed = manager.key_cancel();
                                 key.term = Some(removed.clone());
@@ -256,12 +274,11 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                                 key.probe = false;
                                 let (manager, work, name) =
                                     (manager.clone(), work.clone(), role.as_str().to_string());
-                                let backoff = retry.backoff_in_round(term.failures);
-                                let scope = scope(&family, removed, backoff);
+                                let scope = scope(&family, removed, &plan);
                                 terms.spawn(async move {
                                     let lead = AssertUnwindSafe(manager.run_term(
                                         &role,
-                                        interval,
+                                        plan.wait,
                                         term.token,
                                         sent,
                                         |tick| work(tick),
@@ -271,7 +288,7 @@ pub(crate) async fn family_loop<S: LeaseStore>(
                                     .await;
                                     let key =
                                         name.split_once(':').map_or(name.clone(), |(_, k)| k.to_string());
-                                    (key, ended(&role, interval, backoff, &config, lead))
+                                    (key, ended(&role, &plan, &config, lead))
                                 });
                             }
                             Acquire::Refused(refusal) => {
@@ -381,6 +398,11 @@ pub(crate) async fn family_loop<S: LeaseStore>(
     }
 }
 
+/// The entry of a family key's role.
+fn key_of<'a>(keys: &'a BTreeMap<String, Key>, role: &Role) -> Option<&'a Key> {
+    role.as_str().split_once(':').and_then(|(_, k)| keys.get(k))
+}
+
 /// Resolves when the family is told of a release, unpause or run-now; never without signals.
 async fn heard_notified(heard: Option<&FamilySignals>) {
     match heard {
@@ -456,6 +478,7 @@ fn sync_keys(family: &Family, keys: &mut BTreeMap<String, Key>, now: Instant) {
                 parked: false,
                 // Other replicas may have led it for long: its due time is unknown here.
                 probe: true,
+                after: None,
             });
         }
     }
@@ -464,17 +487,16 @@ fn sync_keys(family: &Family, keys: &mut BTreeMap<String, Key>, now: Instant) {
 /// How long after its term's task ended a key is asked about again.
 fn ended(
     role: &Role,
-    interval: Duration,
-    backoff: Option<Duration>,
+    plan: &TermPlan,
     config: &crate::Config,
     lead: std::thread::Result<Result<Lead<()>, crate::Error>>,
 ) -> Duration {
     match lead {
-        // A retry's cooldown is its backoff.
-        Ok(Ok(Lead::Failed { .. })) if backoff.is_some() => backoff.unwrap_or(interval),
+        // RELEASE set the retry's backoff, or a cooldown as after any failed tick.
+        Ok(Ok(Lead::Failed { .. })) => plan.after(true),
         // RELEASE stamped the tick or set a cooldown of one interval (a lost
-        // term's is at most that): not due before.
-        Ok(Ok(Lead::Completed { .. } | Lead::Failed { .. } | Lead::Lost { .. })) => interval,
+        // term's is at most that), or until the next occurrence: not due before.
+        Ok(Ok(Lead::Completed { .. } | Lead::Lost { .. })) => plan.after(false),
         Ok(Ok(_)) => Duration::ZERO,
         Ok(Err(error)) => {
             tracing::warn!(%role, error = %chain(&error), "term failed");
@@ -482,7 +504,7 @@ fn ended(
         }
         Err(panic) => {
             tracing::error!(%role, panic = panic_message(&*panic), "tick panicked");
-            interval
+            plan.after(false)
         }
     }
 }

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::chain;
-use crate::error::{Error, ScheduleError};
+use crate::error::Error;
 use crate::leader::lead::{check_interval, BoxError, Lead, Manager, Tick, Work};
 use crate::ops::outcome::panic_message;
 use crate::schedule::chance::NextChance;
@@ -132,9 +132,11 @@ impl<S: LeaseStore> Scheduler<S> {
     }
 
     /// Adds the job of every key of `family`, as it changes: `work` runs
-    /// once per tick of each key (its role is [`Tick::role`]), at most once
-    /// per interval each (a [`Schedule::every`], with its retry policy),
-    /// spread over the replicas that run the family.
+    /// once per tick of each key (its role is [`Tick::role`]), spread over
+    /// the replicas that run the family: at most once per interval each (a
+    /// [`Schedule::every`], with its retry policy), or once per occurrence of
+    /// a cron schedule, the latest one ([`CatchUp::Latest`](crate::CatchUp),
+    /// no starting deadline), in batched statements either way.
     pub fn family<F, Fut, E>(
         mut self,
         family: &Family,
@@ -147,23 +149,26 @@ impl<S: LeaseStore> Scheduler<S> {
         E: Into<BoxError> + 'static,
     {
         let schedule = schedule.into();
-        let interval = schedule.interval().ok_or_else(|| Error::Schedule {
+        let refused = |source| Error::Schedule {
             role: family.name().to_string(),
-            source: ScheduleError::NotForFamily,
-        })?;
-        check_interval(family.name(), interval)?;
+            source,
+        };
+        schedule.check_family().map_err(refused)?;
+        match schedule.interval() {
+            Some(interval) => check_interval(family.name(), interval)?,
+            None => schedule.check(self.manager.config()).map_err(refused)?,
+        }
         if self.families.iter().any(|j| j.family.name() == family.name()) {
             return Err(Error::DuplicateJob {
                 role: family.name().to_string(),
             });
         }
         if let Some(metrics) = self.manager.metrics_handle() {
-            metrics.family(family, interval);
+            metrics.family(family, schedule.interval());
         }
         self.families.push(FamilyJob {
             family: family.clone(),
-            interval,
-            retry: schedule.retry_policy(),
+            schedule,
             work: boxed(work),
         });
         Ok(self)

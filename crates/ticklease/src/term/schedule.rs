@@ -398,6 +398,23 @@ impl Schedule {
         self.catch_up
     }
 
+    /// The starting deadline, if one is set.
+    pub fn starting_deadline_bound(&self) -> Option<Duration> {
+        self.starting_deadline
+    }
+
+    /// Checks the schedule can run a role family's keys: an interval, or a
+    /// cron schedule catching up with [`CatchUp::Latest`] and no starting
+    /// deadline (a family's batched ACQUIRE runs the latest occurrence).
+    pub fn check_family(&self) -> Result<(), ScheduleError> {
+        let what = match (&self.kind, self.catch_up, self.starting_deadline) {
+            (Kind::Every(_), ..) | (_, CatchUp::Latest, None) => return Ok(()),
+            (_, CatchUp::Latest, Some(_)) => "starting deadline",
+            _ => "catch-up policy other than Latest",
+        };
+        Err(ScheduleError::NotForFamily { what })
+    }
+
     /// The retry policy.
     pub fn retry_policy(&self) -> Retry {
         self.retry

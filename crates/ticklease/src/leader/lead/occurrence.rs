@@ -56,6 +56,25 @@ pub(crate) struct OccurrenceScope {
 }
 
 impl OccurrenceScope {
+    /// The term of occurrence `at` of `schedule` that an ACQUIRE answered at
+    /// `db_now` (on the database clock), after `failures` failed attempts.
+    pub(crate) fn started(
+        schedule: &Schedule,
+        at: SystemTime,
+        db_now: SystemTime,
+        failures: u32,
+        max_poll: Duration,
+    ) -> Self {
+        OccurrenceScope {
+            at,
+            next: schedule.next_after(at.max(db_now)),
+            db_now,
+            answered: Instant::now(),
+            backoff: schedule.retry_policy().backoff_after(failures + 1),
+            max_poll,
+        }
+    }
+
     /// The cooldown RELEASE sets after a tick that ended as `outcome`:
     /// after an `Err`, the backoff while attempts remain; else (spent
     /// retries, a panic, a lost term) until the next occurrence, counted
@@ -159,14 +178,13 @@ impl<S: LeaseStore> Manager<S> {
         if let Some(metrics) = &self.inner.metrics {
             metrics.skipped(role, &ask.skipped);
         }
-        let scope = OccurrenceScope {
-            at: occurrence,
-            next: schedule.next_after(occurrence.max(answer.db_now)),
-            db_now: answer.db_now,
-            answered: Instant::now(),
-            backoff: schedule.retry_policy().backoff_after(answer.failures + 1),
-            max_poll: config.max_poll(),
-        };
+        let scope = OccurrenceScope::started(
+            schedule,
+            occurrence,
+            answer.db_now,
+            answer.failures,
+            config.max_poll(),
+        );
         let until_next = scope.wait(false);
         let scope = TermScope {
             occurrence: Some(scope),
