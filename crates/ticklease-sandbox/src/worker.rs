@@ -17,6 +17,7 @@ pub struct WorkerProcess {
     smtp_url: Option<String>,
     roles: Option<Vec<String>>,
     tick_interval: Option<Duration>,
+    schedules: Vec<(String, String)>,
     batch_size: Option<i64>,
     decline_backoff: Option<Duration>,
     log: Option<PathBuf>,
@@ -39,6 +40,7 @@ impl WorkerProcess {
             smtp_url: None,
             roles: None,
             tick_interval: None,
+            schedules: Vec::new(),
             batch_size: None,
             decline_backoff: None,
             log: None,
@@ -71,6 +73,12 @@ impl WorkerProcess {
     /// Only these roles (default: all five).
     pub fn roles(mut self, roles: &[&str]) -> Self {
         self.roles = Some(roles.iter().map(|r| r.to_string()).collect());
+        self
+    }
+
+    /// A role's schedule (a duration or a cron spec), over the tick interval.
+    pub fn schedule(mut self, role: &str, spec: &str) -> Self {
+        self.schedules.push((role.to_string(), spec.to_string()));
         self
     }
 
@@ -154,6 +162,10 @@ impl WorkerProcess {
             for role in self.roles.as_ref().unwrap_or(&all) {
                 flag("tick-interval", format!("{role}={}", ms(every)));
             }
+        }
+        // Later flags of a role win.
+        for (role, spec) in &self.schedules {
+            flag("tick-interval", format!("{role}={spec}"));
         }
         args
     }

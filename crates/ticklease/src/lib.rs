@@ -637,6 +637,20 @@
 //! # }
 //! ```
 //!
+//! **Schedules.** A family runs on an interval ([`Schedule::every`], with
+//! its retry policy) or on a cron schedule: each key then runs each
+//! occurrence once, the latest one due on the database clock
+//! ([`CatchUp::Latest`]; other policies and a starting deadline are refused
+//! with [`ScheduleError::NotForFamily`]): the loop asks for that occurrence
+//! in its batched ACQUIRE (`leader_acquire_many` with the occurrence), which
+//! decides per key as the one-row ACQUIRE of an occurrence does, counts a
+//! new key from its first ask, starts a key's waiting run-now as a manual
+//! term, and records the occurrences a started key passed over (`paused` or
+//! `catch_up`, from the loop's list of the occurrences before it, at most
+//! [`SKIPPED_COUNTED_MAX`]). A cron family exports no
+//! `leader_family_tick_interval_seconds` (the stall alert compares ticks
+//! with an interval).
+//!
 //! **Statements grow with replicas, not keys.** Per replica: one ACQUIRE
 //! (`leader_acquire_many`) per wake-up for every key that is due, returning
 //! the subset it won; one RENEW (`leader_renew_many`) per heartbeat for all

@@ -23,6 +23,8 @@ use watch::{holder_pid, Watch};
 const SECRET: &str = "whsec_ZGVtby1zZWNyZXQ=";
 const ROLES: [&str; 5] = ticklease_worker::ROLES;
 const ENDPOINTS: [&str; 2] = ["/hooks/a", "/hooks/b"];
+/// Dunning's schedule in the demo: every even second (an occurrence each).
+const DUNNING_CRON: &str = "*/2 * * * * *";
 
 /// Demo timings: TTL 3 s.
 pub fn demo_config() -> ticklease::Config {
@@ -99,6 +101,8 @@ impl Demo {
             .lease(demo_config())
             .decline_backoff(Duration::from_secs(1))
             .tick_interval(Duration::from_millis(300))
+            // Dunning on the wall clock: each even second is one occurrence.
+            .schedule("dunning", DUNNING_CRON)
             .log(logs.path().join("workers.log"));
         let mut demo = Demo {
             url: url.to_string(),
@@ -130,13 +134,15 @@ impl Demo {
         self.wait_until(at(0.08)).await?;
         self.sigkill_leader("billing").await?;
         self.add_load(4).await?;
+        self.wait_until(at(0.15)).await?;
+        self.sigkill_occurrence_leader("dunning").await?;
         self.wait_until(at(0.25)).await?;
         self.pause(at(0.35)).await?;
         self.wait_until(at(0.45)).await?;
         self.freeze_leader("webhook_delivery").await?;
         self.add_load(3).await?;
         self.wait_until(at(0.62)).await?;
-        self.sigterm_leader("dunning").await?;
+        self.sigterm_leader("webhook_outbox").await?;
         self.drain(d).await
     }
 

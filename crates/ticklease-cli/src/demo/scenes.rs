@@ -1,6 +1,8 @@
 //! The script's scenes: each one failure, narrated and checked.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::bail;
 
 use nix::sys::signal::Signal;
 use tokio_postgres::types::Type;
@@ -34,6 +36,98 @@ impl Demo {
             session_takeover_bound(),
         );
         self.respawn()
+    }
+
+    /// Holds a charge of `role` (on a cron schedule) so its leader is in the
+    /// middle of an occurrence, SIGKILLs that leader, and checks the next
+    /// term runs the same occurrence and completes it: the occurrence is led
+    /// to completion exactly once (the provider's idempotency key makes the
+    /// repeated charge one charge).
+    pub(super) async fn sigkill_occurrence_leader(&mut self, role: &str) -> anyhow::Result<()> {
+        let mut held = self.http.hold_next_charge();
+        let charge = tokio::time::timeout(Duration::from_secs(15), held.received()).await;
+        let Ok(key) = charge else {
+            self.checks
+                .push(Check::Failed(format!("no {role} charge to hold within 15 s")));
+            return Ok(());
+        };
+        let row = self
+            .db
+            .query_typed(
+                "SELECT holder_token, holder_id, occurrence FROM leader_leases WHERE role = $1 AND holder_id IS NOT NULL",
+                &[(&role, Type::TEXT)],
+            )
+            .await?;
+        let Some((token, holder, occurrence)) = row.first().map(|r| {
+            (
+                r.get::<_, i64>(0),
+                r.get::<_, String>(1),
+                r.get::<_, SystemTime>(2),
+            )
+        }) else {
+            self.checks.push(Check::Failed(format!(
+                "{role} held no term while its charge hung"
+            )));
+            return Ok(());
+        };
+        let Some(i) = super::holder_pid(&holder)
+            .and_then(|p| self.replicas.iter().position(|r| r.child.id() == Some(p)))
+        else {
+            bail!("{role}'s holder {holder:?} is not a demo replica");
+        };
+        let at = humantime::format_rfc3339_seconds(occurrence);
+        self.say(format!(
+            "SIGKILL the {role} leader (r{}, term {token}) mid-occurrence {at}, its charge {key:?} unanswered",
+            self.replicas[i].n
+        ));
+        let mut victim = self.replicas.swap_remove(i);
+        signal(&victim.child, Signal::SIGKILL);
+        let _ = victim.child.wait().await;
+        drop(held);
+        let took = self.new_term(role, token, takeover_bound() * 2).await?;
+        let completed = self.occurrence_completed(role, occurrence).await?;
+        self.say(format!(
+            "the next {role} term ran occurrence {at} again: {}",
+            match completed {
+                Some(true) => "completed once",
+                Some(false) => "NOT completed",
+                None => "another occurrence ran instead",
+            }
+        ));
+        self.record(
+            &format!("{role} occurrence completed once after SIGKILL of its leader"),
+            took.filter(|_| completed == Some(true)),
+            session_takeover_bound(),
+        );
+        self.respawn()
+    }
+
+    /// Whether the term after the killed one ran `occurrence` (`None`: it ran
+    /// another), and then whether it completed within a few seconds.
+    async fn occurrence_completed(
+        &mut self,
+        role: &str,
+        occurrence: SystemTime,
+    ) -> anyhow::Result<Option<bool>> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let row = self
+                .db
+                .query_typed(
+                    "SELECT occurrence, last_occurrence >= occurrence FROM leader_leases WHERE role = $1",
+                    &[(&role, Type::TEXT)],
+                )
+                .await?;
+            let (ran, done): (Option<SystemTime>, Option<bool>) = (row[0].get(0), row[0].get(1));
+            if ran != Some(occurrence) {
+                return Ok(None);
+            }
+            if done == Some(true) || Instant::now() > deadline {
+                return Ok(Some(done == Some(true)));
+            }
+            self.tick().await?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Pauses email_outbox until `until` (a few polls at least): no term may
