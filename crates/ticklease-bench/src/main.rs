@@ -167,6 +167,9 @@ enum Cmd {
         /// Each replica's lease-statement pool.
         #[arg(long, default_value_t = 8)]
         pool: usize,
+        /// Run the roles as the keys of one family instead (batched statements).
+        #[arg(long)]
+        family: bool,
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
@@ -287,6 +290,7 @@ async fn main() -> anyhow::Result<()> {
             every,
             timing,
             pool,
+            family,
             out,
         } => {
             let mut options = SchedulesOptions {
@@ -297,7 +301,9 @@ async fn main() -> anyhow::Result<()> {
                 timing,
                 coordinated: true,
                 pool,
+                family: false,
             };
+            options.family = family;
             let mut runs = Vec::new();
             for coordinated in [true, false] {
                 options.coordinated = coordinated;

@@ -19,7 +19,7 @@ use anyhow::Context;
 use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
-use ticklease::{Manager, PgStore, PgStoreOptions, Role, Schedule, Scheduler};
+use ticklease::{Family, Manager, PgStore, PgStoreOptions, Role, Schedule, Scheduler, Tick};
 use ticklease_sandbox::ClusterOptions;
 use ticklease_testkit::{connect, PgCluster};
 
@@ -40,6 +40,8 @@ pub struct SchedulesOptions {
     pub coordinated: bool,
     /// Each replica's lease-statement pool.
     pub pool: usize,
+    /// The roles are the keys of one family (`job:k0000` …), not declared roles.
+    pub family: bool,
 }
 
 /// What one configuration measured.
@@ -68,6 +70,22 @@ const WORK: &str = "INSERT INTO bench_runs (role, occurrence, token)
 /// Clients each replica's work writes through (round robin).
 const WORK_CLIENTS: usize = 4;
 
+/// One occurrence's work: its fenced row.
+async fn work(client: Arc<tokio_postgres::Client>, tick: Tick) -> Result<(), tokio_postgres::Error> {
+    let (role, token) = (tick.role().as_str().to_string(), tick.token().get());
+    client
+        .execute_typed(
+            WORK,
+            &[
+                (&role, Type::TEXT),
+                (&token, Type::INT8),
+                (&tick.occurrence(), Type::TIMESTAMPTZ),
+            ],
+        )
+        .await
+        .map(|_| ())
+}
+
 /// Runs one configuration on a fresh cluster.
 pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
     let cluster = PgCluster::start_with(&ClusterOptions::default().with_pg_stat_statements())?;
@@ -84,8 +102,10 @@ pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
         )
         .await?;
     let schedule = Schedule::cron(&format!("*/{} * * * * *", o.every_secs))?;
-    let roles: Vec<Role> = (0..o.roles)
-        .map(|i| Role::new(format!("job{i:04}")))
+    let keys: Vec<String> = (0..o.roles).map(|i| format!("k{i:04}")).collect();
+    let roles: Vec<Role> = keys
+        .iter()
+        .map(|k| Role::new(format!("job{k}")))
         .collect::<Result<_, _>>()?;
     let stop = CancellationToken::new();
     let mut runs = Vec::new();
@@ -98,31 +118,26 @@ pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
         if o.coordinated {
             store = store.with_direct(cluster.config(&db)).await?;
         }
-        let manager = Manager::start(store, config, roles.clone()).await?;
+        let declared = if o.family { Vec::new() } else { roles.clone() };
+        let manager = Manager::start(store, config, declared).await?;
         let mut clients = Vec::new();
         for _ in 0..WORK_CLIENTS {
             clients.push(Arc::new(connect(&cluster.config(&db)).await?));
         }
         let mut scheduler = Scheduler::new(manager);
-        for (i, role) in roles.iter().enumerate() {
-            let client = clients[i % WORK_CLIENTS].clone();
-            scheduler = scheduler.job(role, schedule.clone(), move |tick| {
-                let client = client.clone();
-                async move {
-                    let (role, token) = (tick.role().as_str().to_string(), tick.token().get());
-                    client
-                        .execute_typed(
-                            WORK,
-                            &[
-                                (&role, Type::TEXT),
-                                (&token, Type::INT8),
-                                (&tick.occurrence(), Type::TIMESTAMPTZ),
-                            ],
-                        )
-                        .await
-                        .map(|_| ())
-                }
+        if o.family {
+            let family = Family::new("job")?;
+            family.set(keys.clone())?;
+            let clients = clients.clone();
+            scheduler = scheduler.family(&family, schedule.clone(), move |tick| {
+                let client =
+                    clients[usize::try_from(tick.token().get()).unwrap_or_default() % WORK_CLIENTS].clone();
+                work(client, tick)
             })?;
+        }
+        for (i, role) in roles.iter().enumerate().filter(|_| !o.family) {
+            let client = clients[i % WORK_CLIENTS].clone();
+            scheduler = scheduler.job(role, schedule.clone(), move |tick| work(client.clone(), tick))?;
         }
         runs.push(tokio::spawn(scheduler.run(stop.clone())));
     }
@@ -185,9 +200,10 @@ pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
 
 fn label(o: &SchedulesOptions) -> String {
     format!(
-        "{} replicas x {} roles, {}",
+        "{} replicas x {} {}, {}",
         o.replicas,
         o.roles,
+        if o.family { "family keys" } else { "roles" },
         if o.coordinated {
             "coordination sessions"
         } else {

@@ -139,6 +139,21 @@ ticklease-alerts.test.yml && promtool test rules ticklease-alerts.test.yml"
         #[arg(long)]
         keep: bool,
     },
+    /// Run a command as a fenced singleton: on every host the same line; each tick (or occurrence)
+    /// runs CMD on exactly one, stopped before its lease can expire.
+    #[command(
+        after_help = "Exit codes with --once: the command's own (128 + a signal), 75 held by another host, \
+76 paused, 77 not due, 78 the term was lost while it ran, 130 interrupted; 1 the runner failed; 2 usage.\n\n\
+The command's environment names its term: TICKLEASE_ROLE, TICKLEASE_TOKEN, TICKLEASE_HOLDER and, on a \
+cron schedule, TICKLEASE_OCCURRENCE (RFC 3339, UTC). Its own claims can be fenced:\n  \
+echo \"UPDATE ... WHERE ... AND (SELECT leader_fence(:'role', :token))\" | \\\n    psql -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\"   (psql substitutes variables in its input, not in -c)\n\n\
+Examples:\n  ticklease run nightly_dump --cron '5 0 * * *' --zone Europe/Berlin -- pg_dump -f /backup/app.sql app\n  \
+ticklease run report --every 15m --once -- ./report.sh\n  ticklease run relay --direct-url postgres://db/app -- ./relay --listen :9000"
+    )]
+    Run(RunCmd),
+    /// The guard of `run`'s child (internal).
+    #[command(name = "__guard", hide = true)]
+    Guard(GuardCmd),
     /// Serve the cluster-fact metrics of every role in leader_leases on /metrics, and /healthz.
     #[command(
         after_help = "Examples:\n  ticklease metrics --metrics-addr 0.0.0.0:9187\n  ticklease metrics --metrics-addr 127.0.0.1:0 --prefix myapp"
@@ -209,21 +224,8 @@ pub struct WorkerRun {
     /// Standard Webhooks signing secret (`whsec_` + base64, or raw bytes).
     #[arg(long, env = "TICKLEASE_WEBHOOK_SECRET", hide_env_values = true)]
     webhook_secret: Option<String>,
-    /// Lease TTL (default 10s).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    lease_ttl: Option<Duration>,
-    /// Heartbeat period (default 3s).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    heartbeat_every: Option<Duration>,
-    /// Statement timeout (default 2s).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    statement_timeout: Option<Duration>,
-    /// Abandon a tick this long after the last acknowledged beat (default 6s).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    abandon_after: Option<Duration>,
-    /// Longest wait between polls (default 5s).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    max_poll: Option<Duration>,
+    #[command(flatten)]
+    lease: LeaseFlags,
     /// A role's schedule (repeatable; default: billing on cron '0 * * * *',
     /// billing as of each occurrence; the others every 5s): ROLE=DURATION, or
     /// ROLE=CRON with an optional zone prefix,
@@ -262,8 +264,28 @@ fn parse_tick_interval(s: &str) -> Result<(Role, Schedule), String> {
     Ok((role, Schedule::every(parsed)))
 }
 
-impl WorkerRun {
-    fn lease(&self) -> Result<ticklease::Config, ticklease::ConfigError> {
+/// The lease's timings, each defaulting to the spec's.
+#[derive(clap::Args)]
+pub struct LeaseFlags {
+    /// Lease TTL (default 10s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    lease_ttl: Option<Duration>,
+    /// Heartbeat period (default 3s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    heartbeat_every: Option<Duration>,
+    /// Statement timeout (default 2s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    statement_timeout: Option<Duration>,
+    /// Abandon a tick this long after the last acknowledged beat (default 6s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    abandon_after: Option<Duration>,
+    /// Longest wait between polls (default 5s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_poll: Option<Duration>,
+}
+
+impl LeaseFlags {
+    pub fn config(&self) -> Result<ticklease::Config, ticklease::ConfigError> {
         let mut b = ticklease::Config::builder();
         if let Some(v) = self.lease_ttl {
             b = b.lease_ttl(v);
@@ -282,12 +304,14 @@ impl WorkerRun {
         }
         b.build()
     }
+}
 
+impl WorkerRun {
     pub fn config(
         self,
         database: ticklease::PgConnect,
     ) -> Result<ticklease_worker::worker::WorkerConfig, String> {
-        let lease = self.lease().map_err(|e| e.to_string())?;
+        let lease = self.lease.config().map_err(|e| e.to_string())?;
         let smtp = self.smtp_url.strip_prefix("smtp://").ok_or(format!(
             "--smtp-url {:?}: expected smtp://host:port",
             self.smtp_url
@@ -352,5 +376,94 @@ impl RoleNames {
     /// The names, checked before anything connects.
     pub fn options(self) -> Result<MigrateOptions, ticklease::MigrateError> {
         MigrateOptions::new(&self.app_role, &self.operator_role)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct RunCmd {
+    /// The role (one row; the same on every host).
+    pub role: Role,
+    /// Run CMD once per interval (without --every or --cron: CMD runs as a long-lived singleton,
+    /// restarted on a host of the others when its host dies).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "cron")]
+    pub every: Option<Duration>,
+    /// Run CMD once per occurrence of this cron expression (5 or 6 fields, @daily …).
+    #[arg(long)]
+    pub cron: Option<String>,
+    /// The cron expression's IANA time zone (default UTC).
+    #[arg(long, requires = "cron")]
+    pub zone: Option<String>,
+    /// Missed occurrences: latest (default), skip, or all:N.
+    #[arg(long, requires = "cron")]
+    pub catch_up: Option<String>,
+    /// Run at most one tick, then exit with the command's code (or a code saying why it did not run).
+    #[arg(long)]
+    pub once: bool,
+    /// SIGTERM to SIGKILL when the term ends (default: half of lease_ttl - abandon_after).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub grace: Option<Duration>,
+    /// CMD is one command line for /bin/sh -c.
+    #[arg(long)]
+    pub shell: bool,
+    /// Prefix each line CMD writes with [role token].
+    #[arg(long)]
+    pub prefix: bool,
+    /// Serve /metrics and /healthz here.
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// A URL straight to Postgres (not through PgBouncer) for the coordination session.
+    #[arg(long, env = "TICKLEASE_DIRECT_URL", hide_env_values = true)]
+    pub direct_url: Option<String>,
+    #[command(flatten)]
+    pub lease: LeaseFlags,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(clap::Args)]
+pub struct GuardCmd {
+    #[arg(long)]
+    pub grace_ms: u64,
+    #[arg(long)]
+    pub deadline_ns: u64,
+    #[arg(last = true, required = true)]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+impl RunCmd {
+    /// The schedule the flags name (every second as a daemon's restart wait without one).
+    pub fn schedule(&self) -> Result<Schedule, String> {
+        let schedule = match (&self.every, &self.cron) {
+            (Some(every), _) => Schedule::every(*every),
+            (None, Some(expression)) => {
+                let mut cron = Schedule::cron(expression).map_err(|e| format!("--cron: {e}"))?;
+                if let Some(zone) = &self.zone {
+                    cron = cron.zone(zone).map_err(|e| format!("--zone: {e}"))?;
+                }
+                if let Some(policy) = &self.catch_up {
+                    cron = cron
+                        .catch_up(parse_catch_up(policy)?)
+                        .map_err(|e| format!("--catch-up: {e}"))?;
+                }
+                cron
+            }
+            (None, None) => Schedule::every(DAEMON_RESTART),
+        };
+        Ok(schedule)
+    }
+}
+
+/// A long-lived command's wait before it is started again after it exited.
+pub const DAEMON_RESTART: Duration = Duration::from_secs(1);
+
+fn parse_catch_up(policy: &str) -> Result<ticklease::CatchUp, String> {
+    match policy {
+        "latest" => Ok(ticklease::CatchUp::Latest),
+        "skip" => Ok(ticklease::CatchUp::Skip),
+        other => match other.strip_prefix("all:").map(str::parse::<u32>) {
+            Some(Ok(max)) => Ok(ticklease::CatchUp::All { max }),
+            _ => Err(format!("--catch-up {other:?}: expected latest, skip or all:N")),
+        },
     }
 }

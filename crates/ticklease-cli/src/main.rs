@@ -1,7 +1,8 @@
 //! `ticklease`: the operator's command. Thin: the logic lives in the library.
 //!
 //! Exit codes: 0 ok, 1 operational error (unknown role, database unreachable,
-//! schema not migrated, permission denied), 2 usage error.
+//! schema not migrated, permission denied), 2 usage error; `run --once`
+//! exits with its command's code or [`ticklease_run::exit`]'s.
 
 mod args;
 mod commands;
@@ -42,6 +43,18 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// `run --once`'s exit code: the command's, or why it did not run.
+#[derive(Debug)]
+struct ExitWith(i32);
+
+impl std::fmt::Display for ExitWith {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {}", self.0)
+    }
+}
+
+impl std::error::Error for ExitWith {}
+
 /// Stderr that drops what it cannot write: a closed log pipe (a crashed log
 /// shipper, a terminal closed under ssh) must not change what a replica does.
 struct LossyStderr;
@@ -62,8 +75,34 @@ fn say(line: impl std::fmt::Display) {
     let _ = writeln!(std::io::stdout(), "{line}");
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // The guard of `run`'s child: no runtime, no logging, nothing else.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "__guard") {
+        return guard();
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(service()),
+        Err(e) => {
+            eprintln!("ticklease: could not start the runtime: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn guard() -> ExitCode {
+    let Command::Guard(g) = Cli::parse().command else {
+        unreachable!("__guard parses as the guard command");
+    };
+    ticklease_run::guard::ignore_stop_signals();
+    let code = ticklease_run::guard::run(
+        &g.command,
+        std::time::Duration::from_millis(g.grace_ms),
+        g.deadline_ns,
+    );
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+async fn service() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(|| LossyStderr)
@@ -72,7 +111,10 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let service = matches!(
         cli.command,
-        Command::Demo { .. } | Command::Metrics { .. } | Command::Worker(WorkerCmd { action: None, .. })
+        Command::Demo { .. }
+            | Command::Metrics { .. }
+            | Command::Run(_)
+            | Command::Worker(WorkerCmd { action: None, .. })
     );
     if !service {
         // A one-shot command piped into `head` ends quietly, as Unix tools do
@@ -123,6 +165,10 @@ async fn main() -> ExitCode {
     };
     match commands::run(&url, cli.command).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<ExitWith>() => {
+            let code = e.downcast_ref::<ExitWith>().map_or(1, |c| c.0);
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
         Err(e) => {
             let _ = writeln!(LossyStderr, "ticklease: {}", ticklease::error::chain(e.as_ref()));
             ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })

@@ -42,6 +42,8 @@ pub(crate) struct Heartbeat<S> {
     pub(crate) batch: Option<Batcher>,
     /// …on the grid of `heartbeat_every` from this instant, so they leave together.
     pub(crate) grid: Option<Instant>,
+    /// Told the abandon instant after each acknowledged RENEW ([`crate::Tick::abandon_at`]).
+    pub(crate) abandon_at: tokio::sync::watch::Sender<Instant>,
 }
 
 impl<S: LeaseStore> Heartbeat<S> {
@@ -91,6 +93,7 @@ impl<S: LeaseStore> Heartbeat<S> {
                 Ok(Ok(Renew::Renewed { db_now })) => {
                     last_ack = sent;
                     missed = false;
+                    self.abandon_at.send_replace(last_ack + cfg.abandon_after());
                     self.drift.observe(wall, sent.elapsed(), db_now);
                     if let Some(m) = &self.metrics {
                         m.renewed(sent.elapsed());

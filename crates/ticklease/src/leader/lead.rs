@@ -60,6 +60,7 @@ pub struct Tick {
     /// Set when a family key is removed.
     removed: Option<Arc<AtomicBool>>,
     occurrence: Option<SystemTime>,
+    abandon_at: tokio::sync::watch::Receiver<Instant>,
 }
 
 impl Tick {
@@ -80,6 +81,14 @@ impl Tick {
     /// billing period). `None` on an interval schedule.
     pub fn occurrence(&self) -> Option<SystemTime> {
         self.occurrence
+    }
+    /// The instant, on the local monotonic clock, at which the heartbeat
+    /// abandons this term unless a RENEW is acknowledged first
+    /// (`last_ack + abandon_after`, before the lease can expire); it moves
+    /// on with each acknowledged RENEW. For work that must be stopped by
+    /// then from outside this process (a child process's guard).
+    pub fn abandon_at(&self) -> tokio::sync::watch::Receiver<Instant> {
+        self.abandon_at.clone()
     }
     /// The cause, once cancelled. A loss wins over a shutdown.
     pub fn cause(&self) -> Option<Cancel> {
@@ -536,10 +545,18 @@ impl<S: LeaseStore> Manager<S> {
         Ok(Ok((term, sent)))
     }
 
-    fn heartbeat(&self, role: &Role, token: Token, acquire_sent: Instant, scope: &TermScope) -> Heartbeat<S> {
+    fn heartbeat(
+        &self,
+        role: &Role,
+        token: Token,
+        acquire_sent: Instant,
+        scope: &TermScope,
+        abandon_at: tokio::sync::watch::Sender<Instant>,
+    ) -> Heartbeat<S> {
         let inner = &self.inner;
         let batched = scope.family.is_some();
         Heartbeat {
+            abandon_at,
             batch: batched.then(|| inner.batcher.clone()),
             grid: batched.then_some(inner.epoch),
             store: inner.store.clone(),
@@ -663,7 +680,9 @@ impl<S: LeaseStore> Manager<S> {
             armed: true,
             scope: scope.clone(),
         };
+        let (abandon_at, abandon_seen) = tokio::sync::watch::channel(sent + inner.config.abandon_after());
         let tick = Tick {
+            abandon_at: abandon_seen,
             fence: Fence::new(role.clone(), token),
             cancel: match &scope.removed {
                 Some(key) => key.token.clone(),
@@ -676,7 +695,7 @@ impl<S: LeaseStore> Manager<S> {
         let stop_heartbeat = CancellationToken::new();
         let _stop_on_drop = stop_heartbeat.clone().drop_guard();
         let mut heartbeat = tokio::spawn(
-            self.heartbeat(role, token, sent, &scope)
+            self.heartbeat(role, token, sent, &scope, abandon_at)
                 .run(stop_heartbeat.clone()),
         );
 

@@ -1,0 +1,475 @@
+//! `ticklease run` (issue 26) with real processes on a real Postgres, scaled
+//! timings (TTL 2 s, heartbeat 300 ms, statement timeout 500 ms, abandon
+//! 1.2 s, poll 200 ms): each tick's child runs on one runner at a time, and
+//! its whole process group is stopped before the lease can expire, whatever
+//! happens to its runner.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use ticklease_testkit::PgCluster;
+
+const TIMINGS: [&str; 10] = [
+    "--lease-ttl",
+    "2s",
+    "--heartbeat-every",
+    "300ms",
+    "--statement-timeout",
+    "500ms",
+    "--abandon-after",
+    "1200ms",
+    "--max-poll",
+    "200ms",
+];
+const TTL: Duration = Duration::from_secs(2);
+
+/// A child that records its start and end (uptime, token, runner) and keeps
+/// a grandchild `sleep` in its group: `child.sh DIR HOLD_SECONDS`.
+const CHILD: &str = r#"#!/bin/sh
+dir=$1
+echo "start $(cut -d' ' -f1 /proc/uptime) $TICKLEASE_TOKEN $RUNNER" >> "$dir/log"
+sleep 300 &
+echo "$! $$" > "$dir/pids.$TICKLEASE_TOKEN"
+sleep "$2"
+echo "end $(cut -d' ' -f1 /proc/uptime) $TICKLEASE_TOKEN $RUNNER" >> "$dir/log"
+"#;
+
+struct Fixture {
+    url: String,
+    dir: tempfile::TempDir,
+    child: PathBuf,
+}
+
+async fn fixture() -> Fixture {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    let url = cluster.url(&db);
+    let migrated = std::process::Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["migrate", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert_eq!(migrated.status.code(), Some(0));
+    let dir = tempfile::tempdir().unwrap();
+    let child = dir.path().join("child.sh");
+    std::fs::write(&child, CHILD).unwrap();
+    std::fs::set_permissions(&child, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    Fixture { url, dir, child }
+}
+
+impl Fixture {
+    /// A runner of `role` (named `n` to its children) with `flags`, running the child holding `hold` seconds.
+    fn runner(&self, n: usize, role: &str, flags: &[&str], hold: &str) -> Child {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticklease"));
+        cmd.args(["run", role, "--database-url", &self.url])
+            .args(TIMINGS)
+            .args(flags)
+            .arg("--")
+            .arg(&self.child)
+            .arg(self.dir.path())
+            .arg(hold)
+            .env("RUNNER", n.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        cmd.spawn().unwrap()
+    }
+
+    fn log(&self) -> Vec<Vec<String>> {
+        std::fs::read_to_string(self.dir.path().join("log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split(' ').map(String::from).collect())
+            .collect()
+    }
+
+    /// Waits for the `n`th start line (1-based): (token, runner).
+    async fn started(&self, n: usize, within: Duration) -> (i64, usize) {
+        let deadline = Instant::now() + within;
+        loop {
+            let starts: Vec<Vec<String>> = self.log().into_iter().filter(|l| l[0] == "start").collect();
+            if let Some(s) = starts.get(n - 1) {
+                return (s[2].parse().unwrap(), s[3].parse().unwrap());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "start {n} not within {within:?}: {:?}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The child's and the grandchild's pids of the term `token`.
+    async fn pids(&self, token: i64) -> [Pid; 2] {
+        let path = self.dir.path().join(format!("pids.{token}"));
+        for _ in 0..200 {
+            if let Some((grandchild, child)) = std::fs::read_to_string(&path).ok().and_then(|t| {
+                t.trim()
+                    .split_once(' ')
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+            }) {
+                return [child, grandchild].map(|p| Pid::from_raw(p.parse().unwrap()));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("no pids of term {token}");
+    }
+}
+
+fn alive(pid: Pid) -> bool {
+    // A zombie is dead for this purpose: its group's signals no longer matter.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    kill(pid, None).is_ok() && stat.split(' ').nth(2).is_none_or(|s| s != "Z")
+}
+
+/// Waits until every pid is gone; how long that took.
+async fn gone(pids: &[Pid], within: Duration) -> Option<Duration> {
+    let from = Instant::now();
+    while from.elapsed() < within {
+        if pids.iter().all(|p| !alive(*p)) {
+            return Some(from.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+fn signal(child: &Child, signal: Signal) {
+    kill(Pid::from_raw(child.id().unwrap() as i32), signal).unwrap();
+}
+
+async fn sql(url: &str, statement: &str) {
+    let client = ticklease_testkit::connect(&url.parse().unwrap()).await.unwrap();
+    client.batch_execute(statement).await.unwrap();
+}
+
+/// Three runners, one role: the children never overlap and their tokens increase.
+#[tokio::test]
+async fn three_runners_never_run_two_children_at_once() {
+    let f = fixture().await;
+    let mut runners: Vec<Child> = (1..=3)
+        .map(|n| f.runner(n, "report", &["--every", "100ms"], "0.3"))
+        .collect();
+    f.started(6, Duration::from_secs(20)).await;
+    for r in &runners {
+        signal(r, Signal::SIGTERM);
+    }
+    for r in &mut runners {
+        let _ = tokio::time::timeout(Duration::from_secs(10), r.wait()).await;
+    }
+    let log = f.log();
+    let mut open: Option<(f64, i64)> = None;
+    let mut last_token = 0;
+    for line in &log {
+        let (at, token): (f64, i64) = (line[1].parse().unwrap(), line[2].parse().unwrap());
+        match line[0].as_str() {
+            "start" => {
+                assert!(open.is_none(), "a child started while {open:?} ran: {log:?}");
+                assert!(token > last_token, "tokens increase: {log:?}");
+                (open, last_token) = (Some((at, token)), token);
+            }
+            _ => {
+                assert_eq!(open.map(|o| o.1), Some(token), "{log:?}");
+                open = None;
+            }
+        }
+    }
+    let runners_seen: std::collections::BTreeSet<&str> = log.iter().map(|l| l[3].as_str()).collect();
+    assert!(
+        runners_seen.len() >= 2,
+        "the role moved between runners at least once: {log:?}"
+    );
+}
+
+/// SIGKILL of the runner whose child runs: the child and its grandchild are
+/// gone at once (the guard's pipe closed), and the next child starts on
+/// another runner within a second (coordination sessions).
+#[tokio::test]
+async fn a_killed_runners_child_group_dies_and_the_next_child_starts_elsewhere() {
+    let f = fixture().await;
+    let direct = ["--direct-url", f.url.as_str()];
+    let mut runners: Vec<Child> = (1..=2).map(|n| f.runner(n, "relay", &direct, "30")).collect();
+    let (token, runner) = f.started(1, Duration::from_secs(20)).await;
+    let pids = f.pids(token).await;
+    let killed_at = Instant::now();
+    signal(&runners[runner - 1], Signal::SIGKILL);
+    let took = gone(&pids, Duration::from_secs(3)).await;
+    assert!(
+        took.is_some_and(|t| t < Duration::from_secs(1)),
+        "the group outlived its runner: {took:?}"
+    );
+    let (next, by) = f.started(2, Duration::from_secs(5)).await;
+    let next_after = killed_at.elapsed();
+    assert!(
+        next > token && by != runner,
+        "the next term elsewhere: {:?}",
+        f.log()
+    );
+    assert!(
+        next_after < Duration::from_secs(2),
+        "next child after {next_after:?}"
+    );
+    for r in &mut runners {
+        let _ = r.start_kill();
+    }
+}
+
+/// SIGSTOP of the runner whose child runs: the guard stops the group at the
+/// abandon deadline it was last given, before the lease can expire; the next
+/// child starts on another runner once the lease expired.
+#[tokio::test]
+async fn a_frozen_runners_child_group_is_stopped_before_its_lease_can_expire() {
+    let f = fixture().await;
+    let mut runners: Vec<Child> = (1..=2).map(|n| f.runner(n, "relay", &[], "30")).collect();
+    let (token, runner) = f.started(1, Duration::from_secs(20)).await;
+    let pids = f.pids(token).await;
+    let frozen_at = Instant::now();
+    signal(&runners[runner - 1], Signal::SIGSTOP);
+    let took = gone(&pids, Duration::from_secs(5))
+        .await
+        .expect("the group is stopped");
+    // TERM at last_ack + abandon_after (1.2 s), KILL a grace later; last_ack
+    // is at most a heartbeat before the freeze.
+    assert!(
+        took < TTL - Duration::from_millis(300),
+        "stopped {took:?} after the freeze"
+    );
+    let (next, by) = f.started(2, Duration::from_secs(10)).await;
+    assert!(next > token && by != runner);
+    assert!(frozen_at.elapsed() > took, "the next child after the group died");
+    signal(&runners[runner - 1], Signal::SIGCONT);
+    for r in &mut runners {
+        let _ = r.start_kill();
+    }
+}
+
+/// A pause stops the group at once with a coordination session.
+#[tokio::test]
+async fn a_pause_stops_the_child_group_at_once_with_a_coordination_session() {
+    let f = fixture().await;
+    let mut runner = f.runner(1, "relay", &["--direct-url", f.url.as_str()], "30");
+    let (token, _) = f.started(1, Duration::from_secs(20)).await;
+    let pids = f.pids(token).await;
+    sql(&f.url, "SELECT leader_pause('relay', 'ops', 'maintenance')").await;
+    let took = gone(&pids, Duration::from_secs(3)).await;
+    assert!(
+        took.is_some_and(|t| t < Duration::from_millis(600)),
+        "stopped after {took:?}"
+    );
+    let _ = runner.start_kill();
+}
+
+/// A child that ignores SIGTERM is killed a grace later, still before the
+/// lease can expire (its runner frozen).
+#[tokio::test]
+async fn a_child_ignoring_sigterm_is_killed_after_the_grace_inside_the_term() {
+    let f = fixture().await;
+    let stubborn = f.dir.path().join("stubborn.sh");
+    std::fs::write(
+        &stubborn,
+        format!("#!/bin/sh\ntrap '' TERM\nexec {} \"$@\"\n", f.child.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&stubborn, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticklease"));
+    cmd.args(["run", "relay", "--database-url", &f.url, "--grace", "400ms"])
+        .args(TIMINGS)
+        .arg("--")
+        .arg(&stubborn)
+        .arg(f.dir.path())
+        .arg("30")
+        .env("RUNNER", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut runner = cmd.spawn().unwrap();
+    let (token, _) = f.started(1, Duration::from_secs(20)).await;
+    let pids = f.pids(token).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    signal(&runner, Signal::SIGSTOP);
+    let took = gone(&pids, Duration::from_secs(5)).await.expect("killed");
+    // TERM no earlier than abandon_after - a heartbeat after the freeze, then the grace.
+    assert!(
+        took >= Duration::from_millis(1200 - 300 + 400),
+        "killed after {took:?}: not after the grace"
+    );
+    assert!(
+        took < TTL - Duration::from_millis(300),
+        "killed after {took:?}: past the lease"
+    );
+    signal(&runner, Signal::SIGCONT);
+    let _ = runner.start_kill();
+}
+
+async fn once(f: &Fixture, role: &str, flags: &[&str], command: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["run", role, "--database-url", &f.url, "--once"])
+        .args(TIMINGS)
+        .args(flags)
+        .arg("--")
+        .args(command)
+        .output()
+        .await
+        .unwrap()
+}
+
+/// `--once` exits with the child's code, or says why it did not run.
+#[tokio::test]
+async fn once_exits_with_the_childs_code_or_why_it_did_not_run() {
+    let f = fixture().await;
+    let failed = once(
+        &f,
+        "job",
+        &["--every", "1h"],
+        &["sh", "-c", "echo broken >&2; exit 3"],
+    )
+    .await;
+    assert_eq!(failed.status.code(), Some(3), "{failed:?}");
+    sql(
+        &f.url,
+        "UPDATE leader_leases SET not_before = NULL WHERE role = 'job'",
+    )
+    .await;
+    assert_eq!(
+        once(&f, "job", &["--every", "1h"], &["true"]).await.status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        once(&f, "job", &["--every", "1h"], &["true"]).await.status.code(),
+        Some(ticklease_run::exit::NOT_DUE)
+    );
+    let error: String = {
+        let client = ticklease_testkit::connect(&f.url.parse().unwrap()).await.unwrap();
+        client
+            .query_one(
+                "SELECT error FROM leader_history WHERE role = 'job' AND outcome = 'failed'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    assert!(error.contains("exit 3") && error.contains("broken"), "{error}");
+    sql(&f.url, "SELECT leader_pause('job', 'ops', '')").await;
+    assert_eq!(
+        once(&f, "job", &["--every", "1h"], &["true"]).await.status.code(),
+        Some(ticklease_run::exit::PAUSED)
+    );
+    let mut holder = f.runner(1, "held", &[], "30");
+    f.started(1, Duration::from_secs(20)).await;
+    assert_eq!(
+        once(&f, "held", &[], &["true"]).await.status.code(),
+        Some(ticklease_run::exit::HELD)
+    );
+    let _ = holder.start_kill();
+    // Lost mid-run: paused while its child runs.
+    let url = f.url.clone();
+    let pause = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        sql(&url, "SELECT leader_pause('long', 'ops', '')").await;
+    });
+    let lost = once(&f, "long", &[], &["sleep", "30"]).await;
+    pause.await.unwrap();
+    assert_eq!(lost.status.code(), Some(ticklease_run::exit::LOST), "{lost:?}");
+}
+
+/// The child's fenced claim with its environment's token passes in its
+/// term and writes nothing once another term took over.
+#[tokio::test]
+async fn a_psql_childs_fenced_claim_passes_in_its_term_and_not_after_a_takeover() {
+    let f = fixture().await;
+    sql(
+        &f.url,
+        "CREATE TABLE claims (token bigint); GRANT INSERT ON claims TO PUBLIC",
+    )
+    .await;
+    let claim = "INSERT INTO claims SELECT :token WHERE (SELECT leader_fence(:'role', :token))";
+    let script = format!(
+        "echo \"{claim}\" | psql -X -q -v ON_ERROR_STOP=1 -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\" '{}' \
+         && echo $TICKLEASE_TOKEN > {}/token",
+        f.url,
+        f.dir.path().display()
+    );
+    let ran = once(&f, "ledger", &["--shell", "--every", "10ms"], &[&script]).await;
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    let token = std::fs::read_to_string(f.dir.path().join("token")).unwrap();
+    let client = ticklease_testkit::connect(&f.url.parse().unwrap()).await.unwrap();
+    let claimed: i64 = client
+        .query_one("SELECT count(*) FROM claims", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(claimed, 1, "the claim passed in its term");
+    // A later term (another run), then the old token's claim, as a frozen host would send it.
+    assert_eq!(
+        once(&f, "ledger", &["--shell", "--every", "10ms"], &["true"])
+            .await
+            .status
+            .code(),
+        Some(0)
+    );
+    let mut late = Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "role=ledger", "-v"])
+        .arg(format!("token={}", token.trim()))
+        .arg(&f.url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncWriteExt;
+    let mut stdin = late.stdin.take().unwrap();
+    stdin.write_all(claim.as_bytes()).await.unwrap();
+    drop(stdin);
+    let late = late.wait_with_output().await.unwrap();
+    assert_eq!(late.status.code(), Some(0), "{late:?}");
+    let claimed: i64 = client
+        .query_one("SELECT count(*) FROM claims", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(claimed, 1, "the old term's claim wrote nothing");
+}
+
+/// Usage errors exit 2 before anything is written.
+#[tokio::test]
+async fn usage_errors_exit_2_and_write_nothing() {
+    let f = fixture().await;
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ticklease"))
+            .args(["run", "nothing", "--database-url", &f.url])
+            .args(TIMINGS)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for (args, says) in [
+        (&["true"][..], "unexpected argument"),
+        (&["--", "no-such-command-here"][..], "not found in PATH"),
+        (&["--cron", "61 * * * *", "--", "true"][..], "--cron"),
+        (
+            &["--cron", "0 * * * *", "--zone", "Mars/Olympus", "--", "true"][..],
+            "--zone",
+        ),
+        (&["--grace", "900ms", "--", "true"][..], "--grace"),
+        (&["--grace", "0s", "--", "true"][..], "--grace"),
+        (&["--every", "0s", "--", "true"][..], "interval"),
+    ] {
+        let o = run(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let client = ticklease_testkit::connect(&f.url.parse().unwrap()).await.unwrap();
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM leader_leases WHERE role = 'nothing'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "nothing written");
+}

@@ -1,0 +1,182 @@
+//! One tick's child, seen from the runner: the guard started with the
+//! command and the term's environment, told each new abandon deadline, asked
+//! to stop when the tick is cancelled; the child's stderr passed through and
+//! its last lines kept for the history.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{ChildStdin, Command};
+use tokio::time::Instant;
+
+use ticklease::Tick;
+
+use crate::error::RunError;
+use crate::guard::{monotonic_ns, SPAWN_FAILED};
+
+/// Lines of the child's stderr kept for the history's error summary.
+pub const STDERR_TAIL_LINES: usize = 5;
+
+/// Longest stderr line kept (in characters); longer ones are cut.
+const LINE_MAX: usize = 400;
+
+/// What a tick runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    /// The program and its arguments (with `shell`, one command line for `sh -c`).
+    pub argv: Vec<OsString>,
+    /// Run `argv`'s one line through `/bin/sh -c`.
+    pub shell: bool,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// The working directory (default: the runner's).
+    pub dir: Option<PathBuf>,
+    /// Prefix each line the child writes with `[role token]`.
+    pub prefix: bool,
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildEnd {
+    /// The child's exit code, or 128 + the signal that ended it.
+    pub code: i32,
+    /// Whether the runner asked the guard to stop it (a cancelled tick).
+    pub stopped: bool,
+    /// Its last stderr lines.
+    pub stderr_tail: Vec<String>,
+}
+
+impl CommandSpec {
+    fn argv(&self) -> Vec<OsString> {
+        match self.shell {
+            true => ["/bin/sh".into(), "-c".into()]
+                .into_iter()
+                .chain(self.argv.iter().cloned())
+                .collect(),
+            false => self.argv.clone(),
+        }
+    }
+}
+
+/// Runs `spec` for `tick` under a guard (`guard` is the command line that
+/// starts one, before its own arguments) until the child exits.
+pub(crate) async fn run_child(
+    tick: &Tick,
+    holder: &str,
+    spec: &CommandSpec,
+    guard: &[OsString],
+    grace: Duration,
+) -> Result<ChildEnd, RunError> {
+    let mut abandon_at = tick.abandon_at();
+    let (program, before) = guard.split_first().ok_or(RunError::NoGuard)?;
+    let mut cmd = Command::new(program);
+    cmd.args(before)
+        .arg("--grace-ms")
+        .arg(grace.as_millis().to_string())
+        .arg("--deadline-ns")
+        .arg(deadline_ns(*abandon_at.borrow_and_update()).to_string())
+        .arg("--")
+        .args(spec.argv())
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .env("TICKLEASE_ROLE", tick.role().as_str())
+        .env("TICKLEASE_TOKEN", tick.token().get().to_string())
+        .env("TICKLEASE_HOLDER", holder)
+        .env_remove("TICKLEASE_OCCURRENCE")
+        .stdin(Stdio::piped())
+        .stdout(if spec.prefix {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        })
+        .stderr(Stdio::piped());
+    if let Some(at) = tick.occurrence() {
+        let at = DateTime::<Utc>::from(at).to_rfc3339_opts(SecondsFormat::AutoSi, true);
+        cmd.env("TICKLEASE_OCCURRENCE", at);
+    }
+    if let Some(dir) = &spec.dir {
+        cmd.current_dir(dir);
+    }
+    let mut guarded = cmd.spawn().map_err(|source| RunError::Spawn { source })?;
+    let mut control = guarded.stdin.take().ok_or(RunError::NoGuard)?;
+    let label = format!("[{} {}] ", tick.role(), tick.token().get());
+    let prefix = spec.prefix.then_some(label.as_str());
+    let mut err_lines = BufReader::new(guarded.stderr.take().ok_or(RunError::NoGuard)?).lines();
+    let mut out_lines = guarded.stdout.take().map(|out| BufReader::new(out).lines());
+    let mut tail: VecDeque<String> = VecDeque::with_capacity(STDERR_TAIL_LINES);
+    let (mut stopped, mut err_open, mut out_open) = (false, true, out_lines.is_some());
+    let status = loop {
+        tokio::select! {
+            status = guarded.wait() => break status.map_err(|source| RunError::Spawn { source })?,
+            Ok(()) = abandon_at.changed() => {
+                let at = deadline_ns(*abandon_at.borrow_and_update());
+                tell(&mut control, &format!("d {at}\n")).await;
+            }
+            _ = tick.cancelled(), if !stopped => {
+                stopped = true;
+                tell(&mut control, "stop\n").await;
+            }
+            line = err_lines.next_line(), if err_open => match line {
+                Ok(Some(line)) => {
+                    eprintln!("{}{line}", prefix.unwrap_or_default());
+                    if tail.len() == STDERR_TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(line.chars().take(LINE_MAX).collect());
+                }
+                _ => err_open = false,
+            },
+            line = next_out(&mut out_lines), if out_open => match line {
+                Some(line) => println!("{}{line}", prefix.unwrap_or_default()),
+                None => out_open = false,
+            },
+        }
+    };
+    // What the child wrote before it exited.
+    while let Ok(Some(line)) = err_lines.next_line().await {
+        eprintln!("{}{line}", prefix.unwrap_or_default());
+        if tail.len() == STDERR_TAIL_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line.chars().take(LINE_MAX).collect());
+    }
+    use std::os::unix::process::ExitStatusExt;
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or_default());
+    if code == SPAWN_FAILED && tail.iter().any(|l| l.starts_with("ticklease: cannot run")) {
+        return Err(RunError::Command {
+            message: tail.back().cloned().unwrap_or_default(),
+        });
+    }
+    Ok(ChildEnd {
+        code,
+        stopped,
+        stderr_tail: tail.into(),
+    })
+}
+
+async fn next_out(
+    lines: &mut Option<tokio::io::Lines<BufReader<tokio::process::ChildStdout>>>,
+) -> Option<String> {
+    match lines {
+        Some(lines) => lines.next_line().await.ok().flatten(),
+        None => None,
+    }
+}
+
+/// A control line to the guard; a guard that is gone has stopped the group already.
+async fn tell(control: &mut ChildStdin, line: &str) {
+    let _ = control.write_all(line.as_bytes()).await;
+    let _ = control.flush().await;
+}
+
+/// A monotonic instant as `CLOCK_MONOTONIC` nanoseconds (the guard's clock).
+fn deadline_ns(at: Instant) -> u64 {
+    let left = at.saturating_duration_since(Instant::now());
+    monotonic_ns().saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
+}

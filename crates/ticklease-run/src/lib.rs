@@ -1,0 +1,55 @@
+//! `ticklease run`: any command as a fenced singleton on N hosts, stopped
+//! before its lease can expire.
+//!
+//! Every host runs the same runner for a role; each tick (or occurrence) of
+//! the role runs the command on the one host that holds the term, as a child
+//! of a small **guard** process (this binary again, `ticklease __guard`):
+//!
+//! ```text
+//! runner (ticklease run) ── stdin pipe: "d <ns>" deadlines, "stop" ──► guard ──► child's process group
+//!        ◄── the guard's exit status: the child's ───────────────────┘            (CMD, its children)
+//! ```
+//!
+//! - **The child leads its own process group**; every signal goes to the
+//!   whole group (grandchildren included), and when the child exits the
+//!   rest of its group is killed: nothing of a tick outlives its term.
+//! - **The guard enforces the abandon deadline it was last given**: the
+//!   runner tells it, after each acknowledged RENEW, the instant
+//!   `last_ack + abandon_after` on the machine's monotonic clock
+//!   (`CLOCK_MONOTONIC`, the same in both processes). At that instant, or
+//!   when the runner asks (a lost term, a pause, shutdown), or when its
+//!   control pipe closes (the runner died, even by SIGKILL), the guard sends
+//!   SIGTERM to the group, then SIGKILL after the grace. A runner that is
+//!   frozen (SIGSTOP) or cut from the database stops sending deadlines, so
+//!   its child is stopped all the same.
+//! - **The bound**: SIGTERM at the latest at `last_ack + abandon_after`,
+//!   SIGKILL at the latest `grace` later; the grace is validated so that
+//!   `abandon_after + grace < lease_ttl` ([`check_grace`]), so both fall
+//!   before `last_ack + lease_ttl`, no later than the lease's expiry on the
+//!   database (`last_ack` is when the acknowledged RENEW was *sent*). No
+//!   other host can start the next child before that expiry (or the term's
+//!   release).
+//! - **What no process can prevent**: a whole host frozen and resumed (a VM
+//!   paused, a laptop lid) freezes the guard too; its child may run on after
+//!   another host took over. The answer is the fence: the child's own
+//!   statements claim with `AND (SELECT leader_fence(:'role', :token))`
+//!   (its term's role and token are in its environment), which the database
+//!   refuses once the term is over. SIGKILL of the guard itself leaves its
+//!   group running until the child ends (the runner reports it).
+//!
+//! The child learns its term from its environment: `TICKLEASE_ROLE`,
+//! `TICKLEASE_TOKEN`, `TICKLEASE_HOLDER` and, on a cron schedule,
+//! `TICKLEASE_OCCURRENCE` (RFC 3339, UTC). Its exit 0 completes the tick;
+//! non-zero or a signal fails it (the role's cooldown as for any failed
+//! tick), the last lines of its stderr becoming the history's error summary.
+//! `--once` exits with the child's code, or with the codes of [`exit`] when it
+//! did not run or its term was lost mid-run.
+
+mod child;
+mod error;
+pub mod guard;
+mod runner;
+
+pub use child::{ChildEnd, CommandSpec, STDERR_TAIL_LINES};
+pub use error::RunError;
+pub use runner::{check_grace, default_grace, exit, exit_code_of, run_once, run_until, RunOptions};

@@ -1,0 +1,133 @@
+//! The runner: leads a role on its schedule and runs the command once per
+//! term, under a guard; `--once` runs at most one tick and says how it went.
+
+use std::ffi::OsString;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use ticklease::{Config, Lead, LeaseStore, Manager, Refusal, Role, Schedule, Scheduler, Stopped, Tick};
+
+use crate::child::{run_child, ChildEnd, CommandSpec};
+use crate::error::RunError;
+
+/// `--once`'s exit codes when the command did not run to its end (else the
+/// child's own code, 128 + a signal).
+pub mod exit {
+    /// The runner failed (the database, the guard).
+    pub const ERROR: i32 = 1;
+    /// A usage error: nothing was written.
+    pub const USAGE: i32 = 2;
+    /// Another host holds the role's term.
+    pub const HELD: i32 = 75;
+    /// The role is paused.
+    pub const PAUSED: i32 = 76;
+    /// The role is not due (its interval or cooldown, its next occurrence).
+    pub const NOT_DUE: i32 = 77;
+    /// The term was lost while the command ran (it was stopped).
+    pub const LOST: i32 = 78;
+    /// The runner was told to shut down before or while the command ran.
+    pub const INTERRUPTED: i32 = 130;
+}
+
+use exit as ExitCode;
+
+/// One role's command and how it runs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub role: Role,
+    pub schedule: Schedule,
+    pub command: CommandSpec,
+    /// SIGTERM to SIGKILL ([`check_grace`]).
+    pub grace: Duration,
+    /// The command line that starts a guard (`[ticklease, __guard]`).
+    pub guard: Vec<OsString>,
+}
+
+/// The grace between SIGTERM and SIGKILL must end before the lease can
+/// expire: `abandon_after + grace < lease_ttl`, and above zero.
+pub fn check_grace(config: &Config, grace: Duration) -> Result<(), RunError> {
+    let room = config.lease_ttl().saturating_sub(config.abandon_after());
+    if grace.is_zero() || grace >= room {
+        return Err(RunError::Usage {
+            problem: format!(
+                "--grace {grace:?}: must be above zero and below lease_ttl - abandon_after ({room:?}), \
+                 so the child is killed before its lease can expire"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The default grace: half the room between the abandon instant and the lease's expiry.
+pub fn default_grace(config: &Config) -> Duration {
+    config.lease_ttl().saturating_sub(config.abandon_after()) / 2
+}
+
+/// Runs `jobs` on their schedules until `shutdown`; a stopped child's term
+/// is released as interrupted.
+pub async fn run_until<S: LeaseStore>(
+    manager: Manager<S>,
+    jobs: Vec<RunOptions>,
+    shutdown: CancellationToken,
+) -> Result<Stopped, RunError> {
+    let holder: Arc<str> = manager.holder_id().into();
+    let config = *manager.config();
+    let mut scheduler = Scheduler::new(manager);
+    for job in jobs {
+        check_grace(&config, job.grace)?;
+        let (holder, job) = (holder.clone(), Arc::new(job));
+        scheduler = scheduler
+            .job(&job.role.clone(), job.schedule.clone(), move |tick| {
+                let (holder, job) = (holder.clone(), job.clone());
+                async move { tick_work(tick, &holder, &job).await }
+            })
+            .map_err(|source| RunError::Lease { source })?;
+    }
+    Ok(scheduler.run(shutdown).await)
+}
+
+/// At most one tick of `job`; the process's exit code ([`exit`]).
+pub async fn run_once<S: LeaseStore>(manager: &Manager<S>, job: &RunOptions) -> Result<i32, RunError> {
+    check_grace(manager.config(), job.grace)?;
+    let holder = manager.holder_id().to_string();
+    let lead = manager
+        .lead(&job.role, job.schedule.clone(), |tick| async move {
+            tick_work(tick, &holder, job).await
+        })
+        .await
+        .map_err(|source| RunError::Lease { source })?;
+    Ok(exit_code_of(&lead))
+}
+
+/// The exit code `--once` gives for how its tick went ([`exit`]).
+pub fn exit_code_of(lead: &Lead<()>) -> i32 {
+    match lead {
+        Lead::Completed { .. } => 0,
+        Lead::Failed { error, .. } => match error.downcast_ref::<RunError>() {
+            Some(RunError::Exit { code, .. }) => *code,
+            _ => ExitCode::ERROR,
+        },
+        Lead::Lost { .. } => ExitCode::LOST,
+        Lead::Interrupted { .. } | Lead::ShuttingDown => ExitCode::INTERRUPTED,
+        Lead::Refused(Refusal::Held { .. }) => ExitCode::HELD,
+        Lead::Refused(Refusal::Paused { .. }) => ExitCode::PAUSED,
+        Lead::Refused(_) => ExitCode::NOT_DUE,
+        _ => ExitCode::ERROR,
+    }
+}
+
+/// One tick: the command under a guard; exit 0 completes it.
+async fn tick_work(tick: Tick, holder: &str, job: &RunOptions) -> Result<(), RunError> {
+    let end = run_child(&tick, holder, &job.command, &job.guard, job.grace).await?;
+    match end {
+        ChildEnd {
+            stopped: true, code, ..
+        } => Err(RunError::Stopped { code }),
+        ChildEnd { code: 0, .. } => Ok(()),
+        ChildEnd {
+            code, stderr_tail, ..
+        } => Err(RunError::Exit { code, stderr_tail }),
+    }
+}
