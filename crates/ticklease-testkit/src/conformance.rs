@@ -952,6 +952,22 @@ pub async fn acquire_many_of_an_occurrence_starts_each_key_once_up_to_the_limit<
     assert!(token(&manual["fam:a"]).is_some(), "{manual:?}");
     assert!(manual["fam:a"].manual_by.is_some(), "a manual term: {manual:?}");
     assert!(token(&manual["fam:b"]).is_none() && token(&manual["fam:c"]).is_none());
+    let mut late = ask(x);
+    late.recent.push(x);
+    let refused = store.acquire_many_occurrence(keys, "a", TTL, &late, 3).await;
+    assert!(
+        refused.is_err(),
+        "an earlier occurrence at the asked one is refused: {refused:?}"
+    );
+    let mut long = ask(x);
+    long.recent = (1..=1001).rev().map(|i| x - Duration::from_secs(i)).collect();
+    assert!(
+        store
+            .acquire_many_occurrence(keys, "a", TTL, &long, 3)
+            .await
+            .is_err(),
+        "at most 1000"
+    );
 }
 
 /// Generates one test per conformance case for the store `$make` builds.

@@ -451,7 +451,8 @@
 //!   replicas disagree the occurrences of both expressions may run (each at
 //!   most once, never two at a time). A role moved from a cron schedule to
 //!   an interval and back counts from its last completed occurrence, not
-//!   from its interval ticks. Families are led on intervals only.
+//!   from its interval ticks. Families run an interval or a cron schedule
+//!   (see Role families).
 //! - **Operators.** `ticklease status` (`--json`, the status page) shows a
 //!   cron role's schedule (as the replica that started its last term
 //!   declared it), its last completed occurrence and the next one to run

@@ -953,3 +953,161 @@ async fn a_familys_cron_schedule_with_another_catch_up_policy_is_refused() {
         .family(&family(1), hourly, |_| async { Ok::<_, std::io::Error>(()) })
         .is_ok());
 }
+
+/// A single-replica cron family without a coordination session: a term
+/// lost to a pause (from psql, which notifies no one) is asked about again at
+/// once, and its occurrence runs again once unpaused (review finding: the key
+/// slept until the next occurrence, which passed the lost one over).
+#[tokio::test]
+async fn a_cron_family_key_whose_term_was_lost_is_asked_about_again_at_once() {
+    let config = test_config();
+    let (store, db) = ticklease_testkit::pg_store(&config).await;
+    let owner = ticklease_testkit::connect(&direct(&db)).await.unwrap();
+    owner
+        .batch_execute(
+            "SELECT leader_seed(ARRAY['fam:k000']);
+             UPDATE leader_leases SET occurrences_since = date_trunc('hour', now()) - interval '1 minute'
+              WHERE role = 'fam:k000';",
+        )
+        .await
+        .unwrap();
+    let manager = Manager::start(store, config, Vec::<Role>::new()).await.unwrap();
+    let family = Family::new("fam").unwrap();
+    family.set(vec!["k000".to_string()]).unwrap();
+    let hourly = ticklease::Schedule::cron("0 * * * *").unwrap();
+    let (ran, mut runs) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::new(manager)
+        .family(&family, hourly, move |tick| {
+            let ran = ran.clone();
+            async move {
+                let _ = ran.send(tick.occurrence());
+                tokio::select! {
+                    _ = tick.cancelled() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(3)) => {}
+                }
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .unwrap();
+    tokio::spawn(scheduler.run(stop.clone()));
+    let first = tokio::time::timeout(Duration::from_secs(5), runs.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    // An operator pauses and unpauses from psql (notifies no one): the term is lost.
+    owner
+        .batch_execute("SELECT leader_pause('fam:k000', 'ops', 'blip')")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    owner
+        .batch_execute("SELECT leader_unpause('fam:k000')")
+        .await
+        .unwrap();
+    let acquirable: bool = ticklease_testkit::scalar(
+        &owner,
+        "SELECT holder_id IS NULL AND paused_at IS NULL AND coalesce(not_before <= now(), true)
+                AND last_occurrence IS NULL FROM leader_leases WHERE role = 'fam:k000'",
+    )
+    .await;
+    assert!(
+        acquirable,
+        "the occurrence is not completed and the row acquirable"
+    );
+    let again = tokio::time::timeout(Duration::from_secs(20), runs.recv()).await;
+    stop.cancel();
+    assert!(
+        again.is_ok_and(|a| a == Some(first)),
+        "the lost occurrence runs again (max_poll is 200 ms)"
+    );
+}
+
+/// The batched ACQUIRE of an occurrence locks no row it does not start
+/// (review finding: its first-ask upsert locked every row it was given, so
+/// a batch waited on, and held up, terms of other replicas).
+#[tokio::test]
+async fn a_cron_batch_locks_no_row_it_does_not_start() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let first = ticklease_testkit::connect(&direct(&db)).await.unwrap();
+    let ask = "SELECT count(*) FROM leader_acquire_many(ARRAY['fam:a', 'fam:b'], 'r1', 60000, NULL, NULL, 0,
+                 date_trunc('second', now()) - interval '1 second', date_trunc('second', now()) + interval '1 second',
+                 'CRON_TZ=UTC * * * * * *', date_trunc('second', now()) + interval '1 second', NULL)";
+    // The first ask starts counting; the second, in an open transaction, starts nothing.
+    first.batch_execute(ask).await.unwrap();
+    first.batch_execute(&format!("BEGIN; {ask}")).await.unwrap();
+    let other = ticklease_testkit::connect(&direct(&db)).await.unwrap();
+    let locked = other
+        .batch_execute("SELECT 1 FROM leader_leases WHERE role IN ('fam:a', 'fam:b') FOR UPDATE NOWAIT")
+        .await;
+    first.batch_execute("COMMIT").await.unwrap();
+    assert!(locked.is_ok(), "a row was locked: {locked:?}");
+}
+
+/// On an interval the batched ACQUIRE takes no cron arguments and records
+/// no schedule (review finding: a schedule text made an interval role look
+/// like a cron role, so run-now stopped clearing its cooldown).
+#[tokio::test]
+async fn an_interval_batch_refuses_a_schedule_and_records_none() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = ticklease_testkit::connect(&direct(&db)).await.unwrap();
+    let refused = owner
+        .batch_execute(
+            "SELECT count(*) FROM leader_acquire_many(ARRAY['fam:x'], 'r1', 1000, 1000, NULL, 1, NULL, NULL,
+                     'CRON_TZ=UTC 0 * * * *', NULL, NULL)",
+        )
+        .await;
+    assert!(refused.is_err(), "a schedule on an interval is refused");
+    owner
+        .batch_execute(
+            "SELECT count(*) FROM leader_acquire_many(ARRAY['fam:x'], 'r1', 1000, 1000, NULL, 1, NULL, NULL, NULL, NULL, NULL)",
+        )
+        .await
+        .unwrap();
+    let schedule: Option<String> = owner
+        .query_one("SELECT schedule FROM leader_leases WHERE role = 'fam:x'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(schedule, None);
+}
+
+/// A key's skipped records count exactly, except the reason whose oldest
+/// occurrence the caller's list did not reach back past (review finding:
+/// "more than" was written on every reason's record).
+#[tokio::test]
+async fn a_cron_batch_counts_skipped_occurrences_exactly_where_its_list_reaches() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = ticklease_testkit::connect(&direct(&db)).await.unwrap();
+    owner
+        .batch_execute(
+            "SELECT leader_seed(ARRAY['fam:k']);
+             CREATE TEMP TABLE at AS SELECT date_trunc('second', now()) AS x;
+             UPDATE leader_leases SET occurrences_since = (SELECT x FROM at) - interval '2000 seconds',
+                    last_paused_at = (SELECT x FROM at) - interval '600 seconds',
+                    last_unpaused_at = (SELECT x FROM at) - interval '10 seconds'
+              WHERE role = 'fam:k';
+             SELECT count(*) FROM leader_acquire_many(ARRAY['fam:k'], 'r1', 60000, NULL, NULL, 1,
+                 (SELECT x FROM at), (SELECT x FROM at) + interval '1 second', 'CRON_TZ=UTC * * * * * *',
+                 (SELECT x FROM at) + interval '1 second',
+                 ARRAY(SELECT (SELECT x FROM at) - i * interval '1 second' FROM generate_series(1000, 1, -1) AS i));",
+        )
+        .await
+        .unwrap();
+    let rows: Vec<(String, String)> = owner
+        .query(
+            "SELECT reason, error FROM leader_history WHERE kind = 'skipped' ORDER BY reason",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(
+        rows[0].1.starts_with("more than 410 occurrences from "),
+        "{rows:?}"
+    );
+    assert!(rows[1].1.starts_with("590 occurrences from "), "{rows:?}");
+}

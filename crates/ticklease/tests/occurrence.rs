@@ -866,3 +866,47 @@ async fn occurrences_due_while_the_role_was_paused_are_recorded_as_skipped_for_t
         "{skipped:?}"
     );
 }
+
+/// A replica that kept polling while the role was paused records the
+/// occurrences due in the pause as paused (review finding: its cached answer,
+/// from before the unpause, had no pause window).
+#[tokio::test]
+async fn a_replica_that_polled_while_paused_records_the_paused_occurrences_as_paused() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let config = test_config();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let role = Role::new("billing").unwrap();
+    let m = Manager::start(store, config, [role.clone()]).await.unwrap();
+    let every_second = Schedule::cron("* * * * * *").unwrap();
+    let ok = |_| async { Ok::<_, std::io::Error>(()) };
+    // Runs an occurrence or two first (counting started).
+    for _ in 0..20 {
+        let _ = m.lead(&role, every_second.clone(), ok).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(m.store().pause(&role, "ops", "maintenance").await.unwrap());
+    // The replica keeps polling while paused, as its loop does.
+    for _ in 0..30 {
+        let l = m.lead(&role, every_second.clone(), ok).await.unwrap();
+        assert!(matches!(l, Lead::Refused(_)), "{l:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(m.store().unpause(&role).await.unwrap());
+    let lead = m.lead(&role, every_second.clone(), ok).await.unwrap();
+    assert!(matches!(lead, Lead::Completed { .. }), "{lead:?}");
+    let owner = connect(&direct(&db)).await.unwrap();
+    let rows = owner
+        .query(
+            "SELECT reason, error FROM leader_history WHERE role = 'billing' AND kind = 'skipped' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let skipped: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert!(
+        skipped.iter().any(|(reason, _)| reason == "paused"),
+        "the ~3 occurrences due while paused are recorded as paused: {skipped:?}"
+    );
+}

@@ -494,9 +494,11 @@ fn ended(
     match lead {
         // RELEASE set the retry's backoff, or a cooldown as after any failed tick.
         Ok(Ok(Lead::Failed { .. })) => plan.after(true),
-        // RELEASE stamped the tick or set a cooldown of one interval (a lost
-        // term's is at most that), or until the next occurrence: not due before.
-        Ok(Ok(Lead::Completed { .. } | Lead::Lost { .. })) => plan.after(false),
+        // RELEASE stamped the tick, or until the next occurrence: not due before.
+        Ok(Ok(Lead::Completed { .. })) => plan.after(false),
+        // Asked about again at once: the database answers its cooldown (at
+        // most a minute), or runs the lost occurrence again once unpaused.
+        Ok(Ok(Lead::Lost { .. })) => Duration::ZERO,
         Ok(Ok(_)) => Duration::ZERO,
         Ok(Err(error)) => {
             tracing::warn!(%role, error = %chain(&error), "term failed");

@@ -17,6 +17,7 @@ use crate::store::{
     OccurrenceAsk, Refusal, Release, Releasing, Renew, Term, BATCH_MAX, REGISTRATION_TTL_MAX,
 };
 use crate::term::role::Role;
+use crate::term::schedule::SKIPPED_COUNTED_MAX;
 use crate::term::token::Token;
 
 #[derive(Debug, Clone, Default)]
@@ -436,6 +437,16 @@ impl LeaseStore for MemoryStore {
         limit: usize,
     ) -> Result<Vec<(Role, OccurrenceAnswer)>, StoreError> {
         check_batch("ACQUIRE many", roles.len())?;
+        let in_bounds = ask.next > ask.occurrence
+            && ask.recent.len() <= SKIPPED_COUNTED_MAX as usize
+            && ask.recent.iter().all(|r| *r < ask.occurrence)
+            && ask.schedule.chars().count() <= 200;
+        if !in_bounds {
+            return Err(StoreError::Rejected {
+                statement: "ACQUIRE many",
+                problem: "an occurrence needs the next after it, a schedule of at most 200 characters and at most 1000 earlier occurrences",
+            });
+        }
         let now = self.now();
         let one = OccurrenceAsk {
             occurrence: Some(ask.occurrence),

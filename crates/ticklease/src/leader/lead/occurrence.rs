@@ -272,11 +272,13 @@ impl<S: LeaseStore> Manager<S> {
             run_now_pending: answer.run_now_pending,
             last_pause: answer.last_pause,
         };
-        inner
-            .occurrences
-            .lock()
-            .expect("occurrences")
-            .insert(role.clone(), known);
+        let mut cache = inner.occurrences.lock().expect("occurrences");
+        match answer.acquire {
+            // Not kept: the look after the unpause brings the pause's window.
+            Acquire::Refused(Refusal::Paused { .. }) => cache.remove(role),
+            _ => cache.insert(role.clone(), known),
+        };
+        drop(cache);
         Ok((known, answer))
     }
 }

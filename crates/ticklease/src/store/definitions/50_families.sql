@@ -96,15 +96,23 @@ BEGIN
         RAISE EXCEPTION 'ticklease: leader_acquire_many of an occurrence needs finite instants (the next after it, within 100 years), a schedule of at most 200 characters and at most 1000 earlier occurrences'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF NOT cron AND (p_before IS NOT NULL OR p_schedule IS NOT NULL OR p_next IS NOT NULL OR p_recent IS NOT NULL) THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_many on an interval takes no occurrence, schedule or earlier occurrences'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF NOT (p_key IS NULL OR p_key = ANY (live)) THEN
         PERFORM @schema@.leader_require_key(p_key);
     END IF;
     IF cron THEN
         -- Every key counts from its first ask (a new key does not run the
-        -- past): rows created or marked in role order, as leader_seed does.
+        -- past): rows created or marked in role order, as leader_seed does;
+        -- only those not counting yet (an upsert locks every row it meets).
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
         SELECT r, @schema@.leader_token_seed(), now(), p_schedule
-          FROM (SELECT DISTINCT u AS r FROM unnest(p_roles) AS u) AS d ORDER BY r
+          FROM (SELECT DISTINCT u AS r FROM unnest(p_roles) AS u) AS d
+         WHERE NOT EXISTS (SELECT 1 FROM @schema@.leader_leases AS x
+                            WHERE x.role = d.r AND (x.occurrences_since IS NOT NULL OR x.last_occurrence IS NOT NULL))
+         ORDER BY r
         ON CONFLICT (role) DO UPDATE SET occurrences_since = now(), schedule = p_schedule
          WHERE l.occurrences_since IS NULL AND l.last_occurrence IS NULL;
     END IF;
@@ -157,7 +165,7 @@ BEGIN
                failures = CASE WHEN k.runs AND l.occurrence IS DISTINCT FROM p_occurrence THEN 0 ELSE l.failures END,
                manual_by = CASE WHEN cron AND NOT k.runs THEN l.run_now_by END,
                run_now_by = CASE WHEN k.runs THEN l.run_now_by END,
-               schedule = p_schedule,
+               schedule = CASE WHEN cron THEN p_schedule END,
                next_occurrence = CASE WHEN k.runs THEN p_next WHEN cron THEN l.next_occurrence END
           FROM locked AS k
          WHERE l.role = k.role
@@ -177,8 +185,9 @@ BEGIN
                        CASE WHEN o >= k.last_paused_at AND o < k.last_unpaused_at THEN 'paused' ELSE 'catch_up' END
                            AS reason,
                        array_agg(o ORDER BY o) AS occurrences,
-                       cardinality(p_recent) = 1000 AND k.after < (SELECT min(m) FROM unnest(p_recent) AS m)
-                           AS capped
+                       -- A lower bound only for the reason of the oldest listed.
+                       cardinality(p_recent) = 1000 AND k.after < min(o)
+                           AND min(o) = (SELECT min(m) FROM unnest(p_recent) AS m) AS capped
                   FROM locked AS k
                   CROSS JOIN unnest(p_recent) AS o
                  WHERE k.runs AND o > k.after
