@@ -3,8 +3,9 @@
 //! work writes one fenced row (role, occurrence, token, the server's clock);
 //! from them: occurrences completed twice (duplicates) or never (missed),
 //! the start lag (occurrence instant on the database clock → the work's
-//! first fenced statement), and the statements the database executed per
-//! role occurrence (`pg_stat_statements`, the bench's own rows excluded).
+//! first fenced statement), and the statements the replicas sent per role
+//! occurrence (`pg_stat_statements`; not the fence's own statements, which
+//! its commit-time check runs for the work's claim, nor the bench's rows).
 //!
 //! The replicas are managers in this one process (one runtime, one pool and,
 //! with coordination, one session each), so the lag includes this process's
@@ -160,7 +161,8 @@ pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
             "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
               WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
                 AND query NOT LIKE '%bench_runs%' AND query NOT LIKE '%pg_stat_statements%'
-                AND query NOT LIKE 'SELECT now()%'",
+                AND query NOT LIKE 'SELECT now()%' AND query NOT LIKE '%NEW.%'
+                AND query NOT LIKE '%pg_export_snapshot%'",
             &[],
         )
         .await?
@@ -261,7 +263,7 @@ fn markdown(o: &SchedulesOptions, runs: &[SchedulesRun]) -> String {
          replicas (managers in one process, pool {} each); each occurrence's work writes one fenced row. \
          Start lag: the occurrence instant on the database clock to the work's fenced INSERT \
          (`clock_timestamp()`), per completed (role, occurrence). Statements: `pg_stat_statements` calls \
-         of the database over the window, the bench's own rows excluded, per role occurrence.\n\n\
+         of the database over the window (not the fence's statements for the work's claim, nor the bench's own rows), per role occurrence.\n\n\
          | configuration | completed / expected | duplicates | missed | lag p50 ms | lag p99 ms | lag max ms | statements per occurrence |\n\
          |---|---|---|---|---|---|---|---|\n",
         o.replicas, o.roles, o.occurrences, o.every_secs, o.timing.as_str(), o.roles, o.every_secs, o.replicas, o.pool

@@ -382,7 +382,11 @@ impl RoleNames {
 #[derive(clap::Args)]
 pub struct RunCmd {
     /// The role (one row; the same on every host).
-    pub role: Role,
+    #[arg(required_unless_present = "jobs")]
+    pub role: Option<Role>,
+    /// A jobs file instead: several roles, each with its command and schedule ([job.ROLE] tables).
+    #[arg(long, conflicts_with_all = ["role", "every", "cron", "zone", "catch_up", "once", "grace", "shell", "prefix"])]
+    pub jobs: Option<std::path::PathBuf>,
     /// Run CMD once per interval (without --every or --cron: CMD runs as a long-lived singleton,
     /// restarted on a host of the others when its host dies).
     #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "cron")]
@@ -417,7 +421,12 @@ pub struct RunCmd {
     #[command(flatten)]
     pub lease: LeaseFlags,
     /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    #[arg(
+        last = true,
+        required_unless_present = "jobs",
+        conflicts_with = "jobs",
+        value_name = "CMD"
+    )]
     pub command: Vec<std::ffi::OsString>,
 }
 
@@ -432,38 +441,15 @@ pub struct GuardCmd {
 }
 
 impl RunCmd {
-    /// The schedule the flags name (every second as a daemon's restart wait without one).
+    /// The schedule the flags name (a long-lived command's restart wait without one).
     pub fn schedule(&self) -> Result<Schedule, String> {
-        let schedule = match (&self.every, &self.cron) {
-            (Some(every), _) => Schedule::every(*every),
+        match (&self.every, &self.cron) {
+            (Some(every), _) => Ok(Schedule::every(*every)),
             (None, Some(expression)) => {
-                let mut cron = Schedule::cron(expression).map_err(|e| format!("--cron: {e}"))?;
-                if let Some(zone) = &self.zone {
-                    cron = cron.zone(zone).map_err(|e| format!("--zone: {e}"))?;
-                }
-                if let Some(policy) = &self.catch_up {
-                    cron = cron
-                        .catch_up(parse_catch_up(policy)?)
-                        .map_err(|e| format!("--catch-up: {e}"))?;
-                }
-                cron
+                ticklease_run::cron_schedule(expression, self.zone.as_deref(), self.catch_up.as_deref())
+                    .map_err(|e| format!("--{e}").replacen("--catch_up", "--catch-up", 1))
             }
-            (None, None) => Schedule::every(DAEMON_RESTART),
-        };
-        Ok(schedule)
-    }
-}
-
-/// A long-lived command's wait before it is started again after it exited.
-pub const DAEMON_RESTART: Duration = Duration::from_secs(1);
-
-fn parse_catch_up(policy: &str) -> Result<ticklease::CatchUp, String> {
-    match policy {
-        "latest" => Ok(ticklease::CatchUp::Latest),
-        "skip" => Ok(ticklease::CatchUp::Skip),
-        other => match other.strip_prefix("all:").map(str::parse::<u32>) {
-            Some(Ok(max)) => Ok(ticklease::CatchUp::All { max }),
-            _ => Err(format!("--catch-up {other:?}: expected latest, skip or all:N")),
-        },
+            (None, None) => Ok(Schedule::every(ticklease_run::DAEMON_RESTART)),
+        }
     }
 }

@@ -380,47 +380,35 @@ async fn cmd_metrics(db: Db, addr: std::net::SocketAddr, prefix: String) -> anyh
 }
 
 /// `ticklease run`: every check before anything is written (exit 2), then
-/// the role led on its schedule, the command under a guard each term.
+/// the roles led on their schedules, the command under a guard each term.
 async fn cmd_run(db: Db, run: crate::args::RunCmd) -> anyhow::Result<()> {
     let config = run.lease.config().map_err(|e| Usage(e.to_string()))?;
-    let schedule = run.schedule().map_err(Usage)?;
-    schedule
-        .check(&config)
-        .map_err(|e| Usage(format!("the schedule: {e}")))?;
-    let grace = run.grace.unwrap_or_else(|| ticklease_run::default_grace(&config));
-    ticklease_run::check_grace(&config, grace).map_err(|e| Usage(e.to_string()))?;
-    if !run.shell {
-        find_program(&run.command[0]).map_err(Usage)?;
-    }
+    let guard = vec![std::env::current_exe()?.into_os_string(), "__guard".into()];
+    let jobs = match &run.jobs {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Usage(format!("--jobs {}: {e}", path.display())))?;
+            ticklease_run::jobs::parse(&text, &config, &guard)
+                .map_err(|e| Usage(format!("--jobs {}: {e}", path.display())))?
+        }
+        None => vec![one_job(&run, &config, guard)?],
+    };
     let direct = run
         .direct_url
         .as_deref()
         .map(str::parse::<PgConnect>)
         .transpose()
         .map_err(|e| Usage(format!("--direct-url: {e}")))?;
-    let job = ticklease_run::RunOptions {
-        role: run.role.clone(),
-        schedule,
-        command: ticklease_run::CommandSpec {
-            argv: run.command,
-            shell: run.shell,
-            env: Vec::new(),
-            dir: None,
-            prefix: run.prefix,
-        },
-        grace,
-        guard: vec![std::env::current_exe()?.into(), "__guard".into()],
-    };
     let store = PgStore::connect(db.config.clone(), PgStoreOptions::from_config(&config)).await?;
     let store = match direct {
         Some(direct) => store.with_direct(direct).await?,
         None => store,
     };
+    let roles: Vec<Role> = jobs.iter().map(|j| j.role.clone()).collect();
     let mut registry = prometheus_client::registry::Registry::with_prefix("ticklease");
-    let metrics = ticklease::Metrics::register(&mut registry, [run.role.clone()]);
+    let metrics = ticklease::Metrics::register(&mut registry, roles.clone());
     let manager =
-        ticklease::Manager::start_with_metrics(store.clone(), config, [run.role.clone()], metrics.clone())
-            .await?;
+        ticklease::Manager::start_with_metrics(store.clone(), config, roles, metrics.clone()).await?;
     let shutdown = tokio_util::sync::CancellationToken::new();
     if let Some(addr) = run.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -430,42 +418,49 @@ async fn cmd_run(db: Db, run: crate::args::RunCmd) -> anyhow::Result<()> {
             "serving /metrics on http://{}",
             listener.local_addr()?
         ));
-        tokio::spawn(ticklease::metrics::serve(
-            listener,
-            Arc::new(registry),
-            metrics,
-            store,
-            shutdown.clone(),
-        ));
+        let serve = ticklease::metrics::serve(listener, Arc::new(registry), metrics, store, shutdown.clone());
+        tokio::spawn(serve);
     }
     if run.once {
-        let code = ticklease_run::run_once(&manager, &job).await?;
+        let code = ticklease_run::run_once(&manager, &jobs[0]).await?;
         manager.shutdown();
         manager.wait_released(config.statement_timeout() * 2).await;
         return Err(crate::ExitWith(code).into());
     }
     ticklease::cancel_on_signals(shutdown.clone())?;
-    let stopped = ticklease_run::run_until(manager, vec![job], shutdown).await?;
+    let stopped = ticklease_run::run_until(manager, jobs, shutdown).await?;
     anyhow::ensure!(stopped.all_released(), "runner stopped: {stopped}");
     Ok(())
 }
 
-/// The program a command names, found as `execvp` would (an unknown one is a usage error).
-fn find_program(program: &std::ffi::OsStr) -> Result<std::path::PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &std::path::Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    let path = std::path::Path::new(program);
-    if path.components().count() > 1 {
-        return runnable(path)
-            .then(|| path.to_path_buf())
-            .ok_or_else(|| format!("the command {program:?} is not an executable file"));
+/// The one job of `ticklease run ROLE … -- CMD`, checked.
+fn one_job(
+    run: &crate::args::RunCmd,
+    config: &ticklease::Config,
+    guard: Vec<std::ffi::OsString>,
+) -> anyhow::Result<ticklease_run::RunOptions> {
+    let role = run.role.clone().ok_or_else(|| Usage("ROLE is required".into()))?;
+    let schedule = run.schedule().map_err(Usage)?;
+    schedule
+        .check(config)
+        .map_err(|e| Usage(format!("the schedule: {e}")))?;
+    let grace = run.grace.unwrap_or_else(|| ticklease_run::default_grace(config));
+    ticklease_run::check_grace(config, grace).map_err(|e| Usage(e.to_string()))?;
+    if !run.shell {
+        ticklease_run::find_program(&run.command[0]).map_err(Usage)?;
     }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(program))
-        .find(|p| runnable(p))
-        .ok_or_else(|| format!("the command {program:?} is not found in PATH"))
+    Ok(ticklease_run::RunOptions {
+        role,
+        schedule,
+        command: ticklease_run::CommandSpec {
+            argv: run.command.clone(),
+            shell: run.shell,
+            env: Vec::new(),
+            dir: None,
+            prefix: run.prefix,
+            timeout: None,
+        },
+        grace,
+        guard,
+    })
 }

@@ -473,3 +473,92 @@ async fn usage_errors_exit_2_and_write_nothing() {
         .get(0);
     assert_eq!(rows, 0, "nothing written");
 }
+
+/// A jobs file runs each of its roles' commands in one process; a bad file
+/// is refused whole (exit 2), naming the job and the key, before anything
+/// is written.
+#[tokio::test]
+async fn a_jobs_file_runs_each_role_and_a_bad_one_is_refused_naming_the_job_and_key() {
+    let f = fixture().await;
+    let file = f.dir.path().join("jobs.toml");
+    let out = f.dir.path().display().to_string();
+    std::fs::write(
+        &file,
+        format!(
+            "[job.sweep]\ncommand = [\"sh\", \"-c\", \"echo sweep $TICKLEASE_TOKEN >> {out}/jobs.log\"]\nevery = \"100ms\"\n\n\
+             [job.report]\nshell = \"echo report $GREETING $(pwd) >> {out}/jobs.log\"\nevery = \"100ms\"\n\
+             dir = \"/tmp\"\nenv = {{ GREETING = \"hello\" }}\n"
+        ),
+    )
+    .unwrap();
+    let mut runner = Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["run", "--jobs"])
+        .arg(&file)
+        .args(["--database-url", &f.url])
+        .args(TIMINGS)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let log = f.dir.path().join("jobs.log");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if (text.contains("sweep ") && text.contains("report hello /tmp")) || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    signal(&runner, Signal::SIGTERM);
+    let _ = tokio::time::timeout(Duration::from_secs(10), runner.wait()).await;
+    assert!(
+        text.contains("sweep ") && text.contains("report hello /tmp"),
+        "{text}"
+    );
+
+    for (body, says) in [
+        (
+            "[job.a]\ncommand = [\"true\"]\nevry = \"1s\"\n",
+            "job \"a\": unknown field `evry`",
+        ),
+        ("[job.a]\nevery = \"1s\"\n", "job \"a\": exactly one of command"),
+        (
+            "[job.a]\ncommand = [\"true\"]\ncron = \"99 * * * *\"\n",
+            "job \"a\": cron",
+        ),
+        (
+            "[job.a]\ncommand = [\"true\"]\n[job.b]\ncommand = [\"no-such-command-here\"]\n",
+            "job \"b\": command",
+        ),
+        (
+            "[job.a]\ncommand = [\"true\"]\ngrace = \"5s\"\n",
+            "job \"a\": grace",
+        ),
+        (
+            "[job.a]\ncommand = [\"true\"]\ndir = \"/no/such/dir\"\n",
+            "job \"a\": dir",
+        ),
+        ("[jobs.a]\ncommand = [\"true\"]\n", "unknown key \"jobs\""),
+    ] {
+        std::fs::write(&file, body).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_ticklease"))
+            .args(["run", "--jobs"])
+            .arg(&file)
+            .args(["--database-url", &f.url])
+            .args(TIMINGS)
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{body}: {err}");
+        assert!(err.contains(says), "{body}: {err}");
+    }
+    let client = ticklease_testkit::connect(&f.url.parse().unwrap()).await.unwrap();
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM leader_leases WHERE role IN ('a', 'b')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "nothing written");
+}

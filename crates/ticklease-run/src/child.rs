@@ -38,6 +38,8 @@ pub struct CommandSpec {
     pub dir: Option<PathBuf>,
     /// Prefix each line the child writes with `[role token]`.
     pub prefix: bool,
+    /// Stop the child after this long (the tick fails).
+    pub timeout: Option<Duration>,
 }
 
 /// How a child ended.
@@ -47,6 +49,8 @@ pub struct ChildEnd {
     pub code: i32,
     /// Whether the runner asked the guard to stop it (a cancelled tick).
     pub stopped: bool,
+    /// Whether that was for its timeout.
+    pub timed_out: bool,
     /// Its last stderr lines.
     pub stderr_tail: Vec<String>,
 }
@@ -109,8 +113,15 @@ pub(crate) async fn run_child(
     let mut out_lines = guarded.stdout.take().map(|out| BufReader::new(out).lines());
     let mut tail: VecDeque<String> = VecDeque::with_capacity(STDERR_TAIL_LINES);
     let (mut stopped, mut err_open, mut out_open) = (false, true, out_lines.is_some());
+    let mut timed_out = false;
+    let timeout = tokio::time::sleep(spec.timeout.unwrap_or(Duration::from_secs(86_400)));
+    tokio::pin!(timeout);
     let status = loop {
         tokio::select! {
+            _ = &mut timeout, if !stopped && spec.timeout.is_some() => {
+                (stopped, timed_out) = (true, true);
+                tell(&mut control, "stop\n").await;
+            }
             status = guarded.wait() => break status.map_err(|source| RunError::Spawn { source })?,
             Ok(()) = abandon_at.changed() => {
                 let at = deadline_ns(*abandon_at.borrow_and_update());
@@ -156,6 +167,7 @@ pub(crate) async fn run_child(
     Ok(ChildEnd {
         code,
         stopped,
+        timed_out,
         stderr_tail: tail.into(),
     })
 }

@@ -27,6 +27,12 @@ pub enum RunError {
         /// Its last stderr lines.
         stderr_tail: Vec<String>,
     },
+    /// The child ran past its timeout and was stopped: fails the tick.
+    #[error("stopped after its timeout (exit {code})")]
+    TimedOut {
+        /// What the child's group exited with.
+        code: i32,
+    },
     /// The runner stopped the child (a lost term, a pause, shutdown).
     #[error("stopped by the runner (exit {code})")]
     Stopped {

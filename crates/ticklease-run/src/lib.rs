@@ -48,8 +48,13 @@
 mod child;
 mod error;
 pub mod guard;
+pub mod jobs;
 mod runner;
 
 pub use child::{ChildEnd, CommandSpec, STDERR_TAIL_LINES};
 pub use error::RunError;
-pub use runner::{check_grace, default_grace, exit, exit_code_of, run_once, run_until, RunOptions};
+pub use jobs::{cron_schedule, JobsError};
+pub use runner::{
+    check_grace, default_grace, exit, exit_code_of, find_program, run_once, run_until, RunOptions,
+    DAEMON_RESTART,
+};

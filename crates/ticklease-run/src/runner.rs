@@ -60,6 +60,31 @@ pub fn check_grace(config: &Config, grace: Duration) -> Result<(), RunError> {
     Ok(())
 }
 
+/// A long-lived command's wait before it is started again after it exited
+/// (the schedule of a job that names none).
+pub const DAEMON_RESTART: Duration = Duration::from_secs(1);
+
+/// The program a command names, found as `execvp` would (an unknown one is
+/// refused before anything is written).
+pub fn find_program(program: &std::ffi::OsStr) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let path = std::path::Path::new(program);
+    if path.components().count() > 1 {
+        return runnable(path)
+            .then(|| path.to_path_buf())
+            .ok_or_else(|| format!("the command {program:?} is not an executable file"));
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(program))
+        .find(|p| runnable(p))
+        .ok_or_else(|| format!("the command {program:?} is not found in PATH"))
+}
+
 /// The default grace: half the room between the abandon instant and the lease's expiry.
 pub fn default_grace(config: &Config) -> Duration {
     config.lease_ttl().saturating_sub(config.abandon_after()) / 2

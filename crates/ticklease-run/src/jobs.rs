@@ -1,0 +1,165 @@
+//! The jobs file (`ticklease run --jobs jobs.toml`): several roles, each
+//! with its command, schedule, environment, working directory, grace and
+//! timeout, run by one process per host. A bad file is refused whole,
+//! naming the job and the key, before anything is written.
+//!
+//! ```toml
+//! [job.nightly_dump]
+//! command = ["pg_dump", "-f", "/backup/app.sql", "app"]
+//! cron = "5 0 * * *"
+//! zone = "Europe/Berlin"
+//! timeout = "1h"
+//!
+//! [job.outbox_relay]            # no schedule: a long-lived singleton
+//! shell = "exec ./relay --listen :9000 2>&1 | logger"
+//! dir = "/srv/relay"
+//! env = { RELAY_MODE = "primary" }
+//! grace = "1s"
+//! ```
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use ticklease::{Config, Role, Schedule};
+
+use crate::child::CommandSpec;
+use crate::runner::{check_grace, default_grace, RunOptions, DAEMON_RESTART};
+
+/// The most jobs one file may hold.
+pub const JOBS_MAX: usize = 100;
+
+/// A jobs file's error: the job and the key at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{problem}", job.as_ref().map(|j| format!("job {j:?}: ")).unwrap_or_default())]
+pub struct JobsError {
+    /// The job (its role), when the problem is in one.
+    pub job: Option<String>,
+    /// What is wrong, naming the key.
+    pub problem: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    command: Option<Vec<String>>,
+    shell: Option<String>,
+    every: Option<String>,
+    cron: Option<String>,
+    zone: Option<String>,
+    catch_up: Option<String>,
+    grace: Option<String>,
+    timeout: Option<String>,
+    dir: Option<PathBuf>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    prefix: bool,
+}
+
+/// Parses and checks a whole jobs file against the lease's timings.
+pub fn parse(text: &str, config: &Config, guard: &[OsString]) -> Result<Vec<RunOptions>, JobsError> {
+    let whole = |problem: String| JobsError { job: None, problem };
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| whole(e.to_string()))?;
+    if let Some(key) = table.keys().find(|k| *k != "job") {
+        return Err(whole(format!(
+            "unknown key {key:?} (jobs go in [job.ROLE] tables)"
+        )));
+    }
+    let jobs = match table.get("job") {
+        Some(toml::Value::Table(jobs)) if !jobs.is_empty() => jobs,
+        _ => return Err(whole("no [job.ROLE] table".into())),
+    };
+    if jobs.len() > JOBS_MAX {
+        return Err(whole(format!("{} jobs: at most {JOBS_MAX}", jobs.len())));
+    }
+    jobs.iter()
+        .map(|(name, value)| {
+            let at = |problem: String| JobsError {
+                job: Some(name.clone()),
+                problem,
+            };
+            let entry = Entry::deserialize(value.clone()).map_err(|e| at(e.to_string()))?;
+            job(name, entry, config, guard).map_err(at)
+        })
+        .collect()
+}
+
+fn duration(key: &str, text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{key} {text:?}: {e}"))
+}
+
+fn job(name: &str, e: Entry, config: &Config, guard: &[OsString]) -> Result<RunOptions, String> {
+    let role = Role::new(name).map_err(|e| format!("the role name: {e}"))?;
+    let (argv, shell) = match (e.command, e.shell) {
+        (Some(argv), None) if !argv.is_empty() => {
+            crate::find_program(argv[0].as_ref()).map_err(|p| format!("command: {p}"))?;
+            (argv, false)
+        }
+        (None, Some(line)) => (vec![line], true),
+        _ => return Err("exactly one of command (a non-empty array) or shell (a line)".into()),
+    };
+    if e.cron.is_none() && (e.zone.is_some() || e.catch_up.is_some()) {
+        return Err("zone and catch_up belong to a cron schedule".into());
+    }
+    let schedule = match (e.every, e.cron) {
+        (Some(_), Some(_)) => return Err("every and cron: at most one".into()),
+        (Some(every), None) => Schedule::every(duration("every", &every)?),
+        (None, Some(cron)) => cron_schedule(&cron, e.zone.as_deref(), e.catch_up.as_deref())?,
+        (None, None) => Schedule::every(DAEMON_RESTART),
+    };
+    schedule.check(config).map_err(|e| format!("the schedule: {e}"))?;
+    let grace = match e.grace {
+        Some(grace) => duration("grace", &grace)?,
+        None => default_grace(config),
+    };
+    check_grace(config, grace).map_err(|e| e.to_string().replacen("--grace", "grace", 1))?;
+    let timeout = e.timeout.map(|t| duration("timeout", &t)).transpose()?;
+    if timeout.is_some_and(|t| t.is_zero()) {
+        return Err("timeout: must be above zero".into());
+    }
+    if let Some(dir) = e.dir.as_ref().filter(|d| !d.is_dir()) {
+        return Err(format!("dir {dir:?}: not a directory"));
+    }
+    Ok(RunOptions {
+        role,
+        schedule,
+        command: CommandSpec {
+            argv: argv.into_iter().map(OsString::from).collect(),
+            shell,
+            env: e.env.into_iter().collect(),
+            dir: e.dir,
+            prefix: e.prefix,
+            timeout,
+        },
+        grace,
+        guard: guard.to_vec(),
+    })
+}
+
+/// A cron schedule from its expression, zone and catch-up policy (`latest`, `skip`, `all:N`).
+pub fn cron_schedule(
+    expression: &str,
+    zone: Option<&str>,
+    catch_up: Option<&str>,
+) -> Result<Schedule, String> {
+    let mut cron = Schedule::cron(expression).map_err(|e| format!("cron: {e}"))?;
+    if let Some(zone) = zone {
+        cron = cron.zone(zone).map_err(|e| format!("zone: {e}"))?;
+    }
+    if let Some(policy) = catch_up {
+        let policy = match policy {
+            "latest" => ticklease::CatchUp::Latest,
+            "skip" => ticklease::CatchUp::Skip,
+            other => match other.strip_prefix("all:").map(str::parse::<u32>) {
+                Some(Ok(max)) => ticklease::CatchUp::All { max },
+                _ => return Err(format!("catch_up {other:?}: expected latest, skip or all:N")),
+            },
+        };
+        cron = cron.catch_up(policy).map_err(|e| format!("catch_up: {e}"))?;
+    }
+    Ok(cron)
+}
