@@ -12,6 +12,7 @@ pub mod fence_cost;
 pub mod idle;
 pub mod plot;
 pub mod promotion;
+pub mod run_failover;
 pub mod scale;
 pub mod scale_replica;
 pub mod schedules;

@@ -149,6 +149,25 @@ enum Cmd {
         #[arg(long, default_value = "docs/benchmarks/fence-cost.csv")]
         csv: PathBuf,
     },
+    /// `ticklease run` under its runner's SIGKILL and SIGSTOP, beside flock and a
+    /// session advisory lock: the child's death and the next child, per trial.
+    RunFailover {
+        #[arg(long, default_value_t = 20)]
+        trials: usize,
+        /// The ticklease binary (build it with `cargo build --release -p ticklease-cli`).
+        #[arg(long, default_value = "target/release/ticklease")]
+        ticklease: PathBuf,
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+    },
+    /// The advisory-lock baseline's holder (internal to run-failover).
+    #[command(hide = true)]
+    AdvisoryHolder {
+        url: String,
+        key: i64,
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// Wall-clock schedules at scale: replicas sharing many roles on one cron
     /// schedule, all due at once; with and without coordination sessions:
     /// duplicates, missed occurrences, start lag, statements per occurrence.
@@ -315,6 +334,24 @@ async fn main() -> anyhow::Result<()> {
                 runs.push(run);
             }
             println!("{}", schedules::write(&out, &options, &runs)?.display());
+        }
+        Cmd::RunFailover {
+            trials,
+            ticklease,
+            out,
+        } => {
+            let me = std::env::current_exe()?;
+            let results = ticklease_bench::run_failover::run(&ticklease, &me, trials).await?;
+            for t in &results {
+                println!("{t:?}");
+            }
+            println!(
+                "{}",
+                ticklease_bench::run_failover::write(&out, &results)?.display()
+            );
+        }
+        Cmd::AdvisoryHolder { url, key, command } => {
+            ticklease_bench::run_failover::advisory_holder(&url, key, &command).await?;
         }
         Cmd::Plot { dir } => {
             let mut any = false;

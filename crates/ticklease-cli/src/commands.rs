@@ -386,7 +386,7 @@ async fn cmd_run(db: Db, run: crate::args::RunCmd) -> anyhow::Result<()> {
     let guard = vec![std::env::current_exe()?.into_os_string(), "__guard".into()];
     let jobs = match &run.jobs {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let text = ticklease_run::jobs::read(path)
                 .map_err(|e| Usage(format!("--jobs {}: {e}", path.display())))?;
             ticklease_run::jobs::parse(&text, &config, &guard)
                 .map_err(|e| Usage(format!("--jobs {}: {e}", path.display())))?
@@ -421,13 +421,13 @@ async fn cmd_run(db: Db, run: crate::args::RunCmd) -> anyhow::Result<()> {
         let serve = ticklease::metrics::serve(listener, Arc::new(registry), metrics, store, shutdown.clone());
         tokio::spawn(serve);
     }
+    ticklease_run::stop_on_signals(shutdown.clone())?;
     if run.once {
-        let code = ticklease_run::run_once(&manager, &jobs[0]).await?;
+        let code = ticklease_run::run_once(&manager, &jobs[0], shutdown.clone()).await?;
         manager.shutdown();
         manager.wait_released(config.statement_timeout() * 2).await;
         return Err(crate::ExitWith(code).into());
     }
-    ticklease::cancel_on_signals(shutdown.clone())?;
     let stopped = ticklease_run::run_until(manager, jobs, shutdown).await?;
     anyhow::ensure!(stopped.all_released(), "runner stopped: {stopped}");
     Ok(())

@@ -369,7 +369,7 @@ async fn every_error_names_the_role_or_value_at_fault() {
 #[test]
 fn every_subcommand_has_help_with_examples() {
     for sub in [
-        "migrate", "grant", "status", "pause", "unpause", "run-now", "roles", "metrics",
+        "migrate", "grant", "status", "pause", "unpause", "run-now", "roles", "metrics", "run",
     ] {
         let o = ticklease(&[sub, "--help"]);
         assert_eq!(o.status.code(), Some(0), "{sub}");

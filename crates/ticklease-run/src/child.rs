@@ -108,12 +108,11 @@ pub(crate) async fn run_child(
     let mut guarded = cmd.spawn().map_err(|source| RunError::Spawn { source })?;
     let mut control = guarded.stdin.take().ok_or(RunError::NoGuard)?;
     let label = format!("[{} {}] ", tick.role(), tick.token().get());
-    let prefix = spec.prefix.then_some(label.as_str());
-    let mut err_lines = BufReader::new(guarded.stderr.take().ok_or(RunError::NoGuard)?).lines();
-    let mut out_lines = guarded.stdout.take().map(|out| BufReader::new(out).lines());
+    let prefix = if spec.prefix { label.as_str() } else { "" };
+    let mut err = Lines::new(guarded.stderr.take().ok_or(RunError::NoGuard)?);
+    let mut out = guarded.stdout.take().map(Lines::new);
     let mut tail: VecDeque<String> = VecDeque::with_capacity(STDERR_TAIL_LINES);
-    let (mut stopped, mut err_open, mut out_open) = (false, true, out_lines.is_some());
-    let mut timed_out = false;
+    let (mut stopped, mut timed_out) = (false, false);
     let timeout = tokio::time::sleep(spec.timeout.unwrap_or(Duration::from_secs(86_400)));
     tokio::pin!(timeout);
     let status = loop {
@@ -131,30 +130,23 @@ pub(crate) async fn run_child(
                 stopped = true;
                 tell(&mut control, "stop\n").await;
             }
-            line = err_lines.next_line(), if err_open => match line {
-                Ok(Some(line)) => {
-                    eprintln!("{}{line}", prefix.unwrap_or_default());
-                    if tail.len() == STDERR_TAIL_LINES {
-                        tail.pop_front();
-                    }
-                    tail.push_back(line.chars().take(LINE_MAX).collect());
-                }
-                _ => err_open = false,
-            },
-            line = next_out(&mut out_lines), if out_open => match line {
-                Some(line) => println!("{}{line}", prefix.unwrap_or_default()),
-                None => out_open = false,
-            },
+            Some(line) = err.next(), if err.open => keep(&mut tail, pass_on(Stream::Err, prefix, &line)),
+            Some(line) = next_out(&mut out), if out.as_ref().is_some_and(|o| o.open) => {
+                pass_on(Stream::Out, prefix, &line);
+            }
         }
     };
-    // What the child wrote before it exited.
-    while let Ok(Some(line)) = err_lines.next_line().await {
-        eprintln!("{}{line}", prefix.unwrap_or_default());
-        if tail.len() == STDERR_TAIL_LINES {
-            tail.pop_front();
+    // What the child wrote before it exited; bounded, for a descendant that
+    // left its group may hold the pipes open.
+    let _ = tokio::time::timeout(DRAIN_MAX, async {
+        while let Some(line) = err.next().await {
+            keep(&mut tail, pass_on(Stream::Err, prefix, &line));
         }
-        tail.push_back(line.chars().take(LINE_MAX).collect());
-    }
+        while let Some(line) = next_out(&mut out).await {
+            pass_on(Stream::Out, prefix, &line);
+        }
+    })
+    .await;
     use std::os::unix::process::ExitStatusExt;
     let code = status
         .code()
@@ -172,13 +164,89 @@ pub(crate) async fn run_child(
     })
 }
 
-async fn next_out(
-    lines: &mut Option<tokio::io::Lines<BufReader<tokio::process::ChildStdout>>>,
-) -> Option<String> {
-    match lines {
-        Some(lines) => lines.next_line().await.ok().flatten(),
+async fn next_out(out: &mut Option<Lines<tokio::process::ChildStdout>>) -> Option<Vec<u8>> {
+    match out {
+        Some(out) => out.next().await,
         None => None,
     }
+}
+
+/// How long the child's output is read after the guard exited.
+const DRAIN_MAX: Duration = Duration::from_millis(200);
+
+/// The longest line passed on whole, in bytes; longer ones are passed on in pieces.
+const CHUNK_MAX: usize = 16 * 1024;
+
+/// The lines of a pipe as bytes (any encoding), each at most [`CHUNK_MAX`].
+struct Lines<R> {
+    reader: BufReader<R>,
+    open: bool,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
+    fn new(pipe: R) -> Self {
+        Lines {
+            reader: BufReader::new(pipe),
+            open: true,
+        }
+    }
+
+    /// The next line without its newline; `None` at the end (or an error).
+    async fn next(&mut self) -> Option<Vec<u8>> {
+        let mut line = Vec::new();
+        while line.len() < CHUNK_MAX {
+            let buf = match self.reader.fill_buf().await {
+                Ok([]) | Err(_) => {
+                    self.open = false;
+                    break;
+                }
+                Ok(buf) => buf,
+            };
+            let room = CHUNK_MAX - line.len();
+            match buf.iter().take(room).position(|b| *b == b'\n') {
+                Some(at) => {
+                    line.extend_from_slice(&buf[..at]);
+                    self.reader.consume(at + 1);
+                    return Some(line);
+                }
+                None => {
+                    let n = buf.len().min(room);
+                    line.extend_from_slice(&buf[..n]);
+                    self.reader.consume(n);
+                }
+            }
+        }
+        (!line.is_empty() || self.open).then_some(line)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Stream {
+    Out,
+    Err,
+}
+
+/// Writes a line of the child's to the runner's own stream (what cannot be
+/// written is dropped: a closed log pipe changes nothing); the line as text.
+fn pass_on(stream: Stream, prefix: &str, line: &[u8]) -> String {
+    use std::io::Write;
+    let mut text = Vec::with_capacity(prefix.len() + line.len() + 1);
+    text.extend_from_slice(prefix.as_bytes());
+    text.extend_from_slice(line);
+    text.push(b'\n');
+    let _ = match stream {
+        Stream::Out => std::io::stdout().write_all(&text),
+        Stream::Err => std::io::stderr().write_all(&text),
+    };
+    String::from_utf8_lossy(line).into_owned()
+}
+
+/// Keeps the last [`STDERR_TAIL_LINES`] lines, each cut to [`LINE_MAX`] characters.
+fn keep(tail: &mut VecDeque<String>, line: String) {
+    if tail.len() == STDERR_TAIL_LINES {
+        tail.pop_front();
+    }
+    tail.push_back(line.chars().take(LINE_MAX).collect());
 }
 
 /// A control line to the guard; a guard that is gone has stopped the group already.

@@ -28,10 +28,12 @@ pub enum RunError {
         stderr_tail: Vec<String>,
     },
     /// The child ran past its timeout and was stopped: fails the tick.
-    #[error("stopped after its timeout (exit {code})")]
+    #[error("stopped after its timeout (exit {code}){}", tail_text(.stderr_tail))]
     TimedOut {
         /// What the child's group exited with.
         code: i32,
+        /// Its last stderr lines.
+        stderr_tail: Vec<String>,
     },
     /// The runner stopped the child (a lost term, a pause, shutdown).
     #[error("stopped by the runner (exit {code})")]
@@ -53,9 +55,16 @@ pub enum RunError {
     },
 }
 
+/// The history keeps the first 500 characters of an error: the end of the
+/// child's stderr (its last line) is what matters, so the start is cut.
+const TAIL_TEXT_MAX: usize = 450;
+
 fn tail_text(tail: &[String]) -> String {
-    match tail.is_empty() {
-        true => String::new(),
-        false => format!(": {}", tail.join(" | ")),
+    let text = tail.join(" | ");
+    let n = text.chars().count();
+    match n {
+        0 => String::new(),
+        n if n > TAIL_TEXT_MAX => format!(": …{}", text.chars().skip(n - TAIL_TEXT_MAX).collect::<String>()),
+        _ => format!(": {text}"),
     }
 }

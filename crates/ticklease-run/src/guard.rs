@@ -32,14 +32,24 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// The guard outlives Ctrl-C, SIGTERM and SIGHUP sent to the runner's
-/// process group: the runner decides, and tells it (or its pipe closes).
+/// process group, and is not stopped by Ctrl-Z (SIGTSTP) or background
+/// terminal I/O (SIGTTIN, SIGTTOU), which would leave the child running
+/// unwatched: the runner decides, and tells it (or its pipe closes, or its
+/// deadlines stop coming).
 /// A handler that does nothing, not `SIG_IGN`: the command, after exec,
 /// gets the default dispositions back.
 pub fn ignore_stop_signals() {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet};
     extern "C" fn nothing(_: i32) {}
     let action = SigAction::new(SigHandler::Handler(nothing), SaFlags::SA_RESTART, SigSet::empty());
-    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+    for signal in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
+    ] {
         // SAFETY: the handler does nothing, so it is async-signal-safe.
         let _ = unsafe { sigaction(signal, &action) };
     }
@@ -54,6 +64,9 @@ enum Event {
 
 /// Runs `command` under the guard until it exits; the guard's exit code.
 pub fn run(command: &[OsString], grace: Duration, deadline_ns: u64) -> i32 {
+    // Descendants that leave the group (setsid, a daemon's double fork) come
+    // back to the guard when their parent dies, and are killed with the rest.
+    let _ = nix::sys::prctl::set_child_subreaper(true);
     let Some((program, args)) = command.split_first() else {
         eprintln!("ticklease guard: no command");
         return SPAWN_FAILED;
@@ -113,11 +126,45 @@ pub fn run(command: &[OsString], grace: Duration, deadline_ns: u64) -> i32 {
     }
     // The child exited: nothing of its group outlives it.
     let _ = killpg(pid, Signal::SIGKILL);
-    match child.wait() {
+    let code = match child.wait() {
         Ok(status) => status
             .code()
             .unwrap_or_else(|| 128 + status.signal().unwrap_or_default()),
         Err(_) => SPAWN_FAILED,
+    };
+    kill_escaped();
+    code
+}
+
+/// Rounds of looking for descendants that left the group.
+const ESCAPED_ROUNDS: usize = 50;
+
+/// Kills the guard's remaining children (descendants that left the child's
+/// group and came back to this subreaper), round by round as their own
+/// children come back, for at most [`ESCAPED_ROUNDS`] rounds of 10 ms.
+fn kill_escaped() {
+    let me = std::process::id().to_string();
+    for _ in 0..ESCAPED_ROUNDS {
+        let children: Vec<Pid> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                    stat.rsplit(')').next().and_then(|s| s.split_whitespace().nth(1)) == Some(me.as_str())
+                })
+            })
+            .map(Pid::from_raw)
+            .collect();
+        if children.is_empty() {
+            return;
+        }
+        for child in children {
+            let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(child, None);
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

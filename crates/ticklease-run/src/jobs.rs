@@ -32,6 +32,24 @@ use crate::runner::{check_grace, default_grace, RunOptions, DAEMON_RESTART};
 /// The most jobs one file may hold.
 pub const JOBS_MAX: usize = 100;
 
+/// The largest jobs file read, in bytes.
+pub const JOBS_FILE_MAX: u64 = 1024 * 1024;
+
+/// Reads a jobs file of at most [`JOBS_FILE_MAX`] bytes.
+pub fn read(path: &std::path::Path) -> Result<String, JobsError> {
+    use std::io::Read;
+    let whole = |problem: String| JobsError { job: None, problem };
+    let file = std::fs::File::open(path).map_err(|e| whole(e.to_string()))?;
+    let mut text = String::new();
+    file.take(JOBS_FILE_MAX + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| whole(e.to_string()))?;
+    if text.len() as u64 > JOBS_FILE_MAX {
+        return Err(whole(format!("larger than {JOBS_FILE_MAX} bytes")));
+    }
+    Ok(text)
+}
+
 /// A jobs file's error: the job and the key at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}{problem}", job.as_ref().map(|j| format!("job {j:?}: ")).unwrap_or_default())]
@@ -96,7 +114,11 @@ fn job(name: &str, e: Entry, config: &Config, guard: &[OsString]) -> Result<RunO
     let role = Role::new(name).map_err(|e| format!("the role name: {e}"))?;
     let (argv, shell) = match (e.command, e.shell) {
         (Some(argv), None) if !argv.is_empty() => {
-            crate::find_program(argv[0].as_ref()).map_err(|p| format!("command: {p}"))?;
+            let program = match (&e.dir, argv[0].contains('/')) {
+                (Some(dir), true) => dir.join(&argv[0]),
+                _ => PathBuf::from(&argv[0]),
+            };
+            crate::find_program(program.as_os_str()).map_err(|p| format!("command: {p}"))?;
             (argv, false)
         }
         (None, Some(line)) => (vec![line], true),
@@ -120,6 +142,17 @@ fn job(name: &str, e: Entry, config: &Config, guard: &[OsString]) -> Result<RunO
     let timeout = e.timeout.map(|t| duration("timeout", &t)).transpose()?;
     if timeout.is_some_and(|t| t.is_zero()) {
         return Err("timeout: must be above zero".into());
+    }
+    let nul = |t: &str| t.contains('\0');
+    if argv.iter().any(|a| nul(a)) {
+        return Err("command: a NUL byte".into());
+    }
+    if let Some((key, _)) = e
+        .env
+        .iter()
+        .find(|(k, v)| k.is_empty() || k.contains('=') || nul(k) || nul(v))
+    {
+        return Err(format!("env {key:?}: a name needs no '=' or NUL, a value no NUL"));
     }
     if let Some(dir) = e.dir.as_ref().filter(|d| !d.is_dir()) {
         return Err(format!("dir {dir:?}: not a directory"));

@@ -26,16 +26,23 @@
 //!   SIGKILL at the latest `grace` later; the grace is validated so that
 //!   `abandon_after + grace < lease_ttl` ([`check_grace`]), so both fall
 //!   before `last_ack + lease_ttl`, no later than the lease's expiry on the
-//!   database (`last_ack` is when the acknowledged RENEW was *sent*). No
-//!   other host can start the next child before that expiry (or the term's
-//!   release).
+//!   database (`last_ack` is when the acknowledged RENEW was *sent*). A lost
+//!   term is RELEASEd only once its group is gone (or its lease expired:
+//!   [`ticklease::Manager::set_lost_drain`]), so no host starts the next child
+//!   while the last one's group still runs. Descendants that leave the group
+//!   (`setsid`, a daemon's double fork) come back to the guard, a child
+//!   subreaper, when their parent dies, and are killed with the group.
 //! - **What no process can prevent**: a whole host frozen and resumed (a VM
 //!   paused, a laptop lid) freezes the guard too; its child may run on after
 //!   another host took over. The answer is the fence: the child's own
 //!   statements claim with `AND (SELECT leader_fence(:'role', :token))`
 //!   (its term's role and token are in its environment), which the database
 //!   refuses once the term is over. SIGKILL of the guard itself leaves its
-//!   group running until the child ends (the runner reports it).
+//!   group running until the child ends (the runner reports it); a process
+//!   the child has another service start (systemd, at, a remote host) is no
+//!   descendant and out of reach; a pause followed by an unpause within the
+//!   grace may start the next child while the paused one's group is still
+//!   stopping. The fence answers all of them.
 //!
 //! The child learns its term from its environment: `TICKLEASE_ROLE`,
 //! `TICKLEASE_TOKEN`, `TICKLEASE_HOLDER` and, on a cron schedule,
@@ -55,6 +62,6 @@ pub use child::{ChildEnd, CommandSpec, STDERR_TAIL_LINES};
 pub use error::RunError;
 pub use jobs::{cron_schedule, JobsError};
 pub use runner::{
-    check_grace, default_grace, exit, exit_code_of, find_program, run_once, run_until, RunOptions,
-    DAEMON_RESTART,
+    check_grace, default_grace, exit, exit_code_of, find_program, run_once, run_until, stop_on_signals,
+    RunOptions, DAEMON_RESTART,
 };

@@ -99,6 +99,7 @@ pub async fn run_until<S: LeaseStore>(
 ) -> Result<Stopped, RunError> {
     let holder: Arc<str> = manager.holder_id().into();
     let config = *manager.config();
+    drain_lost_terms(&manager);
     let mut scheduler = Scheduler::new(manager);
     for job in jobs {
         check_grace(&config, job.grace)?;
@@ -114,16 +115,56 @@ pub async fn run_until<S: LeaseStore>(
 }
 
 /// At most one tick of `job`; the process's exit code ([`exit`]).
-pub async fn run_once<S: LeaseStore>(manager: &Manager<S>, job: &RunOptions) -> Result<i32, RunError> {
+/// `shutdown` (a signal) stops the child and releases the term as interrupted.
+pub async fn run_once<S: LeaseStore>(
+    manager: &Manager<S>,
+    job: &RunOptions,
+    shutdown: CancellationToken,
+) -> Result<i32, RunError> {
     check_grace(manager.config(), job.grace)?;
+    drain_lost_terms(manager);
     let holder = manager.holder_id().to_string();
+    let stopper = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            manager.shutdown();
+        })
+    };
     let lead = manager
         .lead(&job.role, job.schedule.clone(), |tick| async move {
             tick_work(tick, &holder, job).await
         })
-        .await
-        .map_err(|source| RunError::Lease { source })?;
-    Ok(exit_code_of(&lead))
+        .await;
+    stopper.abort();
+    Ok(exit_code_of(&lead.map_err(|source| RunError::Lease { source })?))
+}
+
+/// A lost term is released only once its child's group is gone (the
+/// guard stops it within the grace), not while the group still runs: the
+/// role cannot be acquired again, here or elsewhere, before the group is
+/// dead or the lease expired.
+fn drain_lost_terms<S: LeaseStore>(manager: &Manager<S>) {
+    let config = manager.config();
+    manager.set_lost_drain(config.lease_ttl().saturating_sub(config.abandon_after()));
+}
+
+/// Cancels `token` on SIGTERM, SIGINT or SIGHUP: the runner then stops its
+/// children and releases their terms as interrupted.
+pub fn stop_on_signals(token: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {}
+        }
+        token.cancel();
+    });
+    Ok(())
 }
 
 /// The exit code `--once` gives for how its tick went ([`exit`]).
@@ -147,6 +188,12 @@ pub fn exit_code_of(lead: &Lead<()>) -> i32 {
 async fn tick_work(tick: Tick, holder: &str, job: &RunOptions) -> Result<(), RunError> {
     let end = run_child(&tick, holder, &job.command, &job.guard, job.grace).await?;
     match end {
+        ChildEnd {
+            timed_out: true,
+            code,
+            stderr_tail,
+            ..
+        } => Err(RunError::TimedOut { code, stderr_tail }),
         ChildEnd {
             stopped: true, code, ..
         } => Err(RunError::Stopped { code }),

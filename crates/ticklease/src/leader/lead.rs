@@ -179,6 +179,9 @@ struct Inner<S> {
     /// RELEASEs that failed or did not answer after shutdown was requested:
     /// those terms stay held until their lease runs out.
     unreleased: AtomicUsize,
+    /// How long a lost term's work may take to return before it is dropped
+    /// and the term RELEASEd, in ms ([`Manager::set_lost_drain`]).
+    lost_drain_ms: std::sync::atomic::AtomicU64,
     /// Carries the RENEWs and RELEASEs of family terms.
     batcher: Batcher,
     /// Per role on a cron schedule: what the database last said of its occurrences.
@@ -293,6 +296,7 @@ impl<S: LeaseStore> Manager<S> {
                 metrics,
                 releases: TaskTracker::new(),
                 unreleased: AtomicUsize::new(0),
+                lost_drain_ms: Default::default(),
                 occurrences: Default::default(),
             }),
         };
@@ -354,6 +358,18 @@ impl<S: LeaseStore> Manager<S> {
                 .map(|n| n.to_string())
                 .collect(),
         })
+    }
+
+    /// On a lost term, waits up to `bound` (at most [`DURATION_MAX`]) for
+    /// the work to return (it sees [`Tick::cancelled`]) before dropping it
+    /// and RELEASing the term; by default it is dropped at once. For work
+    /// that stops something outside this process (a child process) and must
+    /// see it stopped before the role can be acquired again: a lost term's
+    /// lease is not extended meanwhile, so a bound past its expiry only
+    /// makes the RELEASE a no-op.
+    pub fn set_lost_drain(&self, bound: Duration) {
+        let ms = u64::try_from(bound.min(DURATION_MAX).as_millis()).unwrap_or(u64::MAX);
+        self.inner.lost_drain_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Cancels in-flight ticks (they release as interrupted) and refuses new ones.
@@ -713,6 +729,11 @@ impl<S: LeaseStore> Manager<S> {
             // The cause is set before the work is dropped, so anything the work
             // spawned with its Tick sees why.
             tick.lose(reason);
+            let drain = Duration::from_millis(inner.lost_drain_ms.load(Ordering::Relaxed));
+            if !drain.is_zero() {
+                // Its outcome is the loss's whatever it returns.
+                let _ = tokio::time::timeout(drain, &mut work).await;
+            }
         }
         drop(work);
 
