@@ -143,7 +143,8 @@ ticklease-alerts.test.yml && promtool test rules ticklease-alerts.test.yml"
     /// runs CMD on exactly one, stopped before its lease can expire.
     #[command(
         after_help = "Exit codes with --once: the command's own (128 + a signal), 75 held by another host, \
-76 paused, 77 not due, 78 the term was lost while it ran, 130 interrupted; 1 the runner failed; 2 usage.\n\n\
+76 paused, 77 not due, 78 the term was lost while it ran, 130 interrupted; 1 the runner failed; 2 usage \
+(a command that itself exits with one of these codes is indistinguishable from it: stderr says which).\n\n\
 The command's environment names its term: TICKLEASE_ROLE, TICKLEASE_TOKEN, TICKLEASE_HOLDER and, on a \
 cron schedule, TICKLEASE_OCCURRENCE (RFC 3339, UTC). Its own claims can be fenced:\n  \
 echo \"UPDATE ... WHERE ... AND (SELECT leader_fence(:'role', :token))\" | \\\n    psql -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\"   (psql substitutes variables in its input, not in -c)\n\n\

@@ -246,20 +246,39 @@ async fn a_frozen_runners_child_group_is_stopped_before_its_lease_can_expire() {
     }
 }
 
-/// A pause stops the group at once with a coordination session.
-#[tokio::test]
-async fn a_pause_stops_the_child_group_at_once_with_a_coordination_session() {
+/// Pauses the role while its child runs; how long until the group is gone.
+async fn pause_stops_the_group(coordinated: bool) -> Option<Duration> {
     let f = fixture().await;
-    let mut runner = f.runner(1, "relay", &["--direct-url", f.url.as_str()], "30");
+    let direct = ["--direct-url", f.url.as_str()];
+    let flags: &[&str] = if coordinated { &direct } else { &[] };
+    let mut runner = f.runner(1, "relay", flags, "30");
     let (token, _) = f.started(1, Duration::from_secs(20)).await;
     let pids = f.pids(token).await;
     sql(&f.url, "SELECT leader_pause('relay', 'ops', 'maintenance')").await;
     let took = gone(&pids, Duration::from_secs(3)).await;
+    let _ = runner.start_kill();
+    took
+}
+
+/// Without a coordination session a pause stops the group within a
+/// heartbeat (300 ms), at its next RENEW.
+#[tokio::test]
+async fn a_pause_stops_the_child_group_within_a_heartbeat() {
+    let took = pause_stops_the_group(false).await;
+    assert!(
+        took.is_some_and(|t| t < Duration::from_millis(700)),
+        "stopped after {took:?}"
+    );
+}
+
+/// A pause stops the group at once with a coordination session.
+#[tokio::test]
+async fn a_pause_stops_the_child_group_at_once_with_a_coordination_session() {
+    let took = pause_stops_the_group(true).await;
     assert!(
         took.is_some_and(|t| t < Duration::from_millis(600)),
         "stopped after {took:?}"
     );
-    let _ = runner.start_kill();
 }
 
 /// A child that ignores SIGTERM is killed a grace later, still before the
@@ -514,6 +533,41 @@ async fn a_jobs_file_runs_each_role_and_a_bad_one_is_refused_naming_the_job_and_
         text.contains("sweep ") && text.contains("report hello /tmp"),
         "{text}"
     );
+
+    // A job past its timeout is stopped, and its tick recorded as failed by it.
+    std::fs::write(
+        &file,
+        "[job.slow]\ncommand = [\"sleep\", \"30\"]\ntimeout = \"300ms\"\nevery = \"1h\"\n",
+    )
+    .unwrap();
+    let mut slow = Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["run", "--jobs"])
+        .arg(&file)
+        .args(["--database-url", &f.url])
+        .args(TIMINGS)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client = ticklease_testkit::connect(&f.url.parse().unwrap()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let error: String = loop {
+        let rows = client
+            .query(
+                "SELECT error FROM leader_history WHERE role = 'slow' AND outcome = 'failed'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = rows.first() {
+            break row.get(0);
+        }
+        assert!(Instant::now() < deadline, "no failed tick of the slow job");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let _ = slow.start_kill();
+    assert!(error.contains("timeout"), "{error}");
 
     for (body, says) in [
         (

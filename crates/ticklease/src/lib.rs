@@ -225,7 +225,12 @@
 //!    RENEW starts after that instant (a RENEW in flight is cut there), while
 //!    the database expiry is at least T after it: a margin of at least
 //!    `T − A − S > 0`. After an abandon the only statement of the term is the
-//!    term-scoped RELEASE.
+//!    term-scoped RELEASE. [`Tick::abandon_at`] tells work that acts outside
+//!    this process (a child process's guard, `ticklease run`) that instant,
+//!    moved on with each acknowledged RENEW; with
+//!    [`Manager::set_lost_drain`] a lost term's work is first given up to a
+//!    bound to return (to see what it started outside stopped) before it is
+//!    dropped and the term RELEASEd, and the lease is not renewed meanwhile.
 //! 5. **A dead leader is replaced.** Its role is acquirable at most T after its
 //!    last acknowledged RENEW. A follower wakes when the database said the
 //!    term runs out (the expiry as of its last ACQUIRE, measured from the
