@@ -29,7 +29,7 @@ impl Metrics {
     pub(crate) fn coordination_up(&self, _: bool) {
         match *self {}
     }
-    pub(crate) fn family(&self, _: &crate::Family, _: Duration) {
+    pub(crate) fn family(&self, _: &crate::Family, _: Option<Duration>) {
         match *self {}
     }
     pub(crate) fn family_leading(&self, _: &str, _: bool) {
