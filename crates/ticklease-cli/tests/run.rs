@@ -783,3 +783,98 @@ async fn a_lost_terms_group_is_gone_before_the_next_child_starts() {
         "the next child started at {next} while the lost one ran until {last_of_first}"
     );
 }
+
+/// The child's last words reach the history even without a newline
+/// (review finding: a partial line read when another branch of the
+/// runner's select won was dropped with its future).
+#[tokio::test]
+async fn a_childs_last_words_without_a_newline_reach_the_history() {
+    let f = fixture().await;
+    let client = ticklease_testkit::connect(&f.url.parse().unwrap()).await.unwrap();
+    for n in 0..5 {
+        let role = format!("words{n}");
+        let mut run = spawn_once(&f, &role, &["sh", "-c", "printf 'fatal: bad config' >&2; exit 1"]);
+        assert_eq!(exit_within(&mut run, Duration::from_secs(10)).await, Some(1));
+        let error: String = client
+            .query_one(
+                "SELECT error FROM leader_history WHERE role = $1 AND outcome = 'failed'",
+                &[&role],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(error.contains("fatal: bad config"), "run {n}: {error}");
+    }
+}
+
+/// A dead runner's child gets SIGKILL at once, whatever its grace (review
+/// finding: with a coordination session the next child starts within
+/// milliseconds, so a child handling SIGTERM slowly ran beside it).
+#[tokio::test]
+async fn a_dead_runners_child_is_killed_at_once_without_its_grace() {
+    let f = fixture().await;
+    let stubborn = f.dir.path().join("stubborn.sh");
+    std::fs::write(
+        &stubborn,
+        format!("#!/bin/sh\ntrap '' TERM\nexec {} \"$@\"\n", f.child.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&stubborn, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let runner = Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["run", "relay", "--database-url", &f.url, "--grace", "700ms"])
+        .args(TIMINGS)
+        .arg("--")
+        .arg(&stubborn)
+        .arg(f.dir.path())
+        .arg("30")
+        .env("RUNNER", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (token, _) = f.started(1, Duration::from_secs(20)).await;
+    let pids = f.pids(token).await;
+    signal(&runner, Signal::SIGKILL);
+    let took = gone(&pids, Duration::from_secs(3)).await;
+    assert!(
+        took.is_some_and(|t| t < Duration::from_millis(300)),
+        "gone after {took:?}"
+    );
+}
+
+/// Orphans of the child's tree that come back to the guard are reaped while
+/// the child runs (review finding: they piled up as zombies until it ended).
+#[tokio::test]
+async fn orphans_that_come_back_to_the_guard_are_reaped_while_the_child_runs() {
+    let f = fixture().await;
+    let ppid = f.dir.path().join("guard");
+    let script = format!(
+        "echo $PPID > {}; for i in 1 2 3 4 5 6 7 8 9 10; do ( sleep 0.01 & ); done; sleep 30",
+        ppid.display()
+    );
+    let mut run = spawn_once(&f, "orphans", &["sh", "-c", &script]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ppid.exists() {
+        assert!(Instant::now() < deadline, "the child never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let guard = std::fs::read_to_string(&ppid).unwrap().trim().to_owned();
+    let zombies = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            let rest: Vec<&str> = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect();
+            rest.first() == Some(&"Z") && rest.get(1) == Some(&guard.as_str())
+        })
+        .count();
+    let _ = run.start_kill();
+    assert_eq!(zombies, 0, "zombies under the guard {guard}");
+}

@@ -76,6 +76,15 @@ pub(crate) async fn run_child(
     guard: &[OsString],
     grace: Duration,
 ) -> Result<ChildEnd, RunError> {
+    if tick.is_cancelled() {
+        // Cancelled before the child started (a signal during ACQUIRE): none starts.
+        return Ok(ChildEnd {
+            code: 0,
+            stopped: true,
+            timed_out: false,
+            stderr_tail: Vec::new(),
+        });
+    }
     let mut abandon_at = tick.abandon_at();
     let (program, before) = guard.split_first().ok_or(RunError::NoGuard)?;
     let mut cmd = Command::new(program);
@@ -181,6 +190,9 @@ const CHUNK_MAX: usize = 16 * 1024;
 struct Lines<R> {
     reader: BufReader<R>,
     open: bool,
+    /// The line read so far: kept here, not in the future, so a `select!`
+    /// that drops [`Lines::next`] mid-line loses nothing.
+    line: Vec<u8>,
 }
 
 impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
@@ -188,13 +200,14 @@ impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
         Lines {
             reader: BufReader::new(pipe),
             open: true,
+            line: Vec::new(),
         }
     }
 
     /// The next line without its newline; `None` at the end (or an error).
+    /// Cancel-safe: what was read of a line waits in `self.line`.
     async fn next(&mut self) -> Option<Vec<u8>> {
-        let mut line = Vec::new();
-        while line.len() < CHUNK_MAX {
+        while self.line.len() < CHUNK_MAX {
             let buf = match self.reader.fill_buf().await {
                 Ok([]) | Err(_) => {
                     self.open = false;
@@ -202,21 +215,21 @@ impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
                 }
                 Ok(buf) => buf,
             };
-            let room = CHUNK_MAX - line.len();
+            let room = CHUNK_MAX - self.line.len();
             match buf.iter().take(room).position(|b| *b == b'\n') {
                 Some(at) => {
-                    line.extend_from_slice(&buf[..at]);
+                    self.line.extend_from_slice(&buf[..at]);
                     self.reader.consume(at + 1);
-                    return Some(line);
+                    return Some(std::mem::take(&mut self.line));
                 }
                 None => {
                     let n = buf.len().min(room);
-                    line.extend_from_slice(&buf[..n]);
+                    self.line.extend_from_slice(&buf[..n]);
                     self.reader.consume(n);
                 }
             }
         }
-        (!line.is_empty() || self.open).then_some(line)
+        (!self.line.is_empty()).then(|| std::mem::take(&mut self.line))
     }
 }
 

@@ -99,29 +99,48 @@ pub fn run(command: &[OsString], grace: Duration, deadline_ns: u64) -> i32 {
     // Once stopping: when SIGKILL goes out (None once it did).
     let mut kill_at: Option<Option<u64>> = None;
     loop {
+        reap_orphans(pid);
         let wake = match kill_at {
             None => Some(deadline),
             Some(at) => at,
         };
-        let wait = wake.map_or(Duration::from_secs(3600), |w| {
-            Duration::from_nanos(w.saturating_sub(monotonic_ns()))
-        });
-        match rx.recv_timeout(wait) {
-            Ok(Event::Exited) => break,
-            Ok(Event::Deadline(ns)) if kill_at.is_none() => deadline = ns,
-            Ok(Event::Deadline(_)) => {}
-            Ok(Event::Stop | Event::RunnerGone) | Err(RecvTimeoutError::Timeout) if kill_at.is_none() => {
-                let _ = killpg(pid, Signal::SIGTERM);
-                // Never later than the grace after the deadline.
-                let now = monotonic_ns().min(deadline);
-                kill_at = Some(Some(now.saturating_add(grace_ns)));
-            }
-            Ok(Event::Stop | Event::RunnerGone) => {}
-            Err(RecvTimeoutError::Timeout) => {
+        // At least once a second: orphans that came back are reaped meanwhile.
+        let wait = wake
+            .map_or(REAP_EVERY, |w| {
+                Duration::from_nanos(w.saturating_sub(monotonic_ns()))
+            })
+            .min(REAP_EVERY);
+        let event = match rx.recv_timeout(wait) {
+            Ok(event) => Some(event),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let now = monotonic_ns();
+        let due = wake.is_some_and(|w| w <= now);
+        match (event, kill_at) {
+            (Some(Event::Exited), _) => break,
+            (Some(Event::Deadline(ns)), None) => deadline = ns,
+            // The runner is gone: with a coordination session another host may
+            // start the next child within milliseconds, so no grace.
+            (Some(Event::RunnerGone), Some(None)) => {}
+            (Some(Event::RunnerGone), _) => {
                 let _ = killpg(pid, Signal::SIGKILL);
                 kill_at = Some(None);
             }
-            Err(RecvTimeoutError::Disconnected) => break,
+            (Some(Event::Stop), None) => {
+                let _ = killpg(pid, Signal::SIGTERM);
+                kill_at = Some(Some(now.min(deadline).saturating_add(grace_ns)));
+            }
+            // The deadline passed with no newer one: never later than a grace after it.
+            (None, None) if due => {
+                let _ = killpg(pid, Signal::SIGTERM);
+                kill_at = Some(Some(deadline.saturating_add(grace_ns)));
+            }
+            (None, Some(Some(_))) if due => {
+                let _ = killpg(pid, Signal::SIGKILL);
+                kill_at = Some(None);
+            }
+            _ => {}
         }
     }
     // The child exited: nothing of its group outlives it.
@@ -134,6 +153,27 @@ pub fn run(command: &[OsString], grace: Duration, deadline_ns: u64) -> i32 {
     };
     kill_escaped();
     code
+}
+
+/// How often, at least, the guard reaps descendants that came back to it.
+const REAP_EVERY: Duration = Duration::from_secs(1);
+
+/// Reaps the guard's exited children other than the child (`leader`), which
+/// stays unreaped until its group is killed: orphans of the child's tree
+/// come back to the guard and would pile up as zombies.
+fn reap_orphans(leader: Pid) {
+    use nix::sys::wait::WaitStatus;
+    loop {
+        let peek = waitid(
+            Id::All,
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+        );
+        let pid = match peek {
+            Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)) if pid != leader => pid,
+            _ => return,
+        };
+        let _ = nix::sys::wait::waitpid(pid, Some(WaitPidFlag::WNOHANG));
+    }
 }
 
 /// Rounds of looking for descendants that left the group.
@@ -162,9 +202,15 @@ fn kill_escaped() {
         }
         for child in children {
             let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
-            let _ = nix::sys::wait::waitpid(child, None);
         }
         std::thread::sleep(Duration::from_millis(10));
+        // Reaped without waiting: one that cannot be killed (another user's, in
+        // uninterruptible sleep) must not hold the guard past its rounds.
+        while let Ok(status) = nix::sys::wait::waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            if status == nix::sys::wait::WaitStatus::StillAlive {
+                break;
+            }
+        }
     }
 }
 

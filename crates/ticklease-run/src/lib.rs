@@ -17,21 +17,31 @@
 //!   runner tells it, after each acknowledged RENEW, the instant
 //!   `last_ack + abandon_after` on the machine's monotonic clock
 //!   (`CLOCK_MONOTONIC`, the same in both processes). At that instant, or
-//!   when the runner asks (a lost term, a pause, shutdown), or when its
-//!   control pipe closes (the runner died, even by SIGKILL), the guard sends
-//!   SIGTERM to the group, then SIGKILL after the grace. A runner that is
-//!   frozen (SIGSTOP) or cut from the database stops sending deadlines, so
-//!   its child is stopped all the same.
+//!   when the runner asks (a lost term, a pause, shutdown, a timeout), the
+//!   guard sends SIGTERM to the group, then SIGKILL after the grace; when its
+//!   control pipe closes (the runner died, even by SIGKILL) it sends SIGKILL
+//!   at once (with a coordination session another host may start the next
+//!   child within milliseconds). A runner that is frozen (SIGSTOP, Ctrl-Z)
+//!   or cut from the database stops sending deadlines, so its child is
+//!   stopped all the same.
 //! - **The bound**: SIGTERM at the latest at `last_ack + abandon_after`,
 //!   SIGKILL at the latest `grace` later; the grace is validated so that
 //!   `abandon_after + grace < lease_ttl` ([`check_grace`]), so both fall
 //!   before `last_ack + lease_ttl`, no later than the lease's expiry on the
 //!   database (`last_ack` is when the acknowledged RENEW was *sent*). A lost
 //!   term is RELEASEd only once its group is gone (or its lease expired:
-//!   [`ticklease::Manager::set_lost_drain`]), so no host starts the next child
-//!   while the last one's group still runs. Descendants that leave the group
-//!   (`setsid`, a daemon's double fork) come back to the guard, a child
-//!   subreaper, when their parent dies, and are killed with the group.
+//!   [`ticklease::Manager::set_lost_drain`]), so a RELEASE never lets the
+//!   next child start while the last one's group still runs. Descendants
+//!   that leave the group (`setsid`, a daemon's double fork) come back to the
+//!   guard, a child subreaper, when their parent dies; they are reaped as
+//!   they exit and SIGKILLed (no grace) once the child has exited.
+//! - **With a coordination session** a role is acquirable the moment its
+//!   holder's session ends. A dead runner's group gets SIGKILL at once
+//!   (measured: gone in 8–17 ms, the next child 40–50 ms after the kill),
+//!   but a runner whose coordination connection alone is cut (killed by an
+//!   operator, a failed link to the direct endpoint) learns of the takeover
+//!   at its next RENEW: its child may run beside the next one for up to a
+//!   heartbeat plus the grace. Leases alone have no such window.
 //! - **What no process can prevent**: a whole host frozen and resumed (a VM
 //!   paused, a laptop lid) freezes the guard too; its child may run on after
 //!   another host took over. The answer is the fence: the child's own
@@ -42,7 +52,8 @@
 //!   the child has another service start (systemd, at, a remote host) is no
 //!   descendant and out of reach; a pause followed by an unpause within the
 //!   grace may start the next child while the paused one's group is still
-//!   stopping. The fence answers all of them.
+//!   stopping; the coordination-session case above. The fence answers all
+//!   of them.
 //!
 //! The child learns its term from its environment: `TICKLEASE_ROLE`,
 //! `TICKLEASE_TOKEN`, `TICKLEASE_HOLDER` and, on a cron schedule,

@@ -149,22 +149,12 @@ fn drain_lost_terms<S: LeaseStore>(manager: &Manager<S>) {
     manager.set_lost_drain(config.lease_ttl().saturating_sub(config.abandon_after()));
 }
 
-/// Cancels `token` on SIGTERM, SIGINT or SIGHUP: the runner then stops its
-/// children and releases their terms as interrupted.
+/// Cancels `token` on SIGTERM or SIGINT: the runner then stops its
+/// children and releases their terms as interrupted. SIGHUP keeps its
+/// disposition (`nohup` works): a runner it ends is a runner gone, whose
+/// children its guards kill at once.
 pub fn stop_on_signals(token: CancellationToken) -> std::io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-            _ = hup.recv() => {}
-        }
-        token.cancel();
-    });
-    Ok(())
+    ticklease::cancel_on_signals(token)
 }
 
 /// The exit code `--once` gives for how its tick went ([`exit`]).
