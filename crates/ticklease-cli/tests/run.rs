@@ -55,28 +55,53 @@ async fn fixture() -> Fixture {
         .unwrap();
     assert_eq!(migrated.status.code(), Some(0));
     let dir = tempfile::tempdir().unwrap();
-    let child = dir.path().join("child.sh");
-    std::fs::write(&child, CHILD).unwrap();
-    std::fs::set_permissions(&child, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    Fixture { url, dir, child }
+    let mut f = Fixture {
+        url,
+        dir,
+        child: PathBuf::new(),
+    };
+    f.child = f.script("child.sh", CHILD);
+    f
 }
 
 impl Fixture {
+    /// `ticklease run --database-url URL` with the scaled timings, then
+    /// `args`; its children named runner 0; killed when dropped.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticklease"));
+        cmd.args(["run", "--database-url", &self.url])
+            .args(TIMINGS)
+            .args(args)
+            .env("RUNNER", "0")
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// An executable script in the test's directory.
+    fn script(&self, name: &str, body: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, body).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// The recording child, ignoring SIGTERM (and so its `sleep`s too).
+    fn stubborn(&self) -> PathBuf {
+        let body = format!("#!/bin/sh\ntrap '' TERM\nexec {} \"$@\"\n", self.child.display());
+        self.script("stubborn.sh", &body)
+    }
+
     /// A runner of `role` (named `n` to its children) with `flags`, running the child holding `hold` seconds.
     fn runner(&self, n: usize, role: &str, flags: &[&str], hold: &str) -> Child {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticklease"));
-        cmd.args(["run", role, "--database-url", &self.url])
-            .args(TIMINGS)
-            .args(flags)
-            .arg("--")
-            .arg(&self.child)
-            .arg(self.dir.path())
-            .arg(hold)
-            .env("RUNNER", n.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        cmd.spawn().unwrap()
+        quiet(
+            self.command(&[role])
+                .args(flags)
+                .arg("--")
+                .arg(&self.child)
+                .arg(self.dir.path())
+                .arg(hold)
+                .env("RUNNER", n.to_string()),
+        )
     }
 
     fn log(&self) -> Vec<Vec<String>> {
@@ -119,6 +144,11 @@ impl Fixture {
         }
         panic!("no pids of term {token}");
     }
+}
+
+/// Spawns `cmd` with its output discarded.
+fn quiet(cmd: &mut Command) -> Child {
+    cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
 }
 
 fn alive(pid: Pid) -> bool {
@@ -286,25 +316,13 @@ async fn a_pause_stops_the_child_group_at_once_with_a_coordination_session() {
 #[tokio::test]
 async fn a_child_ignoring_sigterm_is_killed_after_the_grace_inside_the_term() {
     let f = fixture().await;
-    let stubborn = f.dir.path().join("stubborn.sh");
-    std::fs::write(
-        &stubborn,
-        format!("#!/bin/sh\ntrap '' TERM\nexec {} \"$@\"\n", f.child.display()),
-    )
-    .unwrap();
-    std::fs::set_permissions(&stubborn, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticklease"));
-    cmd.args(["run", "relay", "--database-url", &f.url, "--grace", "400ms"])
-        .args(TIMINGS)
-        .arg("--")
-        .arg(&stubborn)
-        .arg(f.dir.path())
-        .arg("30")
-        .env("RUNNER", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
-    let mut runner = cmd.spawn().unwrap();
+    let stubborn = f.stubborn();
+    let mut runner = quiet(
+        f.command(&["relay", "--grace", "400ms", "--"])
+            .arg(&stubborn)
+            .arg(f.dir.path())
+            .arg("30"),
+    );
     let (token, _) = f.started(1, Duration::from_secs(20)).await;
     let pids = f.pids(token).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -324,9 +342,7 @@ async fn a_child_ignoring_sigterm_is_killed_after_the_grace_inside_the_term() {
 }
 
 async fn once(f: &Fixture, role: &str, flags: &[&str], command: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(["run", role, "--database-url", &f.url, "--once"])
-        .args(TIMINGS)
+    f.command(&[role, "--once"])
         .args(flags)
         .arg("--")
         .args(command)
@@ -458,12 +474,9 @@ async fn a_psql_childs_fenced_claim_passes_in_its_term_and_not_after_a_takeover(
 async fn usage_errors_exit_2_and_write_nothing() {
     let f = fixture().await;
     let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_ticklease"))
-            .args(["run", "nothing", "--database-url", &f.url])
-            .args(TIMINGS)
-            .args(args)
-            .output()
-            .unwrap()
+        let mut cmd = f.command(&["nothing"]);
+        cmd.args(args);
+        async move { cmd.output().await.unwrap() }
     };
     for (args, says) in [
         (&["true"][..], "unexpected argument"),
@@ -477,7 +490,7 @@ async fn usage_errors_exit_2_and_write_nothing() {
         (&["--grace", "0s", "--", "true"][..], "--grace"),
         (&["--every", "0s", "--", "true"][..], "interval"),
     ] {
-        let o = run(args);
+        let o = run(args).await;
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
@@ -508,16 +521,8 @@ async fn a_jobs_file_runs_each_role_and_a_bad_one_is_refused_naming_the_job_and_
         ),
     )
     .unwrap();
-    let mut runner = Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(["run", "--jobs"])
-        .arg(&file)
-        .args(["--database-url", &f.url])
-        .args(TIMINGS)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let jobs = file.to_str().unwrap();
+    let mut runner = quiet(&mut f.command(&["--jobs", jobs]));
     let log = f.dir.path().join("jobs.log");
     let deadline = Instant::now() + Duration::from_secs(20);
     let text = loop {
@@ -540,16 +545,7 @@ async fn a_jobs_file_runs_each_role_and_a_bad_one_is_refused_naming_the_job_and_
         "[job.slow]\ncommand = [\"sleep\", \"30\"]\ntimeout = \"300ms\"\nevery = \"1h\"\n",
     )
     .unwrap();
-    let mut slow = Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(["run", "--jobs"])
-        .arg(&file)
-        .args(["--database-url", &f.url])
-        .args(TIMINGS)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut slow = quiet(&mut f.command(&["--jobs", jobs]));
     let client = ticklease_testkit::connect(&f.url.parse().unwrap()).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let error: String = loop {
@@ -594,14 +590,7 @@ async fn a_jobs_file_runs_each_role_and_a_bad_one_is_refused_naming_the_job_and_
         ("[jobs.a]\ncommand = [\"true\"]\n", "unknown key \"jobs\""),
     ] {
         std::fs::write(&file, body).unwrap();
-        let o = Command::new(env!("CARGO_BIN_EXE_ticklease"))
-            .args(["run", "--jobs"])
-            .arg(&file)
-            .args(["--database-url", &f.url])
-            .args(TIMINGS)
-            .output()
-            .await
-            .unwrap();
+        let o = f.command(&["--jobs", jobs]).output().await.unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{body}: {err}");
         assert!(err.contains(says), "{body}: {err}");
@@ -616,17 +605,7 @@ async fn a_jobs_file_runs_each_role_and_a_bad_one_is_refused_naming_the_job_and_
 }
 
 fn spawn_once(f: &Fixture, role: &str, command: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(["run", role, "--database-url", &f.url, "--once"])
-        .args(TIMINGS)
-        .arg("--")
-        .args(command)
-        .env("RUNNER", "0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+    quiet(f.command(&[role, "--once", "--"]).args(command))
 }
 
 async fn exit_within(child: &mut Child, within: Duration) -> Option<i32> {
@@ -689,20 +668,13 @@ async fn once_on_sigterm_stops_its_child_releases_and_exits_130() {
 #[tokio::test]
 async fn a_runner_stopped_by_ctrl_z_still_has_its_child_stopped_before_the_lease_expires() {
     let f = fixture().await;
-    let mut runner = Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(["run", "relay", "--database-url", &f.url])
-        .args(TIMINGS)
-        .arg("--")
-        .arg(&f.child)
-        .arg(f.dir.path())
-        .arg("30")
-        .env("RUNNER", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut runner = quiet(
+        f.command(&["relay", "--"])
+            .arg(&f.child)
+            .arg(f.dir.path())
+            .arg("30")
+            .process_group(0),
+    );
     let (token, _) = f.started(1, Duration::from_secs(20)).await;
     let pids = f.pids(token).await;
     let group = Pid::from_raw(runner.id().unwrap() as i32);
@@ -723,33 +695,16 @@ async fn a_runner_stopped_by_ctrl_z_still_has_its_child_stopped_before_the_lease
 #[tokio::test]
 async fn a_lost_terms_group_is_gone_before_the_next_child_starts() {
     let f = fixture().await;
-    let stubborn = f.dir.path().join("stubborn.sh");
     let log = f.dir.path().join("alive");
     let body = format!(
         "#!/bin/sh\ntrap '' TERM\nwhile true; do echo \"$(cut -d' ' -f1 /proc/uptime) $TICKLEASE_TOKEN\" >> {}; sleep 0.05; done\n",
         log.display()
     );
-    std::fs::write(&stubborn, body).unwrap();
-    std::fs::set_permissions(&stubborn, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let mut runner = Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args([
-            "run",
-            "ovl",
-            "--database-url",
-            &f.url,
-            "--every",
-            "100ms",
-            "--grace",
-            "700ms",
-        ])
-        .args(TIMINGS)
-        .arg("--")
-        .arg(&stubborn)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let stubborn = f.script("alive.sh", &body);
+    let mut runner = quiet(
+        f.command(&["ovl", "--every", "100ms", "--grace", "700ms", "--"])
+            .arg(&stubborn),
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::read_to_string(&log).unwrap_or_default().is_empty() {
         assert!(Instant::now() < deadline, "no child");
@@ -813,26 +768,13 @@ async fn a_childs_last_words_without_a_newline_reach_the_history() {
 #[tokio::test]
 async fn a_dead_runners_child_is_killed_at_once_without_its_grace() {
     let f = fixture().await;
-    let stubborn = f.dir.path().join("stubborn.sh");
-    std::fs::write(
-        &stubborn,
-        format!("#!/bin/sh\ntrap '' TERM\nexec {} \"$@\"\n", f.child.display()),
-    )
-    .unwrap();
-    std::fs::set_permissions(&stubborn, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let runner = Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(["run", "relay", "--database-url", &f.url, "--grace", "700ms"])
-        .args(TIMINGS)
-        .arg("--")
-        .arg(&stubborn)
-        .arg(f.dir.path())
-        .arg("30")
-        .env("RUNNER", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let stubborn = f.stubborn();
+    let runner = quiet(
+        f.command(&["relay", "--grace", "700ms", "--"])
+            .arg(&stubborn)
+            .arg(f.dir.path())
+            .arg("30"),
+    );
     let (token, _) = f.started(1, Duration::from_secs(20)).await;
     let pids = f.pids(token).await;
     signal(&runner, Signal::SIGKILL);

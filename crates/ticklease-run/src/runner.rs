@@ -31,8 +31,6 @@ pub mod exit {
     pub const INTERRUPTED: i32 = 130;
 }
 
-use exit as ExitCode;
-
 /// One role's command and how it runs.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -163,14 +161,14 @@ pub fn exit_code_of(lead: &Lead<()>) -> i32 {
         Lead::Completed { .. } => 0,
         Lead::Failed { error, .. } => match error.downcast_ref::<RunError>() {
             Some(RunError::Exit { code, .. }) => *code,
-            _ => ExitCode::ERROR,
+            _ => exit::ERROR,
         },
-        Lead::Lost { .. } => ExitCode::LOST,
-        Lead::Interrupted { .. } | Lead::ShuttingDown => ExitCode::INTERRUPTED,
-        Lead::Refused(Refusal::Held { .. }) => ExitCode::HELD,
-        Lead::Refused(Refusal::Paused { .. }) => ExitCode::PAUSED,
-        Lead::Refused(_) => ExitCode::NOT_DUE,
-        _ => ExitCode::ERROR,
+        Lead::Lost { .. } => exit::LOST,
+        Lead::Interrupted { .. } | Lead::ShuttingDown => exit::INTERRUPTED,
+        Lead::Refused(Refusal::Held { .. }) => exit::HELD,
+        Lead::Refused(Refusal::Paused { .. }) => exit::PAUSED,
+        Lead::Refused(_) => exit::NOT_DUE,
+        _ => exit::ERROR,
     }
 }
 

@@ -398,11 +398,6 @@ impl Schedule {
         self.catch_up
     }
 
-    /// The starting deadline, if one is set.
-    pub fn starting_deadline_bound(&self) -> Option<Duration> {
-        self.starting_deadline
-    }
-
     /// Checks the schedule can run a role family's keys: an interval, or a
     /// cron schedule catching up with [`CatchUp::Latest`] and no starting
     /// deadline (a family's batched ACQUIRE runs the latest occurrence).
