@@ -237,6 +237,84 @@ async fn a_killed_coordination_session_lets_a_follower_take_over_and_the_old_hol
     stop_b.cancel();
 }
 
+/// Issue 32, item 2: with wake-ups only (`PgStore::with_direct_wakeups`),
+/// the end of the holder's coordination session (here every session is
+/// terminated, as a server-side keepalive or a restart would) ends no term:
+/// the holder renews on, and no follower leads while it does. Its release
+/// is still heard at once.
+#[tokio::test]
+async fn a_holder_with_wake_ups_only_keeps_its_term_when_its_session_ends_and_its_release_is_heard_at_once() {
+    let config = ticklease_testkit::test_config();
+    let db = migrated_db(PgCluster::shared()).await;
+    let owner = connect(&direct(&db)).await.unwrap();
+    let wakeups = || async {
+        PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+            .await
+            .unwrap()
+            .with_direct_wakeups(direct(&db))
+            .await
+            .unwrap()
+    };
+    let a = manager(wakeups().await, config).await;
+    let b = manager(wakeups().await, config).await;
+    assert_eq!(a.store().holder_key(), None, "no key is recorded");
+    let (token_a, finish_a, lead_a) = leader(a.clone(), HOUR);
+    let token_a = token_a.await.unwrap();
+    let recorded: Option<i64> = scalar(
+        &owner,
+        "SELECT holder_key FROM leader_leases WHERE role = 'billing'",
+    )
+    .await;
+    assert_eq!(recorded, None, "ACQUIRE records no key");
+    // Due again at once after A's completed tick.
+    let (mut ticks_b, stop_b) = follower(b.clone(), Duration::from_millis(1));
+    let sessions = "SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+                     WHERE locktype = 'advisory' AND objsubid = 1 AND mode = 'ExclusiveLock' AND granted
+                       AND pid::int8 = classid::int8
+                       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    until("both coordination sessions are up", || async {
+        scalar::<i64>(&owner, &sessions.replace("pg_terminate_backend(pid)", "pid")).await == 2
+    })
+    .await;
+    assert_eq!(scalar::<i64>(&owner, sessions).await, 2);
+
+    // Two leases' worth: A renews on, B never leads.
+    let waited = config.lease_ttl() * 2;
+    assert!(
+        tokio::time::timeout(waited, ticks_b.recv()).await.is_err(),
+        "B led while A, alive, renewed its term"
+    );
+    let renewed: bool = scalar(
+        &owner,
+        &format!(
+            "SELECT holder_token = {} AND expires_at > now() FROM leader_leases WHERE role = 'billing'",
+            token_a.0
+        ),
+    )
+    .await;
+    assert!(renewed, "A's term is still live");
+
+    // The sessions came back: A's release wakes B at once.
+    until("both coordination sessions are back", || async {
+        scalar::<i64>(&owner, &sessions.replace("pg_terminate_backend(pid)", "pid")).await == 2
+    })
+    .await;
+    let released = Instant::now();
+    finish_a.send(()).unwrap();
+    assert!(matches!(lead_a.await.unwrap(), Lead::Completed { .. }));
+    let (token_b, led_b) = tokio::time::timeout(Duration::from_secs(10), ticks_b.recv())
+        .await
+        .expect("B leads after A's release")
+        .unwrap();
+    assert!(token_b > token_a);
+    assert!(
+        led_b - released < FAST,
+        "B led {:?} after the release",
+        led_b - released
+    );
+    stop_b.cancel();
+}
+
 /// A loop of the application's own over `Manager::lead`, waiting on
 /// `NextChance`, is woken as the scheduler is: at once when the holder's
 /// session ends and when it releases, not when the lease runs out.

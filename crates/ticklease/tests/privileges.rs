@@ -166,6 +166,21 @@ async fn the_operator_pauses_unpauses_and_reads_status_but_writes_nothing_else()
     denied(&client, "SELECT leader_seed(ARRAY['x'])").await;
 }
 
+/// From the review of issue 32 (item 8): the status page's timeline read
+/// leader_leases with the reader's rights, which the operator role may not
+/// read: the page was 503 for an operator login. It reads role names only.
+#[tokio::test]
+async fn the_operator_reads_the_timeline_the_status_page_shows_but_no_lease_column_beyond_the_role() {
+    let (owner, operator) = db_with_user(&MigrateOptions::default(), Some("ticklease_operator")).await;
+    let owner = connect(&owner).await.unwrap();
+    allowed(&owner, "SELECT leader_seed(ARRAY['billing'])").await;
+    allowed(&owner, "SELECT leader_acquire('billing', 'h', 60000, 1000)").await;
+    let client = connect(&operator).await.unwrap();
+    allowed(&client, "SELECT * FROM leader_timeline(3600000, 24, 50, 100)").await;
+    denied(&client, "SELECT holder_token, holder_key FROM leader_leases").await;
+    allowed(&client, "SELECT role FROM leader_leases").await;
+}
+
 #[tokio::test]
 async fn a_role_without_the_grants_gets_permission_denied() {
     let (_, nobody) = db_with_user(&MigrateOptions::default(), None).await;

@@ -74,6 +74,10 @@ pub struct PgStore {
     statement_timeout: Duration,
     cancel: CancelTarget,
     signals: Option<Signals>,
+    /// Whether statements record the session's holder key, so that its end
+    /// ends this replica's terms ([`PgStore::with_direct`]) or not
+    /// ([`PgStore::with_direct_wakeups`]).
+    records_key: bool,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -122,6 +126,7 @@ impl PgStore {
             statement_timeout: options.statement_timeout,
             cancel,
             signals: None,
+            records_key: false,
         };
         let conn = store
             .conn("schema check", Instant::now() + store.statement_timeout)
@@ -140,7 +145,24 @@ impl PgStore {
         let pooled = self.clone();
         let check = |key: i64, channel: String| async move { pooled.coordination_check(key, &channel).await };
         self.signals = Some(Signals::start(direct.into(), self.statement_timeout, check).await?);
+        self.records_key = true;
         Ok(self)
+    }
+
+    /// A coordination session on `direct` that only wakes this replica:
+    /// releases, pauses, unpauses and run-nows are heard at once, as with
+    /// [`PgStore::with_direct`], but no holder key is recorded with its
+    /// terms, so they end by their lease (or a release, or a pause) and
+    /// never because the session ended. For work the fence cannot stop (a
+    /// `ticklease run` child): a session's end does not say that its
+    /// replica's work stopped (a link cut on the server's side only, a
+    /// Postgres restart, `pg_terminate_backend`), and a takeover on it would
+    /// start the next term's work beside the last one's. A dead holder's
+    /// role is taken over when its lease expires, as without a session.
+    pub async fn with_direct_wakeups(self, direct: impl Into<PgConnect>) -> Result<Self, StoreError> {
+        let mut store = self.with_direct(direct).await?;
+        store.records_key = false;
+        Ok(store)
     }
 
     /// Through the pooled path: the session's key is visible (both URLs
@@ -172,9 +194,13 @@ impl PgStore {
     }
 
     /// This replica's holder key while its coordination session is up (a
-    /// new one after each reconnect); `None` without one.
+    /// new one after each reconnect), recorded with its terms; `None`
+    /// without one, or with [`PgStore::with_direct_wakeups`].
     pub fn holder_key(&self) -> Option<i64> {
-        self.signals.as_ref().and_then(Signals::key)
+        self.signals
+            .as_ref()
+            .filter(|_| self.records_key)
+            .and_then(Signals::key)
     }
 
     /// Runs a statement that passed this replica's key: when the database

@@ -24,29 +24,52 @@ $fn$;
 CREATE OR REPLACE FUNCTION @schema@.leader_fence_swept(p_roles text[], p_pid integer) RETURNS TABLE (pid integer)
 LANGUAGE sql VOLATILE
 AS $fn$
-    -- The backends (all, or p_pid alone) holding both fence locks of a
-    -- term of p_roles that is over (leader_fence_sweep): one read of the
-    -- lock table, joined to the roles' two hashes by equality, so its cost
-    -- grows with the locks and roles, not with their product.
-    WITH over AS (
+    -- The backends (all, or p_pid alone) in a transaction that passed the
+    -- fence of a term of p_roles that is over (leader_fence_sweep). One
+    -- read of the lock table, whatever it holds (its size is bounded by
+    -- max_locks_per_transaction x max_connections, not by this function):
+    -- the advisory keys are public, so a backend counts only if it also
+    -- holds the ROW EXCLUSIVE lock on leader_fence_claims that the fence's
+    -- INSERT takes, which no login without INSERT on that table can hold
+    -- (every login but the owner: the app role writes it only through the
+    -- fence). Pairs planted on the keys by any other login are never found.
+    -- The lock table's rows are narrowed to the claimers' first (few: one
+    -- per fenced transaction) and only then matched to the roles' hashes, so
+    -- the work past the one read grows with the claimers, not the locks.
+    WITH locks AS MATERIALIZED (
+        SELECT k.pid, k.locktype, k.classid, k.objid
+          FROM pg_catalog.pg_locks AS k
+         WHERE k.granted AND k.pid <> pg_backend_pid()
+           AND (p_pid IS NULL OR k.pid = p_pid)
+           AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
+           AND ((k.locktype = 'advisory' AND k.objsubid = 2)
+                OR (k.locktype = 'relation' AND k.mode = 'RowExclusiveLock'
+                    AND k.relation = (SELECT pg_catalog.format('%I.leader_fence_claims', @schema_text@)::regclass)))
+    ),
+    claimers AS MATERIALIZED (
+        SELECT DISTINCT c.pid FROM locks AS c WHERE c.locktype = 'relation'
+    ),
+    pairs AS MATERIALIZED (
+        SELECT k.pid, k.classid, k.objid
+          FROM locks AS k JOIN claimers AS c ON c.pid = k.pid
+         WHERE k.locktype = 'advisory'
+    ),
+    over AS (
         SELECT l.role,
                l.holder_token + CASE WHEN l.holder_id IS NULL OR l.paused_at IS NOT NULL THEN 1 ELSE 0 END
                    AS before
           FROM @schema@.leader_leases AS l
          WHERE l.role = ANY (p_roles)
     ),
-    hashes AS (
+    hashes AS MATERIALIZED (
         SELECT o.role, o.before, h.which,
                (@schema@.leader_role_hash(o.role, h.which)::bigint & 4294967295)::oid AS classid
           FROM over AS o CROSS JOIN (VALUES (1), (2)) AS h(which)
     )
     SELECT DISTINCT k.pid
-      FROM pg_catalog.pg_locks AS k
+      FROM pairs AS k
       JOIN hashes AS h ON h.classid = k.classid
-     WHERE k.locktype = 'advisory' AND k.objsubid = 2 AND k.granted AND k.pid <> pg_backend_pid()
-       AND (p_pid IS NULL OR k.pid = p_pid)
-       AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
-       AND ((h.before - k.objid::bigint) & 4294967295) BETWEEN 1 AND 2147483647
+     WHERE ((h.before - k.objid::bigint) & 4294967295) BETWEEN 1 AND 2147483647
      -- The same backend holds both hashes' locks of the same term.
      GROUP BY h.role, k.pid, k.objid
     HAVING count(DISTINCT h.which) = 2
@@ -66,20 +89,22 @@ AS $fn$
 -- ends a term, inside their statements. Earlier is read from the tokens'
 -- low 32 bits (the lock's objid): tokens are epoch milliseconds at least,
 -- so a term counts as earlier for about 24 days of later acquisitions.
--- Each backend found is looked at again, alone, just before it is ended (a
--- pooled backend may have finished that transaction and begun another
--- client's: then it holds the locks no more). At most 64 a call: the locks
--- are public, and a login's own backends holding matching pairs only cost
--- a look each. It ends backends with its owner's rights: a superuser, or a
--- member of pg_signal_backend (others' backends are skipped, and never a
+-- Its work is one read of the lock table and one signal per backend found:
+-- only backends in a fenced transaction are found (leader_fence_swept),
+-- at most one per connection slot, so what other logins hold in pg_locks
+-- neither slows it nor takes a claimer's place. Each is ended right after
+-- the read, without a second look (a second read would take as long as
+-- the window it closes): a pooled backend that finished the claim and
+-- began another client's transaction within those microseconds is ended
+-- too. It ends backends with its owner's rights: a superuser, or a member
+-- of pg_signal_backend (others' backends are skipped, and never a
 -- superuser's unless the owner is one). Returns how many it ended.
 DECLARE
     claimer integer;
     ended integer := 0;
 BEGIN
     PERFORM @schema@.leader_check_batch('leader_fence_sweep', p_roles);
-    FOR claimer IN SELECT s.pid FROM @schema@.leader_fence_swept(p_roles, NULL) AS s LIMIT 64 LOOP
-        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM @schema@.leader_fence_swept(p_roles, claimer));
+    FOREACH claimer IN ARRAY ARRAY(SELECT s.pid FROM @schema@.leader_fence_swept(p_roles, NULL) AS s) LOOP
         BEGIN
             IF pg_terminate_backend(claimer) THEN
                 ended := ended + 1;

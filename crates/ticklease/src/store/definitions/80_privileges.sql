@@ -93,6 +93,9 @@ BEGIN
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION leader_pause(text, text, text), leader_unpause(text),
                         leader_run_now(text), leader_fence_sweep(text[]), leader_forget(text)
                         TO %I', p_operator);
+        -- leader_timeline (the status page) lists the roles with its reader's
+        -- rights; the role names alone, no holder, key or token.
+        EXECUTE pg_catalog.format('GRANT SELECT (role) ON leader_leases TO %I', p_operator);
     END IF;
 END
 $$;

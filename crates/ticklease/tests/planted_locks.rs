@@ -1,0 +1,200 @@
+//! Issue 32, items 1 and 3: the fence's advisory-lock keys are public (any
+//! login computes a role's two class ids from `leader_role_hash`'s text and
+//! reads tokens in `pg_locks`). A login with CONNECT alone that holds
+//! "earlier" pairs of a role's keys in many backends, and fills the lock
+//! table, must make no takeover or pause slower than its statement timeout,
+//! take no claimer's place in the sweep, and lose none of its own backends
+//! to it. On a cluster of its own: the lock table is shared by every
+//! database of a cluster, and this test fills most of it.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Config};
+
+use ticklease_testkit::{connect, PgCluster};
+
+/// Backends of the hostile login, each holding one planted pair (more than
+/// the 64 candidates the sweep once looked at).
+const PLANTED: usize = 100;
+
+/// Locks the hostile login adds to the lock table (its capacity here is
+/// max_locks_per_transaction 64 x max_connections 400).
+const FILLER: i32 = 20_000;
+
+/// The statement timeout every decision runs under here (the test timings').
+const STATEMENT_TIMEOUT: &str = "SET statement_timeout = 500";
+
+struct Logins {
+    owner: Client,
+    db: Config,
+}
+
+impl Logins {
+    async fn create(cluster: &PgCluster) -> Logins {
+        let name = cluster.create_database().await.unwrap();
+        let db = cluster.config(&name);
+        let mut owner = connect(&db).await.unwrap();
+        ticklease::migrate(&mut owner).await.unwrap();
+        owner
+            .batch_execute(
+                "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint);
+                 INSERT INTO jobs SELECT g, NULL FROM generate_series(1, 10) g;
+                 GRANT SELECT, UPDATE ON jobs TO ticklease_app;
+                 CREATE ROLE planted_app1 LOGIN IN ROLE ticklease_app;
+                 CREATE ROLE planted_app2 LOGIN IN ROLE ticklease_app;
+                 CREATE ROLE planted_operator LOGIN IN ROLE ticklease_operator;
+                 CREATE ROLE planted_nobody LOGIN;
+                 SELECT leader_seed(ARRAY['victim'])",
+            )
+            .await
+            .unwrap();
+        Logins { owner, db }
+    }
+
+    async fn login(&self, user: &str) -> Client {
+        let mut as_user = self.db.clone();
+        as_user.user(user);
+        let client = connect(&as_user).await.unwrap();
+        client.batch_execute(STATEMENT_TIMEOUT).await.unwrap();
+        client
+    }
+
+    /// Waits until the role's term has expired on the database clock.
+    async fn expired(&self, role: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let row = self
+                .owner
+                .query_one(
+                    "SELECT expires_at <= now() FROM leader_leases WHERE role = $1",
+                    &[&role],
+                )
+                .await
+                .unwrap();
+            if row.get::<_, Option<bool>>(0) == Some(true) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the term never expired");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A term of `role` for `holder`; its token.
+async fn acquire(client: &Client, role: &str, holder: &str, ttl_ms: i64) -> i64 {
+    let row = client
+        .query_typed(
+            "SELECT holder_token FROM leader_acquire($1, $2, $3, 1)",
+            &[(&role, Type::TEXT), (&holder, Type::TEXT), (&ttl_ms, Type::INT8)],
+        )
+        .await
+        .unwrap();
+    row[0].get::<_, Option<i64>>(0).expect("the role is free")
+}
+
+/// Opens a transaction on `client` that passes the fence and locks job `id`.
+async fn claim_and_freeze(client: &Client, role: &str, token: i64, id: i32) {
+    client.batch_execute("BEGIN").await.unwrap();
+    let n = client
+        .execute_typed(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = $3 AND (SELECT leader_fence($1, $2))",
+            &[(&role, Type::TEXT), (&token, Type::INT8), (&id, Type::INT4)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "the live term's claim passes the fence");
+}
+
+/// The hostile login's plant: `PLANTED` backends holding an "earlier" pair
+/// of the role's fence keys (computed from public text alone), one holding
+/// `FILLER` more locks.
+async fn plant(logins: &Logins, role: &str, token: i64) -> Vec<Client> {
+    let key = |which: i32| format!("hashtext('ticklease:{which}:6:public:{role}')");
+    let earlier = ((token - 1000) & 0xffff_ffff) as u32 as i32;
+    let mut planted = Vec::with_capacity(PLANTED + 1);
+    for _ in 0..PLANTED {
+        let nobody = logins.login("planted_nobody").await;
+        nobody
+            .batch_execute(&format!(
+                "SELECT pg_advisory_lock_shared({}, {earlier}), pg_advisory_lock_shared({}, {earlier})",
+                key(1),
+                key(2)
+            ))
+            .await
+            .unwrap();
+        planted.push(nobody);
+    }
+    let filler = logins.login("planted_nobody").await;
+    filler
+        .batch_execute(&format!(
+            "SET statement_timeout = 0; SELECT count(pg_advisory_lock(7, g)) FROM generate_series(1, {FILLER}) g"
+        ))
+        .await
+        .unwrap();
+    planted.push(filler);
+    planted
+}
+
+/// Every planted backend still answers: the sweep ended none of them.
+async fn all_alive(planted: &[Client]) {
+    for (i, nobody) in planted.iter().enumerate() {
+        nobody
+            .batch_execute("SELECT 1")
+            .await
+            .unwrap_or_else(|e| panic!("planted backend {i} was ended by the sweep: {e}"));
+    }
+}
+
+/// The frozen claimer was ended: its transaction cannot commit.
+async fn ended(claimer: &Client, what: &str) {
+    let commit = claimer.batch_execute("COMMIT").await;
+    assert!(
+        commit.is_err() || claimer.is_closed(),
+        "{what}: the frozen claimer survived the sweep"
+    );
+}
+
+#[tokio::test]
+async fn a_login_with_connect_alone_that_plants_fence_keys_slows_no_takeover_or_pause_and_hides_no_claimer() {
+    let cluster = PgCluster::start().unwrap();
+    let logins = Logins::create(&cluster).await;
+    let app1 = logins.login("planted_app1").await;
+    let app2 = logins.login("planted_app2").await;
+    let first = acquire(&app1, "victim", "a", 1500).await;
+    let planted = plant(&logins, "victim", first).await;
+    let claimer = logins.login("planted_app1").await;
+    claim_and_freeze(&claimer, "victim", first, 1).await;
+    logins.expired("victim").await;
+
+    // The takeover: within the statement timeout, the claimer ended, the plants spared.
+    let started = Instant::now();
+    let second = acquire(&app2, "victim", "b", 60_000).await;
+    let took = started.elapsed();
+    ended(&claimer, "takeover").await;
+    all_alive(&planted).await;
+    app2.batch_execute("SET lock_timeout = 200").await.unwrap();
+    let reclaimed = app2
+        .execute_typed(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+            &[(&"victim", Type::TEXT), (&second, Type::INT8)],
+        )
+        .await
+        .expect("the frozen claimer's row is free again");
+    assert_eq!(reclaimed, 1);
+
+    // The pause: the same, for the operator.
+    let claimer = logins.login("planted_app2").await;
+    claim_and_freeze(&claimer, "victim", second, 2).await;
+    let operator = logins.login("planted_operator").await;
+    let started = Instant::now();
+    operator
+        .batch_execute("SELECT leader_pause('victim', 'oncall', 'planted keys')")
+        .await
+        .expect("the pause answers within the statement timeout");
+    let paused = started.elapsed();
+    ended(&claimer, "pause").await;
+    all_alive(&planted).await;
+    println!("takeover {took:?}, pause {paused:?} with {PLANTED} planted pairs and {FILLER} more locks");
+}
