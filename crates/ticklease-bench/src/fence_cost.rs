@@ -208,6 +208,20 @@ async fn reset(client: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Fails when a run's claims matched no row: a fence whose term is not
+/// current is cheap (nothing is written) and would pass for a fast one.
+async fn claimed_some(client: &Client, variant: &str) -> anyhow::Result<()> {
+    let claimed: i64 = client
+        .query_one("SELECT count(*) FROM jobs WHERE claimed_by IS NOT NULL", &[])
+        .await?
+        .get(0);
+    anyhow::ensure!(
+        claimed > 0,
+        "{variant}: no claim matched a row (is the bench's term of {ROLE} still current?)"
+    );
+    Ok(())
+}
+
 /// A postmaster of the bench's own on the kit cluster's data directory.
 struct OwnPostmaster {
     child: Child,
@@ -217,7 +231,11 @@ impl OwnPostmaster {
     /// Stops the kit's postmaster and starts one with `max_prepared_transactions`
     /// at `prepared`, otherwise the kit's settings, on the same port.
     async fn start(cluster: &PgCluster, prepared: u32) -> anyhow::Result<OwnPostmaster> {
-        cluster.stop();
+        // A clean shutdown (a checkpoint): the kit runs with synchronous_commit
+        // off, so an immediate one loses the setup's last commits still in the
+        // WAL buffers (the claim table, the term) and the runs find no table,
+        // or claim nothing behind a fence whose term is gone.
+        cluster.stop_fast();
         let bindir = ticklease_testkit::cluster::bindir()?;
         let data = cluster.data_dir();
         let owner = std::fs::metadata(&data)?;
@@ -407,12 +425,13 @@ pub async fn run(options: FenceOptions) -> anyhow::Result<Report> {
                     .unwrap_or_else(|| dbs[fence_db].as_ref().expect("db"));
                 let client = connect(&cluster.config(&db.name)).await?;
                 reset(&client).await?;
-                drop(client);
                 let script = dir.path().join(format!("{}-{}.sql", shape.as_str(), v.name()));
                 std::fs::write(&script, shape.script(v.predicate()))?;
                 let load_before = loadavg();
                 let (tps, transactions, failed, latency_ms) =
                     pgbench(&cluster, db, &script, clients, options.secs, &options.protocol)?;
+                claimed_some(&client, v.name()).await?;
+                drop(client);
                 let r = Run {
                     prepared,
                     shape,
