@@ -143,6 +143,8 @@ pub struct Run {
     pub transactions: u64,
     pub failed: u64,
     pub latency_ms: f64,
+    /// Each transaction's latency (pgbench's per-transaction log): p50 / p99 / max, ms.
+    pub latency: Option<crate::stats::Summary>,
     pub load_before: f64,
     pub load_after: f64,
 }
@@ -317,6 +319,7 @@ fn pgbench(
     clients: u32,
     secs: u64,
     protocol: &str,
+    logs: &Path,
 ) -> anyhow::Result<(f64, u64, u64, f64)> {
     let bindir = ticklease_testkit::cluster::bindir()?;
     let out = Command::new(bindir.join("pgbench"))
@@ -332,6 +335,8 @@ fn pgbench(
         .args(["-c", &clients.to_string(), "-j", &clients.min(2).to_string()])
         .args(["-D", &format!("token={}", db.token), "-D", "mark=0"])
         .args(["-D", &format!("role={ROLE}")])
+        .arg("-l")
+        .arg(format!("--log-prefix={}", logs.join("tx").display()))
         .arg("-f")
         .arg(script)
         .arg(&db.name)
@@ -359,6 +364,21 @@ fn pgbench(
         .and_then(|v| v.parse().ok())
         .unwrap_or(f64::NAN);
     Ok((tps, transactions, failed, latency))
+}
+
+/// Every transaction's latency in ms, from pgbench's per-transaction logs
+/// in `dir` (`client transaction latency_us script epoch epoch_us`).
+fn transaction_latencies_ms(dir: &Path) -> anyhow::Result<Vec<f64>> {
+    let mut ms = Vec::new();
+    for file in std::fs::read_dir(dir)? {
+        let text = std::fs::read_to_string(file?.path())?;
+        ms.extend(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().nth(2)?.parse::<f64>().ok())
+                .map(|us| us / 1000.0),
+        );
+    }
+    Ok(ms)
 }
 
 /// What was measured and on what.
@@ -428,8 +448,16 @@ pub async fn run(options: FenceOptions) -> anyhow::Result<Report> {
                 let script = dir.path().join(format!("{}-{}.sql", shape.as_str(), v.name()));
                 std::fs::write(&script, shape.script(v.predicate()))?;
                 let load_before = loadavg();
-                let (tps, transactions, failed, latency_ms) =
-                    pgbench(&cluster, db, &script, clients, options.secs, &options.protocol)?;
+                let logs = tempfile::tempdir()?;
+                let (tps, transactions, failed, latency_ms) = pgbench(
+                    &cluster,
+                    db,
+                    &script,
+                    clients,
+                    options.secs,
+                    &options.protocol,
+                    logs.path(),
+                )?;
                 claimed_some(&client, v.name()).await?;
                 drop(client);
                 let r = Run {
@@ -442,6 +470,7 @@ pub async fn run(options: FenceOptions) -> anyhow::Result<Report> {
                     transactions,
                     failed,
                     latency_ms,
+                    latency: summarize(&transaction_latencies_ms(logs.path())?),
                     load_before,
                     load_after: loadavg(),
                 };
@@ -479,6 +508,23 @@ impl Report {
             .collect()
     }
 
+    /// A cell's transaction latencies: the median over its runs of each
+    /// run's p50 and p99, and the largest max.
+    fn latency(&self, prepared: u32, shape: Shape, clients: u32, variant: &str) -> String {
+        let of = |pick: fn(&crate::stats::Summary) -> f64| -> Vec<f64> {
+            self.runs
+                .iter()
+                .filter(|r| r.prepared == prepared && r.shape == shape && r.clients == clients)
+                .filter(|r| r.variant == variant)
+                .filter_map(|r| r.latency.as_ref().map(pick))
+                .collect()
+        };
+        match (summarize(&of(|l| l.p50)), summarize(&of(|l| l.p99)), summarize(&of(|l| l.max))) {
+            (Some(p50), Some(p99), Some(max)) => format!("{:.2} / {:.2} / {:.1}", p50.p50, p99.p50, max.max),
+            _ => String::new(),
+        }
+    }
+
     fn variants(&self) -> Vec<String> {
         let mut v: Vec<String> = Vec::new();
         for r in &self.runs {
@@ -493,8 +539,8 @@ impl Report {
     /// max tps over the runs, and the p50 ratio to the unfenced p50.
     pub fn table(&self) -> String {
         let mut out = String::from(
-            "| max_prepared_transactions | claim | clients | variant | runs | p50 tps | min | max | p50 / unfenced p50 | p50 / lock-free p50 |\n\
-             |---|---|---|---|---|---|---|---|---|---|\n",
+            "| max_prepared_transactions | claim | clients | variant | runs | p50 tps | min | max | p50 / unfenced p50 | p50 / lock-free p50 | latency p50 / p99 / max ms |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for &prepared in &self.options.prepared {
             for &shape in &self.options.shapes {
@@ -510,14 +556,15 @@ impl Report {
                             |base: Option<f64>| base.map(|b| format!("{:.2}", s.p50 / b)).unwrap_or_default();
                         let _ = writeln!(
                             out,
-                            "| {prepared} | {} | {clients} | {v} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
+                            "| {prepared} | {} | {clients} | {v} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
                             shape.as_str(),
                             s.n,
                             s.p50,
                             s.min,
                             s.max,
                             ratio(unfenced),
-                            ratio(lockfree)
+                            ratio(lockfree),
+                            self.latency(prepared, shape, clients, &v)
                         );
                     }
                 }
@@ -529,12 +576,13 @@ impl Report {
     /// Every run as CSV.
     pub fn csv(&self) -> String {
         let mut out = String::from(
-            "max_prepared_transactions,claim,clients,variant,round,seconds,tps,transactions,failed,latency_ms,loadavg_before,loadavg_after\n",
+            "max_prepared_transactions,claim,clients,variant,round,seconds,tps,transactions,failed,latency_ms,\
+             latency_p50_ms,latency_p99_ms,latency_max_ms,loadavg_before,loadavg_after\n",
         );
         for r in &self.runs {
             let _ = writeln!(
                 out,
-                "{},{},{},{},{},{},{:.1},{},{},{:.3},{:.2},{:.2}",
+                "{},{},{},{},{},{},{:.1},{},{},{:.3},{},{:.2},{:.2}",
                 r.prepared,
                 r.shape.as_str(),
                 r.clients,
@@ -545,6 +593,10 @@ impl Report {
                 r.transactions,
                 r.failed,
                 r.latency_ms,
+                r.latency
+                    .as_ref()
+                    .map(|l| format!("{:.3},{:.3},{:.3}", l.p50, l.p99, l.max))
+                    .unwrap_or_else(|| ",,".into()),
                 r.load_before,
                 r.load_after
             );
