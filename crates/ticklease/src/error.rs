@@ -435,8 +435,9 @@ pub enum ScheduleError {
         /// The setting: `starting deadline` or `catch-up policy other than Latest`.
         what: &'static str,
     },
-    /// An interval of zero or above the longest duration.
-    #[error("an interval must be above zero and at most {max:?}, got {interval:?}")]
+    /// An interval the database would refuse at every ACQUIRE: not whole
+    /// milliseconds, or outside 1 ms ..= the longest duration.
+    #[error("an interval must be whole milliseconds from 1ms to {max:?} (the database counts it in ms), got {interval:?}")]
     Interval {
         /// The interval as given.
         interval: Duration,

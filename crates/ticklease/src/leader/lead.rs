@@ -532,7 +532,10 @@ pub(crate) fn check_interval(role: &str, interval: Duration) -> Result<(), Error
             max: DURATION_MAX,
         });
     }
-    Ok(())
+    crate::term::schedule::check_interval(interval).map_err(|source| Error::Schedule {
+        role: role_name(),
+        source,
+    })
 }
 
 impl<S: LeaseStore> Manager<S> {

@@ -244,6 +244,20 @@ fn merge_by_reason(records: Vec<Skipped>) -> Vec<Skipped> {
     merged
 }
 
+/// An interval as the database counts it: whole milliseconds (the lease
+/// statements pass it in ms, so `900µs` would reach them as 0 ms and be
+/// refused at every ACQUIRE), from 1 ms to [`DURATION_MAX`].
+pub(crate) fn check_interval(interval: Duration) -> Result<(), ScheduleError> {
+    let whole_ms = interval.subsec_nanos() % 1_000_000 == 0;
+    if interval.is_zero() || interval > DURATION_MAX || !whole_ms {
+        return Err(ScheduleError::Interval {
+            interval,
+            max: DURATION_MAX,
+        });
+    }
+    Ok(())
+}
+
 /// The fields of a five- or six-field expression, in order.
 const FIELDS_5: [&str; 5] = ["minute", "hour", "day of month", "month", "day of week"];
 const FIELDS_6: [&str; 6] = ["second", "minute", "hour", "day of month", "month", "day of week"];
@@ -415,17 +429,12 @@ impl Schedule {
         self.retry
     }
 
-    /// Checks the schedule against the lease's timings: an interval within
-    /// bounds; occurrences no closer than `heartbeat_every`.
+    /// Checks the schedule against the lease's timings: an interval the
+    /// database accepts ([`check_interval`]); occurrences no closer than
+    /// `heartbeat_every`.
     pub fn check(&self, config: &Config) -> Result<(), ScheduleError> {
         match &self.kind {
-            Kind::Every(interval) if interval.is_zero() || *interval > DURATION_MAX => {
-                Err(ScheduleError::Interval {
-                    interval: *interval,
-                    max: DURATION_MAX,
-                })
-            }
-            Kind::Every(_) => Ok(()),
+            Kind::Every(interval) => check_interval(*interval),
             Kind::Cron {
                 expression,
                 shortest_gap,
