@@ -55,20 +55,16 @@ impl std::fmt::Display for ExitWith {
 
 impl std::error::Error for ExitWith {}
 
-/// Stderr that drops what it cannot write: a closed log pipe (a crashed log
-/// shipper, a terminal closed under ssh) must not change what a replica does.
-struct LossyStderr;
+/// Stderr that never waits and drops what it cannot write: a closed log
+/// pipe (a crashed log shipper, a terminal closed under ssh) or a full one
+/// (a stalled shipper) must not change what a replica does. Written by a
+/// thread of its own from a bounded queue ([`ticklease_run::output`]),
+/// shared with `run`'s children, and flushed (for a bounded time) at exit.
+type LossyStderr = ticklease_run::output::LogWriter;
 
-impl std::io::Write for LossyStderr {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _ = std::io::stderr().write_all(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        let _ = std::io::stderr().flush();
-        Ok(())
-    }
-}
+/// How long the last lines of output may take at exit (a reader that
+/// does not read is not waited for longer).
+const OUTPUT_FLUSH_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A line on stdout that may be lost, for the long-running commands.
 fn say(line: impl std::fmt::Display) {
@@ -81,7 +77,11 @@ fn main() -> ExitCode {
         return guard();
     }
     match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime.block_on(service()),
+        Ok(runtime) => {
+            let code = runtime.block_on(service());
+            ticklease_run::output::flush(OUTPUT_FLUSH_MAX);
+            code
+        }
         Err(e) => {
             eprintln!("ticklease: could not start the runtime: {e}");
             ExitCode::from(1)
@@ -103,9 +103,14 @@ fn guard() -> ExitCode {
 }
 
 async fn service() -> ExitCode {
+    // Warnings by default: a refusal repeated at every poll (a revoked
+    // privilege, a schema the database refuses) is otherwise silent.
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(|| LossyStderr)
+        .with_env_filter(filter)
+        .with_writer(LossyStderr::default)
         .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
@@ -154,7 +159,7 @@ async fn service() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                let _ = writeln!(LossyStderr, "ticklease: {e}");
+                let _ = writeln!(LossyStderr::default(), "ticklease: {e}");
                 ExitCode::from(2)
             }
         };
@@ -170,7 +175,7 @@ async fn service() -> ExitCode {
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
         Err(e) => {
-            let _ = writeln!(LossyStderr, "ticklease: {}", ticklease::error::chain(e.as_ref()));
+            let _ = writeln!(LossyStderr::default(), "ticklease: {}", ticklease::error::chain(e.as_ref()));
             ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })
         }
     }
@@ -183,12 +188,12 @@ async fn cmd_demo(opts: demo::DemoOptions) -> ExitCode {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
             Err(e) => {
-                let _ = writeln!(LossyStderr, "ticklease demo: {}", ticklease::error::chain(e.as_ref()));
+                let _ = writeln!(LossyStderr::default(), "ticklease demo: {}", ticklease::error::chain(e.as_ref()));
                 ExitCode::from(1)
             }
         },
         _ = interrupted() => {
-            let _ = writeln!(LossyStderr, "ticklease demo: interrupted; stopping the workers and removing the cluster");
+            let _ = writeln!(LossyStderr::default(), "ticklease demo: interrupted; stopping the workers and removing the cluster");
             ExitCode::from(130)
         }
     }

@@ -112,13 +112,13 @@ fn duration(key: &str, text: &str) -> Result<Duration, String> {
 
 fn job(name: &str, e: Entry, config: &Config, guard: &[OsString]) -> Result<RunOptions, String> {
     let role = Role::new(name).map_err(|e| format!("the role name: {e}"))?;
+    if let Some(dir) = e.dir.as_ref().filter(|d| !d.is_dir()) {
+        return Err(format!("dir {dir:?}: not a directory"));
+    }
     let (argv, shell) = match (e.command, e.shell) {
         (Some(argv), None) if !argv.is_empty() => {
-            let program = match (&e.dir, argv[0].contains('/')) {
-                (Some(dir), true) => dir.join(&argv[0]),
-                _ => PathBuf::from(&argv[0]),
-            };
-            crate::find_program(program.as_os_str()).map_err(|p| format!("command: {p}"))?;
+            let path = e.env.get("PATH").map(std::ffi::OsStr::new);
+            find_program_as_child(&argv[0], path, e.dir.as_deref()).map_err(|p| format!("command: {p}"))?;
             (argv, false)
         }
         (None, Some(line)) => (vec![line], true),
@@ -154,9 +154,6 @@ fn job(name: &str, e: Entry, config: &Config, guard: &[OsString]) -> Result<RunO
     {
         return Err(format!("env {key:?}: a name needs no '=' or NUL, a value no NUL"));
     }
-    if let Some(dir) = e.dir.as_ref().filter(|d| !d.is_dir()) {
-        return Err(format!("dir {dir:?}: not a directory"));
-    }
     Ok(RunOptions {
         role,
         schedule,
@@ -171,6 +168,37 @@ fn job(name: &str, e: Entry, config: &Config, guard: &[OsString]) -> Result<RunO
         grace,
         guard: guard.to_vec(),
     })
+}
+
+/// The program a job's command names, found as `execvp` in its child will
+/// find it: the child runs in `dir` with `path` as its PATH (the job's
+/// `env` PATH, else the runner's). A name with a slash is taken from `dir`;
+/// a bare name is looked for in each PATH entry, a relative entry (an empty
+/// one is `.`) taken from `dir` too.
+pub fn find_program_as_child(
+    program: &str,
+    path: Option<&std::ffi::OsStr>,
+    dir: Option<&std::path::Path>,
+) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable =
+        |p: &PathBuf| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    let from_dir = |p: PathBuf| match dir {
+        Some(dir) if p.is_relative() => dir.join(p),
+        _ => p,
+    };
+    if program.contains('/') {
+        let full = from_dir(PathBuf::from(program));
+        return runnable(&full)
+            .then_some(full)
+            .ok_or_else(|| format!("{program:?} is not an executable file"));
+    }
+    let runner_path = std::env::var_os("PATH");
+    let path = path.or(runner_path.as_deref()).unwrap_or_default();
+    std::env::split_paths(path)
+        .map(|entry| from_dir(entry).join(program))
+        .find(runnable)
+        .ok_or_else(|| format!("{program:?} is not found in PATH {:?}", path.to_string_lossy()))
 }
 
 /// A cron schedule from its expression, zone and catch-up policy (`latest`, `skip`, `all:N`).

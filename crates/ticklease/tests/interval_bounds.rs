@@ -31,29 +31,34 @@ async fn an_interval_the_database_would_refuse_is_refused_before_anything_is_wri
             "{interval:?}: {err}"
         );
     }
-    Schedule::every(Duration::from_millis(1)).check(&Config::default()).unwrap();
+    Schedule::every(Duration::from_millis(1))
+        .check(&Config::default())
+        .unwrap();
 
     let db = migrated_db(PgCluster::shared()).await;
     let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&test_config()))
         .await
         .unwrap();
     let billing = Role::new("billing").unwrap();
-    let manager = Manager::start(store, test_config(), [billing.clone()]).await.unwrap();
+    let manager = Manager::start(store, test_config(), [billing.clone()])
+        .await
+        .unwrap();
     let noop = |_| async { Ok::<_, Infallible>(()) };
     for interval in refused {
-        let job = Scheduler::new(manager.clone()).job(&billing, interval, noop).err();
-        assert!(
-            refused_by_the_library(job.as_ref()),
-            "{interval:?}: {job:?}"
-        );
+        let job = Scheduler::new(manager.clone())
+            .job(&billing, interval, noop)
+            .err();
+        assert!(refused_by_the_library(job.as_ref()), "{interval:?}: {job:?}");
         let family = Family::new("tenant_sync").unwrap();
-        let keys = Scheduler::new(manager.clone()).family(&family, interval, noop).err();
-        assert!(
-            refused_by_the_library(keys.as_ref()),
-            "{interval:?}: {keys:?}"
-        );
+        let keys = Scheduler::new(manager.clone())
+            .family(&family, interval, noop)
+            .err();
+        assert!(refused_by_the_library(keys.as_ref()), "{interval:?}: {keys:?}");
         let led = manager.lead(&billing, interval, noop).await;
-        assert!(refused_by_the_library(led.as_ref().err()), "{interval:?}: {led:?}");
+        assert!(
+            refused_by_the_library(led.as_ref().err()),
+            "{interval:?}: {led:?}"
+        );
     }
     let client = connect(&db).await.unwrap();
     let history: i64 = client

@@ -11,7 +11,10 @@ use ticklease_testkit::{connect, PgCluster};
 /// alike: Postgres keeps a placeholder, empty, once a transaction set one.
 async fn session(client: &tokio_postgres::Client) -> Vec<(String, String)> {
     let mut seen: Vec<(String, String)> = client
-        .query("SELECT name, setting FROM pg_settings WHERE name NOT LIKE '%.%' ORDER BY name", &[])
+        .query(
+            "SELECT name, setting FROM pg_settings WHERE name NOT LIKE '%.%' ORDER BY name",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -27,9 +30,16 @@ async fn session(client: &tokio_postgres::Client) -> Vec<(String, String)> {
         )
         .await
         .unwrap();
-    for (i, name) in ["current_user", "session_user", "current_schema", "app_role", "operator_role", "state"]
-        .into_iter()
-        .enumerate()
+    for (i, name) in [
+        "current_user",
+        "session_user",
+        "current_schema",
+        "app_role",
+        "operator_role",
+        "state",
+    ]
+    .into_iter()
+    .enumerate()
     {
         seen.push((name.to_string(), who.get(i)));
     }
@@ -54,14 +64,24 @@ async fn a_callers_connection_is_as_it_was_after_migrate_and_grant() {
     assert!(!fresh.applied.is_empty(), "{fresh:?}");
     assert_eq!(session(&client).await, before, "after a first migration");
     ticklease::migrate(&mut client).await.unwrap();
-    assert_eq!(session(&client).await, before, "after a migration with nothing to apply");
-    ticklease::migrate::grant(&client, &MigrateOptions::default()).await.unwrap();
+    assert_eq!(
+        session(&client).await,
+        before,
+        "after a migration with nothing to apply"
+    );
+    ticklease::migrate::grant(&client, &MigrateOptions::default())
+        .await
+        .unwrap();
     assert_eq!(session(&client).await, before, "after a grant");
     // What the fence benchmark's setup does next on the same connection.
     client
         .batch_execute("CREATE TABLE jobs (id bigint); INSERT INTO jobs VALUES (1)")
         .await
         .unwrap();
-    let n: i64 = client.query_one("SELECT count(*) FROM jobs", &[]).await.unwrap().get(0);
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1);
 }
