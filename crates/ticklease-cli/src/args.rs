@@ -416,9 +416,18 @@ pub struct RunCmd {
     /// Serve /metrics and /healthz here.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// A URL straight to Postgres (not through PgBouncer) for the coordination session.
+    /// A URL straight to Postgres (not through PgBouncer) for the coordination session: releases,
+    /// pauses and run-nows are heard at once. A dead runner's role is still taken over when its
+    /// lease expires, never while its child may run (see --takeover-on-session-end).
     #[arg(long, env = "TICKLEASE_DIRECT_URL", hide_env_values = true)]
     pub direct_url: Option<String>,
+    /// Opt-in, with --direct-url: a role is taken over the moment its runner's coordination session
+    /// ends (milliseconds after a runner's death, not the lease's expiry). Trades the no-overlap
+    /// rule for speed: when only the session ends (a link cut on the server's side, a Postgres
+    /// restart, pg_terminate_backend) the next child starts while the last one runs, for up to a
+    /// heartbeat plus the abandon deadline plus the grace (docs/benchmarks/run-failover.md).
+    #[arg(long, requires = "direct_url")]
+    pub takeover_on_session_end: bool,
     #[command(flatten)]
     pub lease: LeaseFlags,
     /// The command and its arguments, after `--`.

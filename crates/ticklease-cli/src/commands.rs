@@ -106,15 +106,12 @@ impl Db {
         let pg = self.config.config();
         let hosts = u32::try_from(pg.get_hosts().len().max(1)).unwrap_or(u32::MAX);
         let bound = pg.get_connect_timeout().copied().unwrap_or(CONNECT_WAIT) * hosts;
-        let (client, connection) = tokio::time::timeout(bound, self.config.connect())
+        // The library's host rules: each host its own bounded attempt (TCP
+        // connect, TLS, authentication), so a silent first host of a
+        // multi-host URL costs its share of the bound and the next is tried.
+        let (client, connection) = ticklease::tls::Hosts::new(&self.config, bound)
+            .connect()
             .await
-            .map_err(|_| {
-                anyhow::anyhow!(
-                    "no answer within {} (TCP connect, TLS and authentication)",
-                    humantime::format_duration(bound)
-                )
-            })
-            .and_then(|connected| connected.map_err(anyhow::Error::new))
             .with_context(|| format!("could not connect to the database at {}", self.target))?;
         tokio::spawn(connection);
         Ok(client)
@@ -400,8 +397,11 @@ async fn cmd_run(db: Db, run: crate::args::RunCmd) -> anyhow::Result<()> {
         .transpose()
         .map_err(|e| Usage(format!("--direct-url: {e}")))?;
     let store = PgStore::connect(db.config.clone(), PgStoreOptions::from_config(&config)).await?;
+    // A child is no fenced claim: its role is taken over only once its lease
+    // expired, unless the user trades that for speed.
     let store = match direct {
-        Some(direct) => store.with_direct(direct).await?,
+        Some(direct) if run.takeover_on_session_end => store.with_direct(direct).await?,
+        Some(direct) => store.with_direct_wakeups(direct).await?,
         None => store,
     };
     let roles: Vec<Role> = jobs.iter().map(|j| j.role.clone()).collect();

@@ -93,15 +93,19 @@ impl Fixture {
 
     /// A runner of `role` (named `n` to its children) with `flags`, running the child holding `hold` seconds.
     fn runner(&self, n: usize, role: &str, flags: &[&str], hold: &str) -> Child {
-        quiet(
-            self.command(&[role])
-                .args(flags)
-                .arg("--")
-                .arg(&self.child)
-                .arg(self.dir.path())
-                .arg(hold)
-                .env("RUNNER", n.to_string()),
-        )
+        quiet(&mut self.runner_command(n, role, flags, hold))
+    }
+
+    /// The command of [`Fixture::runner`], not yet started.
+    fn runner_command(&self, n: usize, role: &str, flags: &[&str], hold: &str) -> Command {
+        let mut cmd = self.command(&[role]);
+        cmd.args(flags)
+            .arg("--")
+            .arg(&self.child)
+            .arg(self.dir.path())
+            .arg(hold)
+            .env("RUNNER", n.to_string());
+        cmd
     }
 
     fn log(&self) -> Vec<Vec<String>> {
@@ -218,11 +222,12 @@ async fn three_runners_never_run_two_children_at_once() {
 
 /// SIGKILL of the runner whose child runs: the child and its grandchild are
 /// gone at once (the guard's pipe closed), and the next child starts on
-/// another runner within a second (coordination sessions).
+/// another runner within a second (coordination sessions, opted in to a
+/// takeover when a session ends).
 #[tokio::test]
 async fn a_killed_runners_child_group_dies_and_the_next_child_starts_elsewhere() {
     let f = fixture().await;
-    let direct = ["--direct-url", f.url.as_str()];
+    let direct = ["--direct-url", f.url.as_str(), "--takeover-on-session-end"];
     let mut runners: Vec<Child> = (1..=2).map(|n| f.runner(n, "relay", &direct, "30")).collect();
     let (token, runner) = f.started(1, Duration::from_secs(20)).await;
     let pids = f.pids(token).await;
@@ -819,4 +824,249 @@ async fn orphans_that_come_back_to_the_guard_are_reaped_while_the_child_runs() {
         .count();
     let _ = run.start_kill();
     assert_eq!(zombies, 0, "zombies under the guard {guard}");
+}
+
+/// Seconds since boot, the clock the recording child logs with.
+fn uptime() -> f64 {
+    let text = std::fs::read_to_string("/proc/uptime").unwrap();
+    text.split(' ').next().unwrap().parse().unwrap()
+}
+
+/// The uptime of the `n`th start line.
+fn start_uptime(f: &Fixture, n: usize) -> f64 {
+    let starts: Vec<Vec<String>> = f.log().into_iter().filter(|l| l[0] == "start").collect();
+    starts[n - 1][1].parse().unwrap()
+}
+
+/// The first child's group dies before the second child starts: waits for
+/// the group to be gone, then for the next start, and compares the two on
+/// one clock. The group's death is seen up to a poll (5 ms) late, never early.
+async fn gone_before_the_next_starts(f: &Fixture, pids: &[Pid], within: Duration) {
+    gone(pids, within)
+        .await
+        .unwrap_or_else(|| panic!("the first group outlived {within:?}: {:?}", f.log()));
+    let seen_gone = uptime();
+    f.started(2, Duration::from_secs(10)).await;
+    let next = start_uptime(f, 2);
+    assert!(
+        next > seen_gone,
+        "the next child started at {next} while the last one's group ran until {seen_gone}: {:?}",
+        f.log()
+    );
+}
+
+/// Issue 32, item 2: a link cut on one side. Postgres ends runner A's
+/// sessions (as a server-side keepalive would) while A's own sockets stay
+/// open and silent (the proxy forwards nothing). With `--direct-url` (no
+/// opt-in) B waits for A's lease: A's group is gone before B's child starts.
+#[tokio::test]
+async fn a_runner_cut_off_on_the_servers_side_runs_no_child_beside_the_next_one() {
+    let f = fixture().await;
+    let upstream = f
+        .url
+        .split('@')
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let proxy = ticklease_testkit::FaultProxy::start(upstream).await.unwrap();
+    let proxied = f
+        .url
+        .replace(&upstream.to_string(), &format!("127.0.0.1:{}", proxy.port()));
+    // A reaches Postgres through the proxy only.
+    let mut a = Command::new(env!("CARGO_BIN_EXE_ticklease"));
+    a.args(["run", "--database-url", &proxied])
+        .args(TIMINGS)
+        .args(["relay", "--direct-url", &proxied, "--"])
+        .arg(&f.child)
+        .arg(f.dir.path())
+        .arg("30")
+        .env("RUNNER", "1")
+        .kill_on_drop(true);
+    let mut a = quiet(&mut a);
+    let (token, runner) = f.started(1, Duration::from_secs(20)).await;
+    assert_eq!(runner, 1);
+    let pids = f.pids(token).await;
+    let mut b = f.runner(2, "relay", &["--direct-url", f.url.as_str()], "30");
+    proxy.set(ticklease_testkit::Fault::Blackhole);
+    let a_pid = a.id().unwrap();
+    sql(
+        &f.url,
+        &format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE application_name LIKE 'ticklease %:{a_pid}' AND datname = current_database()"
+        ),
+    )
+    .await;
+    gone_before_the_next_starts(&f, &pids, Duration::from_secs(5)).await;
+    let _ = (a.start_kill(), b.start_kill());
+}
+
+/// Issue 32, item 2: every session of both runners ended at once (a
+/// Postgres restart, as far as they can tell, or pg_terminate_backend):
+/// the holder, still running, renews on, and no second child starts.
+#[tokio::test]
+async fn sessions_ended_by_the_server_start_no_second_child_while_the_first_runs() {
+    let f = fixture().await;
+    let direct = ["--direct-url", f.url.as_str()];
+    let mut runners: Vec<Child> = (1..=2).map(|n| f.runner(n, "relay", &direct, "30")).collect();
+    let (token, _) = f.started(1, Duration::from_secs(20)).await;
+    let pids = f.pids(token).await;
+    let db = f.url.rsplit('/').next().unwrap();
+    let ended = PgCluster::shared().terminate_backends(db).await.unwrap();
+    assert!(ended >= 4, "both runners' sessions ended ({ended})");
+    tokio::time::sleep(TTL * 2).await;
+    let starts = f.log().iter().filter(|l| l[0] == "start").count();
+    assert_eq!(
+        starts,
+        1,
+        "a second child started beside the first: {:?}",
+        f.log()
+    );
+    assert!(pids.iter().all(|p| alive(*p)), "the holder's child runs on");
+    for r in &mut runners {
+        let _ = r.start_kill();
+    }
+}
+
+/// Issue 32, item 4: SIGSTOP to the runner's whole process group (`kill
+/// -STOP -PGID`, a shell's `kill -STOP %1`). The guard leads a group of its
+/// own, so it still stops the child by the abandon deadline, and the next
+/// child starts only after that.
+#[tokio::test]
+async fn a_stopped_process_group_of_the_runner_still_has_its_child_stopped_before_the_next_starts() {
+    let f = fixture().await;
+    let mut a = f.runner_command(1, "relay", &[], "30");
+    let mut a = quiet(a.process_group(0));
+    let (token, _) = f.started(1, Duration::from_secs(20)).await;
+    let pids = f.pids(token).await;
+    let mut b = f.runner(2, "relay", &[], "30");
+    let group = Pid::from_raw(-(a.id().unwrap() as i32));
+    kill(group, Signal::SIGSTOP).unwrap();
+    gone_before_the_next_starts(&f, &pids, TTL).await;
+    kill(group, Signal::SIGCONT).unwrap();
+    let _ = (a.start_kill(), b.start_kill());
+}
+
+/// The guard of the child whose pids were recorded for `token`.
+fn guard_of(child: Pid) -> Pid {
+    let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap();
+    let ppid = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap();
+    Pid::from_raw(ppid.parse().unwrap())
+}
+
+/// Issue 32, item 4: SIGSTOP of the guard alone, then a pause and an
+/// unpause half a second later. The runner kills the group the stopped
+/// guard cannot (by its deadline plus the grace, plus a margin before the
+/// lease), and the next term waits for the paused term's lease or its
+/// release: the next child starts only once the group is gone.
+#[tokio::test]
+async fn a_stopped_guard_paused_and_unpaused_runs_no_child_beside_the_next_one() {
+    let f = fixture().await;
+    let mut a = f.runner(1, "relay", &[], "30");
+    let (token, _) = f.started(1, Duration::from_secs(20)).await;
+    let pids = f.pids(token).await;
+    let mut b = f.runner(2, "relay", &[], "30");
+    let guard = guard_of(pids[0]);
+    kill(guard, Signal::SIGSTOP).unwrap();
+    sql(&f.url, "SELECT leader_pause('relay', 'ops', 'drill')").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sql(&f.url, "SELECT leader_unpause('relay')").await;
+    gone_before_the_next_starts(&f, &pids, TTL * 2).await;
+    let _ = kill(guard, Signal::SIGCONT);
+    let _ = (a.start_kill(), b.start_kill());
+}
+
+/// Issue 32, item 5: a child that builds a chain of 120 `setsid`'d
+/// descendants, each the parent of the next, then exits 0. The guard kills
+/// the whole tree it finds each round: none outlives the tick.
+#[tokio::test]
+async fn a_deep_chain_of_setsid_descendants_does_not_outlive_the_tick() {
+    let f = fixture().await;
+    let out = f.dir.path().join("chain");
+    let link = f.script(
+        "link.sh",
+        "#!/bin/sh\necho $$ >> \"$2\"\n[ \"$1\" -gt 0 ] && setsid \"$0\" $(($1 - 1)) \"$2\" &\nexec sleep 300\n",
+    );
+    let top = format!(
+        "setsid {} 119 {out} & while [ \"$(wc -l < {out} 2>/dev/null || echo 0)\" -lt 120 ]; do sleep 0.05; done",
+        link.display(),
+        out = out.display()
+    );
+    let ran = once(&f, "chain", &["--shell"], &[&top]).await;
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    let chain: Vec<Pid> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|p| Pid::from_raw(p.parse().unwrap()))
+        .collect();
+    assert_eq!(chain.len(), 120);
+    let left = gone(&chain, Duration::from_secs(2)).await;
+    let alive_after: Vec<&Pid> = chain.iter().filter(|p| alive(**p)).collect();
+    assert!(
+        left.is_some(),
+        "{} of 120 outlived the tick: {alive_after:?}",
+        alive_after.len()
+    );
+    for p in alive_after {
+        let _ = kill(*p, Signal::SIGKILL);
+    }
+}
+
+/// Issue 32, item 7: the runner's stderr is a pipe no one reads (a stalled
+/// log shipper) and the child writes a megabyte to it: the runner renews
+/// on, its term live for three leases' time.
+#[tokio::test]
+async fn a_full_stderr_pipe_delays_no_renewal() {
+    let f = fixture().await;
+    let flood = format!(
+        "echo start >> {dir}/flood; head -c 1000000 /dev/zero | tr '\\0' 'x' >&2; echo >&2; \
+         for i in $(seq 100); do echo more output line $i >&2; done; sleep 30",
+        dir = f.dir.path().display()
+    );
+    let mut runner = f
+        .command(&["flood", "--shell", "--", &flood])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _unread = runner.stderr.take();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f.dir.path().join("flood").exists() {
+        assert!(Instant::now() < deadline, "the child never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client = ticklease_testkit::connect(&f.url.parse().unwrap()).await.unwrap();
+    let token: i64 = client
+        .query_one("SELECT holder_token FROM leader_leases WHERE role = 'flood'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let watched = Instant::now();
+    while watched.elapsed() < TTL * 3 {
+        let live: bool = client
+            .query_one(
+                "SELECT holder_token = $1 AND expires_at > now() FROM leader_leases WHERE role = 'flood'",
+                &[&token],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            live,
+            "the term expired {:?} after the flood began",
+            watched.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = runner.start_kill();
 }

@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, Command};
 use tokio::time::Instant;
@@ -18,6 +19,7 @@ use ticklease::Tick;
 
 use crate::error::RunError;
 use crate::guard::{monotonic_ns, SPAWN_FAILED};
+use crate::output::Stream;
 
 /// Lines of the child's stderr kept for the history's error summary.
 pub const STDERR_TAIL_LINES: usize = 5;
@@ -67,14 +69,24 @@ impl CommandSpec {
     }
 }
 
-/// Runs `spec` for `tick` under a guard (`guard` is the command line that
-/// starts one, before its own arguments) until the child exits.
+/// How a guard is started and held to its deadlines: its command line
+/// (before its own arguments), the grace, and the runner's backstop margin.
+#[derive(Debug, Clone)]
+pub(crate) struct GuardSpec<'a> {
+    pub(crate) command: &'a [OsString],
+    pub(crate) grace: Duration,
+    /// How long after the guard's SIGKILL was due the runner kills the group
+    /// itself ([`crate::backstop`]): half the room left before the lease
+    /// can expire, so even that kill comes before it.
+    pub(crate) margin: Duration,
+}
+
+/// Runs `spec` for `tick` under a guard until the child exits.
 pub(crate) async fn run_child(
     tick: &Tick,
     holder: &str,
     spec: &CommandSpec,
-    guard: &[OsString],
-    grace: Duration,
+    guard: &GuardSpec<'_>,
 ) -> Result<ChildEnd, RunError> {
     if tick.is_cancelled() {
         // Cancelled before the child started (a signal during ACQUIRE): none starts.
@@ -86,13 +98,71 @@ pub(crate) async fn run_child(
         });
     }
     let mut abandon_at = tick.abandon_at();
-    let (program, before) = guard.split_first().ok_or(RunError::NoGuard)?;
+    let first_deadline = *abandon_at.borrow_and_update();
+    let mut guarded = spawn_guard(tick, holder, spec, guard, first_deadline)?;
+    let pid = Pid::from_raw(
+        guarded
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or(RunError::NoGuard)?,
+    );
+    let _registered = crate::backstop::Registered::new(pid);
+    let label = format!("[{} {}] ", tick.role(), tick.token().get());
+    let mut watch = Watch {
+        control: guarded.stdin.take().ok_or(RunError::NoGuard)?,
+        err: Lines::new(guarded.stderr.take().ok_or(RunError::NoGuard)?),
+        out: guarded.stdout.take().map(Lines::new),
+        prefix: if spec.prefix { label } else { String::new() },
+        tail: VecDeque::with_capacity(STDERR_TAIL_LINES),
+        stopped: false,
+        timed_out: false,
+        backstopped: false,
+    };
+    let status = watch
+        .until_exit(tick, &mut guarded, &mut abandon_at, spec.timeout, guard, pid)
+        .await?;
+    watch.drain().await;
+    use std::os::unix::process::ExitStatusExt;
+    if status.signal().is_some() && !watch.backstopped {
+        // The guard itself was killed: its child came back to the runner.
+        let orphans = tokio::task::spawn_blocking(crate::backstop::kill_orphans)
+            .await
+            .unwrap_or_default();
+        tracing::warn!(role = %tick.role(), orphans, "the guard was killed: the runner killed what it left");
+    }
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or_default());
+    if code == SPAWN_FAILED && watch.tail.iter().any(|l| l.starts_with("ticklease: cannot run")) {
+        return Err(RunError::Command {
+            message: watch.tail.back().cloned().unwrap_or_default(),
+        });
+    }
+    Ok(ChildEnd {
+        code,
+        stopped: watch.stopped,
+        timed_out: watch.timed_out,
+        stderr_tail: watch.tail.into(),
+    })
+}
+
+/// Starts the guard, in a process group of its own: a signal to the
+/// runner's group (job control, `kill -STOP -PGID`) does not reach it, and
+/// it stops the child by its deadline whatever became of the runner.
+fn spawn_guard(
+    tick: &Tick,
+    holder: &str,
+    spec: &CommandSpec,
+    guard: &GuardSpec<'_>,
+    deadline: Instant,
+) -> Result<tokio::process::Child, RunError> {
+    let (program, before) = guard.command.split_first().ok_or(RunError::NoGuard)?;
     let mut cmd = Command::new(program);
     cmd.args(before)
         .arg("--grace-ms")
-        .arg(grace.as_millis().to_string())
+        .arg(guard.grace.as_millis().to_string())
         .arg("--deadline-ns")
-        .arg(deadline_ns(*abandon_at.borrow_and_update()).to_string())
+        .arg(deadline_ns(deadline).to_string())
         .arg("--")
         .args(spec.argv())
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -100,6 +170,7 @@ pub(crate) async fn run_child(
         .env("TICKLEASE_TOKEN", tick.token().get().to_string())
         .env("TICKLEASE_HOLDER", holder)
         .env_remove("TICKLEASE_OCCURRENCE")
+        .process_group(0)
         .stdin(Stdio::piped())
         .stdout(if spec.prefix {
             Stdio::piped()
@@ -114,63 +185,98 @@ pub(crate) async fn run_child(
     if let Some(dir) = &spec.dir {
         cmd.current_dir(dir);
     }
-    let mut guarded = cmd.spawn().map_err(|source| RunError::Spawn { source })?;
-    let mut control = guarded.stdin.take().ok_or(RunError::NoGuard)?;
-    let label = format!("[{} {}] ", tick.role(), tick.token().get());
-    let prefix = if spec.prefix { label.as_str() } else { "" };
-    let mut err = Lines::new(guarded.stderr.take().ok_or(RunError::NoGuard)?);
-    let mut out = guarded.stdout.take().map(Lines::new);
-    let mut tail: VecDeque<String> = VecDeque::with_capacity(STDERR_TAIL_LINES);
-    let (mut stopped, mut timed_out) = (false, false);
-    let timeout = tokio::time::sleep(spec.timeout.unwrap_or(Duration::from_secs(86_400)));
-    tokio::pin!(timeout);
-    let status = loop {
-        tokio::select! {
-            _ = &mut timeout, if !stopped && spec.timeout.is_some() => {
-                (stopped, timed_out) = (true, true);
-                tell(&mut control, "stop\n").await;
-            }
-            status = guarded.wait() => break status.map_err(|source| RunError::Spawn { source })?,
-            Ok(()) = abandon_at.changed() => {
-                let at = deadline_ns(*abandon_at.borrow_and_update());
-                tell(&mut control, &format!("d {at}\n")).await;
-            }
-            _ = tick.cancelled(), if !stopped => {
-                stopped = true;
-                tell(&mut control, "stop\n").await;
-            }
-            Some(line) = err.next(), if err.open => keep(&mut tail, pass_on(Stream::Err, prefix, &line)),
-            Some(line) = next_out(&mut out), if out.as_ref().is_some_and(|o| o.open) => {
-                pass_on(Stream::Out, prefix, &line);
+    cmd.spawn().map_err(|source| RunError::Spawn { source })
+}
+
+/// One guard watched by the runner: its control pipe, the child's output,
+/// and what the runner asked of it.
+struct Watch {
+    control: ChildStdin,
+    err: Lines<tokio::process::ChildStderr>,
+    out: Option<Lines<tokio::process::ChildStdout>>,
+    prefix: String,
+    tail: VecDeque<String>,
+    stopped: bool,
+    timed_out: bool,
+    /// The runner killed the group itself (the guard missed its deadline).
+    backstopped: bool,
+}
+
+impl Watch {
+    /// Passes deadlines and stops to the guard, and the child's output on,
+    /// until the guard exits; kills the group itself if the guard has not
+    /// by a margin after its SIGKILL was due.
+    async fn until_exit(
+        &mut self,
+        tick: &Tick,
+        guarded: &mut tokio::process::Child,
+        abandon_at: &mut tokio::sync::watch::Receiver<Instant>,
+        timeout: Option<Duration>,
+        guard: &GuardSpec<'_>,
+        pid: Pid,
+    ) -> Result<std::process::ExitStatus, RunError> {
+        let limited = timeout.is_some();
+        let timeout = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(86_400)));
+        tokio::pin!(timeout);
+        let mut deadline = *abandon_at.borrow();
+        let backstop = tokio::time::sleep_until(deadline + guard.grace + guard.margin);
+        tokio::pin!(backstop);
+        loop {
+            tokio::select! {
+                _ = &mut timeout, if !self.stopped && limited => {
+                    self.timed_out = true;
+                    self.stop(&mut deadline).await;
+                    backstop.as_mut().reset(deadline + guard.grace + guard.margin);
+                }
+                status = guarded.wait() => return status.map_err(|source| RunError::Spawn { source }),
+                Ok(()) = abandon_at.changed(), if !self.stopped => {
+                    deadline = *abandon_at.borrow_and_update();
+                    tell(&mut self.control, &format!("d {}\n", deadline_ns(deadline))).await;
+                    backstop.as_mut().reset(deadline + guard.grace + guard.margin);
+                }
+                _ = tick.cancelled(), if !self.stopped => {
+                    self.stop(&mut deadline).await;
+                    backstop.as_mut().reset(deadline + guard.grace + guard.margin);
+                }
+                () = &mut backstop, if !self.backstopped => {
+                    self.backstopped = true;
+                    let killed = crate::backstop::stop_stuck_guard(pid);
+                    tracing::warn!(role = %tick.role(), token = %tick.token(), killed,
+                        "the guard did not stop the command by its deadline: the runner killed it and its group");
+                }
+                Some(line) = self.err.next(), if self.err.open => {
+                    let line = pass_on(Stream::Err, &self.prefix, &line);
+                    keep(&mut self.tail, line);
+                }
+                Some(line) = next_out(&mut self.out), if self.out.as_ref().is_some_and(|o| o.open) => {
+                    pass_on(Stream::Out, &self.prefix, &line);
+                }
             }
         }
-    };
-    // What the child wrote before it exited; bounded, for a descendant that
-    // left its group may hold the pipes open.
-    let _ = tokio::time::timeout(DRAIN_MAX, async {
-        while let Some(line) = err.next().await {
-            keep(&mut tail, pass_on(Stream::Err, prefix, &line));
-        }
-        while let Some(line) = next_out(&mut out).await {
-            pass_on(Stream::Out, prefix, &line);
-        }
-    })
-    .await;
-    use std::os::unix::process::ExitStatusExt;
-    let code = status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or_default());
-    if code == SPAWN_FAILED && tail.iter().any(|l| l.starts_with("ticklease: cannot run")) {
-        return Err(RunError::Command {
-            message: tail.back().cloned().unwrap_or_default(),
-        });
     }
-    Ok(ChildEnd {
-        code,
-        stopped,
-        timed_out,
-        stderr_tail: tail.into(),
-    })
+
+    /// Asks the guard to stop the group: from now (or the deadline, if
+    /// that came first) it has the grace.
+    async fn stop(&mut self, deadline: &mut Instant) {
+        self.stopped = true;
+        *deadline = (*deadline).min(Instant::now());
+        tell(&mut self.control, "stop\n").await;
+    }
+
+    /// What the child wrote before it exited; bounded, for a descendant that
+    /// left its group may hold the pipes open.
+    async fn drain(&mut self) {
+        let _ = tokio::time::timeout(DRAIN_MAX, async {
+            while let Some(line) = self.err.next().await {
+                let line = pass_on(Stream::Err, &self.prefix, &line);
+                keep(&mut self.tail, line);
+            }
+            while let Some(line) = next_out(&mut self.out).await {
+                pass_on(Stream::Out, &self.prefix, &line);
+            }
+        })
+        .await;
+    }
 }
 
 async fn next_out(out: &mut Option<Lines<tokio::process::ChildStdout>>) -> Option<Vec<u8>> {
@@ -233,24 +339,14 @@ impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Stream {
-    Out,
-    Err,
-}
-
-/// Writes a line of the child's to the runner's own stream (what cannot be
-/// written is dropped: a closed log pipe changes nothing); the line as text.
+/// Queues a line of the child's for the runner's own stream (never
+/// waiting: a stream no one reads drops it, [`crate::output`]); the line as text.
 fn pass_on(stream: Stream, prefix: &str, line: &[u8]) -> String {
-    use std::io::Write;
     let mut text = Vec::with_capacity(prefix.len() + line.len() + 1);
     text.extend_from_slice(prefix.as_bytes());
     text.extend_from_slice(line);
     text.push(b'\n');
-    let _ = match stream {
-        Stream::Out => std::io::stdout().write_all(&text),
-        Stream::Err => std::io::stderr().write_all(&text),
-    };
+    crate::output::write(stream, text);
     String::from_utf8_lossy(line).into_owned()
 }
 

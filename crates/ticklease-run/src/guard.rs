@@ -176,32 +176,19 @@ fn reap_orphans(leader: Pid) {
     }
 }
 
-/// Rounds of looking for descendants that left the group.
+/// Rounds of killing what is left of the guard's tree.
 const ESCAPED_ROUNDS: usize = 50;
 
-/// Kills the guard's remaining children (descendants that left the child's
-/// group and came back to this subreaper), round by round as their own
-/// children come back, for at most [`ESCAPED_ROUNDS`] rounds of 10 ms.
+/// Kills the guard's remaining descendants (those that left the child's
+/// group and came back to this subreaper, and theirs, at any depth), round
+/// by round until none is left, for at most [`ESCAPED_ROUNDS`] rounds of
+/// 10 ms: each round kills the whole tree found in one read of `/proc`, so
+/// only a process forked during that read outlives it, for a round.
 fn kill_escaped() {
-    let me = std::process::id().to_string();
+    let me = Pid::this();
     for _ in 0..ESCAPED_ROUNDS {
-        let children: Vec<Pid> = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                    stat.rsplit(')').next().and_then(|s| s.split_whitespace().nth(1)) == Some(me.as_str())
-                })
-            })
-            .map(Pid::from_raw)
-            .collect();
-        if children.is_empty() {
+        if kill_tree(me) == 0 {
             return;
-        }
-        for child in children {
-            let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(10));
         // Reaped without waiting: one that cannot be killed (another user's, in
@@ -212,6 +199,45 @@ fn kill_escaped() {
             }
         }
     }
+}
+
+/// SIGKILLs every descendant of `root` (not `root` itself) found in one
+/// read of `/proc`, children before their parents' reaping can free a pid:
+/// how many it signalled. Zombies count: their parents have not reaped them.
+pub fn kill_tree(root: Pid) -> usize {
+    let tree = descendants(root);
+    for pid in &tree {
+        let _ = nix::sys::signal::kill(*pid, Signal::SIGKILL);
+    }
+    tree.len()
+}
+
+/// The descendants of `root`, at any depth, from one read of `/proc`.
+pub fn descendants(root: Pid) -> Vec<Pid> {
+    let parents: Vec<(Pid, Pid)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| Some((Pid::from_raw(pid), parent_of(pid)?)))
+        .collect();
+    let mut tree = vec![root];
+    let mut at = 0;
+    while at < tree.len() {
+        let parent = tree[at];
+        tree.extend(parents.iter().filter(|(_, p)| *p == parent).map(|(c, _)| *c));
+        at += 1;
+    }
+    tree.remove(0);
+    tree
+}
+
+/// The parent pid in `/proc/PID/stat` (the field after the state, past the
+/// command name, which may hold spaces and parentheses).
+pub(crate) fn parent_of(pid: i32) -> Option<Pid> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let ppid = stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Pid::from_raw(ppid))
 }
 
 /// Reads the runner's control lines on a thread of its own.

@@ -63,10 +63,12 @@
 //! `--once` exits with the child's code, or with the codes of [`exit`] when it
 //! did not run or its term was lost mid-run.
 
+mod backstop;
 mod child;
 mod error;
 pub mod guard;
 pub mod jobs;
+pub mod output;
 mod runner;
 
 pub use child::{ChildEnd, CommandSpec, STDERR_TAIL_LINES};

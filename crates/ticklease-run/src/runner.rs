@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use ticklease::{Config, Lead, LeaseStore, Manager, Refusal, Role, Schedule, Scheduler, Stopped, Tick};
 
-use crate::child::{run_child, ChildEnd, CommandSpec};
+use crate::child::{run_child, ChildEnd, CommandSpec, GuardSpec};
 use crate::error::RunError;
 
 /// `--once`'s exit codes when the command did not run to its end (else the
@@ -83,6 +83,18 @@ pub fn find_program(program: &std::ffi::OsStr) -> Result<std::path::PathBuf, Str
         .ok_or_else(|| format!("the command {program:?} is not found in PATH"))
 }
 
+/// How long after the guard's SIGKILL was due the runner kills the group
+/// itself if the guard has not ([`crate::backstop`]): half the room that
+/// `abandon_after + grace` leaves before `lease_ttl`, so it too comes
+/// before the lease can expire.
+fn backstop_margin(config: &Config, grace: Duration) -> Duration {
+    config
+        .lease_ttl()
+        .saturating_sub(config.abandon_after())
+        .saturating_sub(grace)
+        / 2
+}
+
 /// The default grace: half the room between the abandon instant and the lease's expiry.
 pub fn default_grace(config: &Config) -> Duration {
     config.lease_ttl().saturating_sub(config.abandon_after()) / 2
@@ -98,14 +110,16 @@ pub async fn run_until<S: LeaseStore>(
     let holder: Arc<str> = manager.holder_id().into();
     let config = *manager.config();
     drain_lost_terms(&manager);
+    crate::backstop::adopt_orphans();
     let mut scheduler = Scheduler::new(manager);
     for job in jobs {
         check_grace(&config, job.grace)?;
+        let margin = backstop_margin(&config, job.grace);
         let (holder, job) = (holder.clone(), Arc::new(job));
         scheduler = scheduler
             .job(&job.role.clone(), job.schedule.clone(), move |tick| {
                 let (holder, job) = (holder.clone(), job.clone());
-                async move { tick_work(tick, &holder, &job).await }
+                async move { tick_work(tick, &holder, &job, margin).await }
             })
             .map_err(|source| RunError::Lease { source })?;
     }
@@ -121,6 +135,8 @@ pub async fn run_once<S: LeaseStore>(
 ) -> Result<i32, RunError> {
     check_grace(manager.config(), job.grace)?;
     drain_lost_terms(manager);
+    crate::backstop::adopt_orphans();
+    let margin = backstop_margin(manager.config(), job.grace);
     let holder = manager.holder_id().to_string();
     let stopper = {
         let manager = manager.clone();
@@ -131,7 +147,7 @@ pub async fn run_once<S: LeaseStore>(
     };
     let lead = manager
         .lead(&job.role, job.schedule.clone(), |tick| async move {
-            tick_work(tick, &holder, job).await
+            tick_work(tick, &holder, job, margin).await
         })
         .await;
     stopper.abort();
@@ -173,8 +189,13 @@ pub fn exit_code_of(lead: &Lead<()>) -> i32 {
 }
 
 /// One tick: the command under a guard; exit 0 completes it.
-async fn tick_work(tick: Tick, holder: &str, job: &RunOptions) -> Result<(), RunError> {
-    let end = run_child(&tick, holder, &job.command, &job.guard, job.grace).await?;
+async fn tick_work(tick: Tick, holder: &str, job: &RunOptions, margin: Duration) -> Result<(), RunError> {
+    let guard = GuardSpec {
+        command: &job.guard,
+        grace: job.grace,
+        margin,
+    };
+    let end = run_child(&tick, holder, &job.command, &guard).await?;
     match end {
         ChildEnd {
             timed_out: true,

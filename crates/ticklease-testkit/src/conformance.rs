@@ -230,8 +230,61 @@ pub async fn pause_ends_the_term_and_refuses_acquire_until_unpause<S: LeaseStore
         !store.unpause(&r).await.expect("UNPAUSE"),
         "second unpause reports no change"
     );
+    // The paused term's holder says its work stopped (pause_waits_for_the_ended_terms_lease…).
+    assert!(!store.release(&r, t, Release::Lost, HOUR).await.expect("RELEASE"));
     let t2 = acquired(store, &r, "b", HOUR).await;
     assert!(t2 > t);
+}
+
+/// Issue 32: a pause ends the term at once, but its holder's unfenced work
+/// may still run until the holder hears of it and stops it: the next term
+/// waits (an unpause, a run-now notwithstanding) until the ended term's
+/// lease would have run out, or until its holder RELEASEs it, whichever
+/// comes first.
+pub async fn a_pause_makes_the_next_term_wait_for_the_ended_terms_lease_unless_its_holder_releases_it<
+    S: LeaseStore,
+>(
+    store: &S,
+) {
+    let r = role("relay");
+    let t = acquired(store, &r, "a", Duration::from_millis(1)).await;
+    assert!(store.pause(&r, "ops", "").await.expect("PAUSE"));
+    assert!(store.unpause(&r).await.expect("UNPAUSE"));
+    store.run_now(&r).await.expect("RUN NOW");
+    assert!(
+        matches!(
+            store
+                .acquire(&r, "b", TTL, Duration::from_millis(1))
+                .await
+                .expect("ACQUIRE"),
+            Acquire::Refused(Refusal::NotDue { .. })
+        ),
+        "the next term waits for the paused term's lease"
+    );
+    assert!(
+        !store.release(&r, t, Release::Lost, HOUR).await.expect("RELEASE"),
+        "the paused term was over already"
+    );
+    let t2 = acquired(store, &r, "b", Duration::from_millis(1)).await;
+    // Without a release, the wait ends with the lease.
+    assert!(store.pause(&r, "ops", "").await.expect("PAUSE"));
+    assert!(store.unpause(&r).await.expect("UNPAUSE"));
+    match store
+        .acquire(&r, "c", TTL, Duration::from_millis(1))
+        .await
+        .expect("ACQUIRE")
+    {
+        Acquire::Refused(Refusal::NotDue { remaining, .. }) => {
+            assert!(
+                remaining <= TTL,
+                "waits at most the ended term's lease: {remaining:?}"
+            )
+        }
+        other => panic!("expected NotDue, got {other:?}"),
+    }
+    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+    let t3 = acquired(store, &r, "c", Duration::from_millis(1)).await;
+    assert!(t3 > t2);
 }
 
 pub async fn unpause_leaves_not_before_alone<S: LeaseStore>(store: &S) {
@@ -985,6 +1038,7 @@ macro_rules! conformance_suite {
             lost_release_cools_down_for_the_interval_capped_at_60s,
             failed_release_waits_a_full_interval_and_is_not_a_completion,
             pause_ends_the_term_and_refuses_acquire_until_unpause,
+            a_pause_makes_the_next_term_wait_for_the_ended_terms_lease_unless_its_holder_releases_it,
             unpause_leaves_not_before_alone,
             pause_of_an_unknown_role_is_an_error,
             pause_without_a_name_is_refused_and_writes_nothing,

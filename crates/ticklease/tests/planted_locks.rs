@@ -162,10 +162,17 @@ async fn a_login_with_connect_alone_that_plants_fence_keys_slows_no_takeover_or_
     let logins = Logins::create(&cluster).await;
     let app1 = logins.login("planted_app1").await;
     let app2 = logins.login("planted_app2").await;
-    let first = acquire(&app1, "victim", "a", 1500).await;
+    let first = acquire(&app1, "victim", "a", 60_000).await;
     let planted = plant(&logins, "victim", first).await;
     let claimer = logins.login("planted_app1").await;
     claim_and_freeze(&claimer, "victim", first, 1).await;
+    // Its holder froze too: the term runs out (the owner ends it now rather
+    // than the test waiting for its lease).
+    logins
+        .owner
+        .batch_execute("UPDATE leader_leases SET expires_at = now() WHERE role = 'victim'")
+        .await
+        .unwrap();
     logins.expired("victim").await;
 
     // The takeover: within the statement timeout, the claimer ended, the plants spared.

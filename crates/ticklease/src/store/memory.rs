@@ -46,11 +46,19 @@ struct Row {
     last_pause: Option<(SystemTime, SystemTime)>,
     /// The current term is that manual run.
     manual_by: Option<String>,
+    /// The term a pause ended, whose lease `not_before` waits for until its
+    /// holder releases it (as `leader_pause`).
+    pause_wait_token: Option<i64>,
 }
 
 impl Row {
     fn live(&self, now: SystemTime) -> bool {
         self.holder_id.is_some() && self.expires_at.is_some_and(|e| e > now)
+    }
+
+    /// A pause's wait still holds the next term back (as `leader_pause_waits`).
+    fn pause_waits(&self, now: SystemTime) -> bool {
+        self.pause_wait_token == Some(self.token) && self.not_before.is_some_and(|n| n > now)
     }
 }
 
@@ -291,7 +299,7 @@ fn acquire_occurrence_row(
         .not_before
         .filter(|n| *n > now)
         .or(ask.occurrence.filter(|o| *o > now))
-        .filter(|_| row.run_now_by.is_none());
+        .filter(|_| row.run_now_by.is_none() || row.pause_waits(now));
     let cooled = row.not_before.is_none_or(|n| n <= now);
     let runnable = ask
         .occurrence
@@ -354,6 +362,11 @@ fn release_row(s: &mut State, term: &Releasing, now: SystemTime) -> bool {
         return false;
     };
     if row.token != term.token.0 || row.holder_id.is_none() {
+        // The holder of a term a pause ended: its work stopped, the wait ends.
+        if row.token == term.token.0 && row.pause_wait_token == Some(row.token) {
+            row.pause_wait_token = None;
+            row.not_before = None;
+        }
         return false;
     }
     // A manual run (run-now) completes no occurrence and counts no attempt.
@@ -597,6 +610,10 @@ impl LeaseStore for MemoryStore {
             if row.paused_at.is_some() {
                 return Ok(false);
             }
+            if row.live(now) {
+                row.not_before = row.not_before.max(row.expires_at);
+                row.pause_wait_token = Some(row.token);
+            }
             row.paused_at = Some(now);
             row.paused_by = Some(by.to_string());
             row.pause_reason = Some(reason.to_string());
@@ -625,6 +642,7 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn run_now(&self, role: &Role) -> Result<bool, StoreError> {
+        let now = self.now();
         self.with(|s| {
             let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {
                 role: role.to_string(),
@@ -634,7 +652,11 @@ impl LeaseStore for MemoryStore {
                 row.run_now_by = Some("memory".into());
                 return Ok(false);
             }
-            Ok(row.not_before.take().is_some())
+            let had = row.not_before.is_some();
+            if !row.pause_waits(now) {
+                row.not_before = None;
+            }
+            Ok(had)
         })
     }
 

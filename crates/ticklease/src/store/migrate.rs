@@ -86,6 +86,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pause_window",
         sql: include_str!("migrations/0009_pause_window.sql"),
     },
+    Migration {
+        version: 10,
+        name: "pause_wait",
+        sql: include_str!("migrations/0010_pause_wait.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).

@@ -55,6 +55,18 @@ RETURNS boolean
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT p_holder_id IS NOT NULL AND p_expires_at > p_at $$;
 
+CREATE OR REPLACE FUNCTION @schema@.leader_pause_waits(p_wait_token bigint, p_token bigint, p_not_before timestamptz,
+                                                   p_at timestamptz)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $fn$
+    -- Whether the wait a pause set for the term it ended (leader_pause)
+    -- still holds the next term back at p_at: that term is still the row's
+    -- last, its holder has not RELEASEd it, and its lease has not run out.
+    -- No run-now passes it: the ended term's unfenced work may still run.
+    SELECT p_wait_token IS NOT NULL AND p_wait_token = p_token AND p_not_before > p_at
+$fn$;
+
 CREATE OR REPLACE FUNCTION @schema@.leader_live_keys() RETURNS SETOF bigint
 LANGUAGE sql VOLATILE
 AS $fn$

@@ -183,9 +183,10 @@ BEGIN
                schedule = p_schedule
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
-           -- A manual run waits for no cooldown: it is asked for at once.
+           -- A manual run waits for no cooldown (it is asked for at once), only for a pause's wait.
            AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
-                OR l.run_now_by IS NOT NULL)
+                OR (l.run_now_by IS NOT NULL
+                    AND NOT @schema@.leader_pause_waits(l.pause_wait_token, l.holder_token, l.not_before, now())))
         RETURNING l.holder_token, l.holder_id, l.manual_by
     ),
     acquired AS (
@@ -261,7 +262,10 @@ AS $fn$
 -- RELEASE: ends the term (role, token), stamps a completed tick (and its
 -- occurrence, for a cron schedule) and the cooldown, counts a failed
 -- attempt, and records how the term ended. It notifies no one:
--- the library notifies after the commit, in a statement of its own.
+-- the library notifies after the commit, in a statement of its own. The
+-- RELEASE of a term a pause ended (still the row's last term) ends the
+-- wait the pause set for it (leader_pause) and returns false: its holder's
+-- work has stopped, so the next term need not wait for its lease.
 DECLARE
     cooldown interval := CASE WHEN p_cooldown_ms IS NOT NULL
                               THEN @schema@.leader_check_ms('cooldown', p_cooldown_ms) END;
@@ -280,6 +284,10 @@ BEGIN
      WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NOT NULL
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
+        UPDATE @schema@.leader_leases AS l
+           SET not_before = NULL, pause_wait_token = NULL
+         WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NULL
+           AND l.pause_wait_token = p_token;
         RETURN false;
     END IF;
     UPDATE @schema@.leader_leases AS l

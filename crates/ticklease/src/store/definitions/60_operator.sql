@@ -6,7 +6,12 @@ AS $fn$
 -- Pause: ends the current term (its claims refused from here on), marks
 -- the role paused so no ACQUIRE starts a term, and records the pause and the term it ended (lost: paused).
 -- Who and why are cut to 200 and 500 characters, as the history keeps them.
--- It notifies no one (see leader_release).
+-- The next term waits (not_before) until the ended term's lease would have
+-- run out, unless its holder RELEASEs it first, once its work stopped
+-- (pause_wait_token, leader_release): the holder learns of the pause only
+-- at its next RENEW or notification, and its unfenced work may take its
+-- grace to stop, so an unpause within that time must not start the next
+-- term beside it. It notifies no one (see leader_release).
 DECLARE
     ended @schema@.leader_leases;
     changed boolean;
@@ -22,7 +27,11 @@ BEGIN
     SELECT * INTO ended FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR NO KEY UPDATE;
     UPDATE @schema@.leader_leases AS l
        SET paused_at = now(), paused_by = p_by, pause_reason = coalesce(p_reason, ''),
-           holder_id = NULL, acquired_at = NULL, expires_at = NULL, holder_key = NULL
+           holder_id = NULL, acquired_at = NULL, expires_at = NULL, holder_key = NULL,
+           not_before = CASE WHEN l.holder_id IS NOT NULL AND l.expires_at > now()
+                             THEN greatest(l.not_before, l.expires_at) ELSE l.not_before END,
+           pause_wait_token = CASE WHEN l.holder_id IS NOT NULL AND l.expires_at > now()
+                                   THEN l.holder_token ELSE l.pause_wait_token END
      WHERE l.role = p_role AND l.paused_at IS NULL
     RETURNING true INTO changed;
     PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
@@ -77,7 +86,7 @@ AS $fn$
 -- Run now: an interval role is due at once (its cooldown cleared; true when it had one). A cron role
 -- (one whose last ACQUIRE was of an occurrence) gets a manual run instead, which the next ACQUIRE of an
 -- occurrence starts whatever its cooldown, without consuming an occurrence; its cooldown (a failed
--- occurrence's backoff) stays. Recorded with the session's login user; it notifies no one (see leader_release).
+-- occurrence's backoff) stays. Neither passes the wait a pause set for the term it ended. Recorded with the session's login user; it notifies no one (see leader_release).
 DECLARE
     had boolean;
 BEGIN
@@ -87,7 +96,10 @@ BEGIN
         RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
     END IF;
     UPDATE @schema@.leader_leases AS l
-       SET not_before = CASE WHEN l.schedule IS NULL THEN NULL ELSE l.not_before END,
+       SET not_before = CASE WHEN l.schedule IS NULL
+                                  AND NOT @schema@.leader_pause_waits(l.pause_wait_token, l.holder_token,
+                                                                      l.not_before, now())
+                             THEN NULL ELSE l.not_before END,
            run_now_by = CASE WHEN l.schedule IS NOT NULL THEN left(session_user, 200) END
      WHERE l.role = p_role;
     PERFORM @schema@.leader_history_add(p_role, 'run_now', NULL, NULL, NULL, NULL, NULL, session_user, NULL);

@@ -1,0 +1,23 @@
+-- ticklease 0010: a pause's wait for the term it ended (issue 32). Upgrades
+-- a database with live terms in place: one nullable column, no rewrite, so
+-- every term keeps its token, holder and expiry.
+--
+-- A pause ends the current term at once (the fence refuses its claims from
+-- the commit), but its holder learns of it only at its next RENEW or
+-- notification, and its unfenced work (a `ticklease run` child in its
+-- grace) may run for a while after that. So the pause makes the next term
+-- wait (not_before) until the ended term's lease would have run out, and
+-- records here whose term that wait belongs to: the holder's RELEASE of
+-- that term, once its work stopped, ends the wait early. An unpause within
+-- the wait no longer starts the next term beside the last one's work.
+--
+-- Lock: leader_leases alone, waited for at most 500 ms (lease statements
+-- queue behind this ALTER, so the wait is kept well inside a heartbeat); a
+-- run that times out writes nothing and is simply run again.
+
+SELECT pg_catalog.set_config('ticklease.lock_timeout_before_0010', pg_catalog.current_setting('lock_timeout'), true);
+SET LOCAL lock_timeout = '500ms';
+
+ALTER TABLE leader_leases ADD COLUMN pause_wait_token bigint;
+
+SELECT pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('ticklease.lock_timeout_before_0010'), true);
