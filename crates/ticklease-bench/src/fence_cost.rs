@@ -519,7 +519,11 @@ impl Report {
                 .filter_map(|r| r.latency.as_ref().map(pick))
                 .collect()
         };
-        match (summarize(&of(|l| l.p50)), summarize(&of(|l| l.p99)), summarize(&of(|l| l.max))) {
+        match (
+            summarize(&of(|l| l.p50)),
+            summarize(&of(|l| l.p99)),
+            summarize(&of(|l| l.max)),
+        ) {
             (Some(p50), Some(p99), Some(max)) => format!("{:.2} / {:.2} / {:.1}", p50.p50, p99.p50, max.max),
             _ => String::new(),
         }

@@ -112,6 +112,14 @@ impl Db {
         let (client, connection) = ticklease::tls::Hosts::new(&self.config, bound)
             .connect()
             .await
+            .map_err(|e| match e {
+                ticklease::tls::HostsError::TimedOut { per_host } => anyhow::anyhow!(
+                    "no answer within {} (TCP connect, TLS and authentication; {} per host)",
+                    humantime::format_duration(bound),
+                    humantime::format_duration(per_host)
+                ),
+                other => anyhow::Error::new(other),
+            })
             .with_context(|| format!("could not connect to the database at {}", self.target))?;
         tokio::spawn(connection);
         Ok(client)

@@ -175,7 +175,11 @@ async fn service() -> ExitCode {
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
         Err(e) => {
-            let _ = writeln!(LossyStderr::default(), "ticklease: {}", ticklease::error::chain(e.as_ref()));
+            let _ = writeln!(
+                LossyStderr::default(),
+                "ticklease: {}",
+                ticklease::error::chain(e.as_ref())
+            );
             ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })
         }
     }

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager as PoolManager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager as PoolManager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use ticklease::tls::{Hosts, PgConnect, PoolConnect};
 use ticklease::{Manager, Metrics, PgStore, PgStoreOptions, Role, Schedule, Scheduler, Steps, Stopped, Tick};
 use tokio_util::sync::CancellationToken;
 
@@ -68,16 +69,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
         Some(direct) => store.with_direct(direct.clone()).await?,
         None => store,
     };
-    let pool = Pool::builder(PoolManager::from_config(
-        cfg.database.config().clone(),
-        cfg.database.tls(),
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    ))
-    .max_size(8)
-    .build()
-    .expect("no runtime-dependent options");
+    let pool = claim_pool(&cfg.database, cfg.lease.statement_timeout());
     SCHEMA.verify(&**pool.get().await?).await?;
 
     let mut registry = prometheus_client::registry::Registry::with_prefix("ticklease");
@@ -139,6 +131,30 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
         })?;
     }
     Ok(scheduler.run(shutdown).await)
+}
+
+/// The funnels' pool. Its connections follow the library's host rules (each
+/// host of a multi-host URL its own bounded attempt, the one that answered
+/// last first: a black-holed first host costs a new connection at most its
+/// share of `connect_wait`, not the whole run), a wait for one ends after
+/// `connect_wait` (a URL's `tcp_user_timeout` and keepalives bound a
+/// statement on a connection whose host stopped answering).
+fn claim_pool(database: &PgConnect, connect_wait: Duration) -> Pool {
+    let hosts = Arc::new(Hosts::new(database, connect_wait));
+    let manager = PoolManager::from_connect(
+        database.config().clone(),
+        PoolConnect::new(hosts),
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(8)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(connect_wait))
+        .create_timeout(Some(connect_wait))
+        .build()
+        .expect("a runtime is given for the timeouts")
 }
 
 /// A role's schedule when the configuration names none.

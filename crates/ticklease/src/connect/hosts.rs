@@ -9,6 +9,10 @@
 //! startup, authentication, the read-write check) by a share of the deadline,
 //! and the host that answered last is tried first: a dead first host costs
 //! each new connection at most its share, and nothing once another host answered.
+//!
+//! Public (as `ticklease::tls::{Hosts, PoolConnect}`) so that every other
+//! connection of an application, its own pools included, follows the same
+//! rules as the store's.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -20,7 +24,7 @@ use crate::connect::tls::{PgConnect, PgTlsStream};
 
 /// The hosts of one URL, each with the URL's every other setting.
 #[derive(Debug)]
-pub(crate) struct Hosts {
+pub struct Hosts {
     hosts: Vec<PgConnect>,
     per_host: Duration,
     last_good: AtomicUsize,
@@ -28,11 +32,15 @@ pub(crate) struct Hosts {
 
 /// Why no host gave a connection in one pass over them.
 #[derive(Debug)]
-pub(crate) enum HostsError {
+#[non_exhaustive]
+pub enum HostsError {
     /// The last host that answered with an error.
     Db(tokio_postgres::Error),
     /// Every host timed out.
-    TimedOut { per_host: Duration },
+    TimedOut {
+        /// The bound on each host's attempt.
+        per_host: Duration,
+    },
 }
 
 impl std::fmt::Display for HostsError {
@@ -58,7 +66,7 @@ impl std::error::Error for HostsError {
 impl Hosts {
     /// `pg`'s hosts, each attempt bounded by an equal share of `deadline`
     /// (or the URL's own `connect_timeout`, if shorter).
-    pub(crate) fn new(pg: &PgConnect, deadline: Duration) -> Self {
+    pub fn new(pg: &PgConnect, deadline: Duration) -> Self {
         let hosts = split(pg);
         let n = u32::try_from(hosts.len()).unwrap_or(u32::MAX).max(1);
         let share = deadline / n;
@@ -81,7 +89,7 @@ impl Hosts {
     }
 
     /// One pass over the hosts, the last good one first.
-    pub(crate) async fn connect(&self) -> Result<(Client, Connection<Socket, PgTlsStream>), HostsError> {
+    pub async fn connect(&self) -> Result<(Client, Connection<Socket, PgTlsStream>), HostsError> {
         let first = self.last_good.load(Ordering::Relaxed);
         let mut failed = None;
         for i in (0..self.hosts.len()).map(|k| (first + k) % self.hosts.len()) {
@@ -106,7 +114,16 @@ impl Hosts {
 /// The pool's way to connect: passes over the hosts until one gives a
 /// connection or refuses it; a pass in which every host timed out is tried
 /// again, until the statement's deadline (around every pool wait) ends it.
-pub(crate) struct PoolConnect(pub(crate) std::sync::Arc<Hosts>);
+/// Give it to `deadpool_postgres::Manager::from_connect`, and bound the
+/// pool's waits (`Pool::builder(…).wait_timeout(…).create_timeout(…)`).
+pub struct PoolConnect(pub(crate) std::sync::Arc<Hosts>);
+
+impl PoolConnect {
+    /// Connections to `hosts`.
+    pub fn new(hosts: std::sync::Arc<Hosts>) -> Self {
+        PoolConnect(hosts)
+    }
+}
 
 impl deadpool_postgres::Connect for PoolConnect {
     fn connect(
