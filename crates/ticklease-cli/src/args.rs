@@ -44,7 +44,7 @@ pub enum Command {
     },
     /// Show who leads what: holder, token, held for, expires in, pause, last tick age, cooldown.
     #[command(
-        after_help = "Examples:\n  ticklease status\n  ticklease status --json | jq '.[] | select(.paused_by)'\n  ticklease status --watch"
+        after_help = "Examples:\n  ticklease status\n  ticklease status --json | jq '.[] | select(.paused_by)'\n  ticklease status --role billing\n  ticklease status --watch"
     )]
     Status {
         /// One JSON array instead of a table.
@@ -53,6 +53,9 @@ pub enum Command {
         /// Redraw every second until Ctrl-C.
         #[arg(long, conflicts_with = "json")]
         watch: bool,
+        /// Only this role's row (the status page shows a bounded number of roles).
+        #[arg(long, value_name = "NAME")]
+        role: Option<Role>,
     },
     /// Show how recent terms ended and who paused, unpaused or ran a role now, newest first.
     #[command(

@@ -19,7 +19,7 @@ pub async fn run(url: &str, command: Command) -> anyhow::Result<()> {
     match command {
         Command::Migrate { roles } => cmd_migrate(db, roles).await,
         Command::Grant { roles } => cmd_grant(db, roles).await,
-        Command::Status { json, watch } => cmd_status(db, json, watch).await,
+        Command::Status { json, watch, role } => cmd_status(db, json, watch, role).await,
         Command::History {
             role,
             since,
@@ -197,13 +197,17 @@ async fn cmd_grant(db: Db, roles: RoleNames) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn cmd_status(db: Db, json: bool, watch: bool) -> anyhow::Result<()> {
+async fn cmd_status(db: Db, json: bool, watch: bool, role: Option<Role>) -> anyhow::Result<()> {
     let store = db.store().await?;
+    let read = || async {
+        let mut rows = store.status().await?;
+        if let Some(role) = &role {
+            rows.retain(|r| r.role == role.as_str());
+        }
+        anyhow::Ok(rows)
+    };
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&status::json(&store.status().await?))?
-        );
+        println!("{}", serde_json::to_string_pretty(&status::json(&read().await?))?);
     } else if watch {
         // One listener for the whole watch: a Ctrl-C that arrives while a
         // status is read or printed is kept for the next wait, not lost (once
@@ -211,7 +215,7 @@ async fn cmd_status(db: Db, json: bool, watch: bool) -> anyhow::Result<()> {
         let interrupted = tokio::signal::ctrl_c();
         tokio::pin!(interrupted);
         loop {
-            let table = status::table(&store.status().await?);
+            let table = status::table(&read().await?);
             print!("\x1b[2J\x1b[H{table}");
             tokio::select! {
                 _ = &mut interrupted => break,
@@ -219,7 +223,7 @@ async fn cmd_status(db: Db, json: bool, watch: bool) -> anyhow::Result<()> {
             }
         }
     } else {
-        print!("{}", status::table(&store.status().await?));
+        print!("{}", status::table(&read().await?));
     }
     Ok(())
 }
@@ -357,11 +361,21 @@ async fn cmd_worker(db: Db, run: WorkerRun) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Most roles `ticklease metrics` exports (about a dozen series each): any
+/// app login may create rows, and each would be a series of every scrape.
+const METRICS_ROLES_MAX: usize = 1_000;
+
 async fn cmd_metrics(db: Db, addr: std::net::SocketAddr, prefix: String) -> anyhow::Result<()> {
     let store = db.store().await?;
-    let roles = store
-        .status()
-        .await?
+    let (rows, total) = store.status_bounded(METRICS_ROLES_MAX).await?;
+    if total > rows.len() as u64 {
+        say(format_args!(
+            "exporting {} of {total} roles (paused, held and most recently ticked first); \
+             the rest: ticklease status --role NAME",
+            rows.len()
+        ));
+    }
+    let roles = rows
         .into_iter()
         .map(|s| Role::new(s.role))
         .collect::<Result<Vec<_>, _>>()?;

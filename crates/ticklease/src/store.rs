@@ -456,6 +456,32 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Every row of `leader_status`, by role.
     fn status(&self) -> impl Future<Output = Result<Vec<LeaseStatus>, StoreError>> + Send;
 
+    /// At most `limit` rows of `leader_status`, by role, and how many rows
+    /// there are in all: any app login may create rows (`leader_seed`), so
+    /// what is rendered or exported reads a bounded part. The rows an
+    /// operator looks for come first: paused, then held, then the most
+    /// recently ticked, then by role.
+    fn status_bounded(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<(Vec<LeaseStatus>, u64), StoreError>> + Send {
+        async move {
+            let mut rows = self.status().await?;
+            let total = rows.len() as u64;
+            rows.sort_by_key(|r| {
+                (
+                    r.paused_at.is_none(),
+                    !r.held,
+                    std::cmp::Reverse(r.last_tick_ended_at),
+                    r.role.clone(),
+                )
+            });
+            rows.truncate(limit);
+            rows.sort_by(|a, b| a.role.cmp(&b.role));
+            Ok((rows, total))
+        }
+    }
+
     /// The coordination session's signals, when the store has one
     /// ([`PgStore::with_direct`]); without, followers wake by the lease's
     /// times alone.

@@ -24,6 +24,13 @@
 //!   `leader_coordination_up` (its coordination session, as of its last poll),
 //!   and `leader_occurrences_skipped_total{role,reason}` (reason `deadline`,
 //!   `paused` or `catch_up`: occurrences it recorded passed over when it started a later one).
+//!
+//! Any app login can create role rows (`leader_seed`), so a refresh reads at
+//! most [`REFRESH_ROWS_MAX`] of them (paused, held and most recently ticked
+//! first) and exports `leader_status_rows_left_out` (the rows it did not
+//! read; 0 normally). A declared role whose row was left out shows
+//! `state="error"`, as when the read failed. The status page renders at
+//! most [`PAGE_ROLES_MAX`] roles and says how many it left out.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -116,7 +123,13 @@ struct Inner {
     occurrence_next: Family<RoleLabel, FloatGauge>,
     occurrence_late: Family<RoleLabel, FloatGauge>,
     occurrences_skipped: Family<ReasonLabels, Counter>,
+    rows_left_out: Gauge,
 }
+
+/// Most rows of `leader_leases` one refresh of the cluster facts reads.
+pub const REFRESH_ROWS_MAX: usize = 10_000;
+/// Most roles the status page renders.
+pub const PAGE_ROLES_MAX: usize = 500;
 
 /// The metric handles. Cheap to clone.
 #[derive(Clone)]
@@ -155,6 +168,11 @@ fn token_lead_seconds(rows: &[LeaseStatus]) -> Option<f64> {
 
 impl Inner {
     fn register_into(&self, r: &mut Registry) {
+        r.register(
+            "leader_status_rows_left_out",
+            "Rows of leader_leases the last refresh did not read (it reads at most 10,000; cluster fact)",
+            self.rows_left_out.clone(),
+        );
         r.register(
             "leader_last_tick_age_seconds",
             "Seconds since the role's last completed tick (cluster fact; absent unless state=ok)",
@@ -304,6 +322,7 @@ impl Metrics {
             occurrence_next: Family::default(),
             occurrence_late: Family::default(),
             occurrences_skipped: Family::default(),
+            rows_left_out: Gauge::default(),
         };
         inner.register_into(registry);
         for role in &inner.roles {
@@ -323,13 +342,25 @@ impl Metrics {
     /// `state="error"`, never as a value.
     pub async fn refresh<S: LeaseStore>(&self, store: &S) {
         let inner = &self.inner;
-        match store.status().await {
-            Ok(rows) => {
+        match store.status_bounded(REFRESH_ROWS_MAX).await {
+            Ok((rows, total)) => {
+                let left_out = total.saturating_sub(rows.len() as u64);
+                inner.rows_left_out.set(i64::try_from(left_out).unwrap_or(i64::MAX));
                 if let Some(lead) = token_lead_seconds(&rows) {
                     inner.token_lead.set(lead);
                 }
+                let by_role: std::collections::HashMap<&str, &LeaseStatus> =
+                    rows.iter().map(|s| (s.role.as_str(), s)).collect();
                 for role in &inner.roles {
-                    let row = rows.iter().find(|s| s.role == role.as_str());
+                    let row = by_role.get(role.as_str()).copied();
+                    if row.is_none() && left_out > 0 {
+                        // Its row may exist among those not read: unknown, not never ran.
+                        inner.last_tick_age.remove(&label(role));
+                        inner.paused.remove(&label(role));
+                        self.refresh_occurrence(role, None);
+                        self.state(role, "error");
+                        continue;
+                    }
                     let age = row.and_then(|s| {
                         s.last_tick_ended_at
                             .map(|t| s.db_now.duration_since(t).unwrap_or_default())
@@ -691,15 +722,15 @@ fn page_route<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
                 }
                 let window = Duration::from_secs(hours * 3600);
                 let read = async {
-                    let rows = store.status().await?;
+                    let (rows, total) = store.status_bounded(PAGE_ROLES_MAX).await?;
                     let slices = store.timeline(window, crate::ops::page::BUCKETS).await?;
                     let events = store.notable(window, crate::ops::page::EVENTS_MAX).await?;
-                    Ok::<_, crate::error::StoreError>((rows, slices, events))
+                    Ok::<_, crate::error::StoreError>((rows, total, slices, events))
                 };
                 match read.await {
-                    Ok((rows, slices, events)) => {
+                    Ok((rows, total, slices, events)) => {
                         let now = rows.first().map_or_else(std::time::SystemTime::now, |r| r.db_now);
-                        let body = crate::ops::page::render(&rows, &slices, &events, now, window);
+                        let body = crate::ops::page::render(&rows, total, &slices, &events, now, window);
                         cached[slot] = Some((tokio::time::Instant::now(), body.clone()));
                         (StatusCode::OK, headers("text/html; charset=utf-8"), body)
                     }

@@ -82,9 +82,11 @@ svg text{font:12px system-ui,sans-serif}.completed{fill:#3a9d5d}.interrupted{fil
 .takeover{stroke:#000;stroke-width:2}.pause{stroke:#a15c00;stroke-width:2}
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;color:#fff;border-radius:3px}";
 
-/// The page. `now` is the database clock; `window` the timeline's span.
+/// The page. `rows`: the roles shown, of `total`; `now` is the database
+/// clock; `window` the timeline's span.
 pub(crate) fn render(
     rows: &[LeaseStatus],
+    total: u64,
     slices: &[TimelineSlice],
     events: &[HistoryEntry],
     now: SystemTime,
@@ -99,6 +101,7 @@ pub(crate) fn render(
         html(&humantime::format_rfc3339_seconds(now).to_string())
     );
     roles_table(&mut out, rows);
+    left_out(&mut out, rows.len(), total);
     timeline(&mut out, rows, slices, events, now, window);
     recent(&mut out, events, now);
     out.push_str("</body></html>");
@@ -146,6 +149,18 @@ fn roles_table(out: &mut String, rows: &[LeaseStatus]) {
         );
     }
     out.push_str("</tbody></table>");
+}
+
+/// Where to see the roles a bounded page leaves out.
+fn left_out(out: &mut String, shown: usize, total: u64) {
+    if total > shown as u64 {
+        let _ = write!(
+            out,
+            "<p id=\"left-out\" class=\"paused\">showing {shown} of {total} roles (paused, held and \
+             most recently ticked first); the rest: <code>ticklease status --role NAME</code>, or \
+             <code>SELECT * FROM leader_status WHERE role = 'NAME'</code></p>"
+        );
+    }
 }
 
 fn timeline(

@@ -32,6 +32,7 @@ const ACQUIRE: &str = include_str!("acquire.sql");
 const RENEW: &str = include_str!("renew.sql");
 const RELEASE: &str = include_str!("release.sql");
 const STATUS: &str = include_str!("status.sql");
+const STATUS_BOUNDED: &str = include_str!("status_bounded.sql");
 const ACQUIRE_MANY: &str = include_str!("acquire_many.sql");
 const ACQUIRE_OCCURRENCE: &str = include_str!("acquire_occurrence.sql");
 const RENEW_MANY: &str = include_str!("renew_many.sql");
@@ -847,31 +848,20 @@ impl LeaseStore for PgStore {
 
     async fn status(&self) -> Result<Vec<LeaseStatus>, StoreError> {
         let rows = self.query("STATUS", STATUS, &[]).await?;
-        Ok(rows
-            .iter()
-            .map(|r| LeaseStatus {
-                role: r.get("role"),
-                held: r.get("held"),
-                holder_id: r.get("holder_id"),
-                token: Token(r.get("holder_token")),
-                acquired_at: r.get("acquired_at"),
-                expires_at: r.get("expires_at"),
-                db_now: r.get("db_now"),
-                remaining: r
-                    .get::<_, Option<f64>>("remaining_seconds")
-                    .map(|s| Duration::from_secs_f64(s.max(0.0))),
-                paused_at: r.get("paused_at"),
-                paused_by: r.get("paused_by"),
-                pause_reason: r.get("pause_reason"),
-                last_tick_ended_at: r.get("last_tick_ended_at"),
-                last_tick_holder: r.get("last_tick_holder"),
-                not_before: r.get("not_before"),
-                last_outcome: r.get("last_outcome"),
-                schedule: r.get("schedule"),
-                last_occurrence: r.get("last_occurrence"),
-                next_occurrence: r.get("next_occurrence"),
-            })
-            .collect())
+        Ok(rows.iter().map(status_row).collect())
+    }
+
+    async fn status_bounded(&self, limit: usize) -> Result<(Vec<LeaseStatus>, u64), StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .query("STATUS", STATUS_BOUNDED, &[(&limit, Type::INT8)])
+            .await?;
+        // Each row carries the count of all (none when there are none, or for a limit of 0).
+        let total = rows.first().map_or(0, |r| r.get::<_, i64>("total"));
+        Ok((
+            rows.iter().map(status_row).collect(),
+            u64::try_from(total).unwrap_or(0),
+        ))
     }
 
     fn signals(&self) -> Option<&Signals> {
@@ -933,4 +923,30 @@ async fn check_schema(client: &tokio_postgres::Client) -> Result<(), StoreError>
             command: LIBRARY.command,
         },
     })
+}
+
+/// One row of STATUS (or its bounded form).
+fn status_row(r: &Row) -> LeaseStatus {
+    LeaseStatus {
+        role: r.get("role"),
+        held: r.get("held"),
+        holder_id: r.get("holder_id"),
+        token: Token(r.get("holder_token")),
+        acquired_at: r.get("acquired_at"),
+        expires_at: r.get("expires_at"),
+        db_now: r.get("db_now"),
+        remaining: r
+            .get::<_, Option<f64>>("remaining_seconds")
+            .map(|s| Duration::from_secs_f64(s.max(0.0))),
+        paused_at: r.get("paused_at"),
+        paused_by: r.get("paused_by"),
+        pause_reason: r.get("pause_reason"),
+        last_tick_ended_at: r.get("last_tick_ended_at"),
+        last_tick_holder: r.get("last_tick_holder"),
+        not_before: r.get("not_before"),
+        last_outcome: r.get("last_outcome"),
+        schedule: r.get("schedule"),
+        last_occurrence: r.get("last_occurrence"),
+        next_occurrence: r.get("next_occurrence"),
+    }
 }

@@ -1,0 +1,106 @@
+//! Any app login may create role rows (`leader_seed`, 10,000 a call, no
+//! total): the status page and the metrics refresh read and render a
+//! bounded number of them, say so, and still show the roles that matter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use ticklease::metrics::{PAGE_ROLES_MAX, REFRESH_ROWS_MAX};
+use ticklease::{Config, Manager, Metrics, PgStore, PgStoreOptions, Role};
+use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
+
+async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response:.300}");
+    response
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_role_rows_than_the_bounds_leave_the_page_and_the_metrics_bounded_and_saying_so() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let billing = Role::new("billing").unwrap();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&test_config()))
+        .await
+        .unwrap();
+    let manager = Manager::start(store, test_config(), [billing.clone()])
+        .await
+        .unwrap();
+    manager
+        .lead(&billing, Duration::from_secs(3600), |_| async {
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .unwrap();
+    // More rows than a refresh reads, as an app login can make them.
+    let seeded = REFRESH_ROWS_MAX + 2_000;
+    let client = connect(&db).await.unwrap();
+    for start in (0..seeded).step_by(5_000) {
+        client
+            .batch_execute(&format!(
+                "SELECT leader_seed(array(SELECT 'seeded_' || g FROM generate_series({start}, {}) AS g))",
+                (start + 5_000).min(seeded) - 1
+            ))
+            .await
+            .unwrap();
+    }
+    let total = seeded + 1;
+
+    let config = Config::default();
+    let status = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let mut registry = Registry::with_prefix("ticklease");
+    let metrics = Metrics::register(
+        &mut registry,
+        [billing.clone(), Role::new("seeded_9999").unwrap()],
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(ticklease::metrics::serve(
+        listener,
+        Arc::new(registry),
+        metrics,
+        status,
+        stop.clone(),
+    ));
+
+    let page = get(addr, "/").await;
+    let rows = page.matches("<tr data-role=").count();
+    assert_eq!(rows, PAGE_ROLES_MAX, "roles rendered");
+    assert!(
+        page.contains(&format!("showing {PAGE_ROLES_MAX} of {total} roles")),
+        "the page says rows were left out"
+    );
+    assert!(
+        page.contains("<tr data-role=\"billing\">"),
+        "the role that ticked is shown"
+    );
+    assert!(page.len() < 2_000_000, "page of {} bytes", page.len());
+
+    let scrape = get(addr, "/metrics").await;
+    let left_out = total - REFRESH_ROWS_MAX;
+    assert!(
+        scrape.contains(&format!("ticklease_leader_status_rows_left_out {left_out}")),
+        "{scrape}"
+    );
+    assert!(
+        scrape.contains("ticklease_leader_last_tick_state{role=\"billing\",state=\"ok\"} 1"),
+        "{scrape}"
+    );
+    // A declared role whose row was not read is unknown, not "never ran".
+    assert!(
+        scrape.contains("ticklease_leader_last_tick_state{role=\"seeded_9999\",state=\"error\"} 1"),
+        "{scrape}"
+    );
+    stop.cancel();
+}
