@@ -268,6 +268,17 @@ async fn status_json_and_roles_report_what_is_present() {
     assert!(out.contains("retired  (undeclared)"), "{out}");
     assert!(out.contains("dunning  (declared, no row yet"), "{out}");
     assert!(out.lines().any(|l| l == "billing"), "{out}");
+
+    // The row the status page points to when it leaves roles out.
+    let o = ticklease(&["status", "--json", "--role", "retired", "--database-url", &url]);
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let roles: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["retired"]);
 }
 
 #[tokio::test]
