@@ -998,7 +998,7 @@ async fn a_deep_chain_of_setsid_descendants_does_not_outlive_the_tick() {
         "#!/bin/sh\necho $$ >> \"$2\"\n[ \"$1\" -gt 0 ] && setsid \"$0\" $(($1 - 1)) \"$2\" &\nexec sleep 300\n",
     );
     let top = format!(
-        "setsid {} 119 {out} & while [ \"$(wc -l < {out} 2>/dev/null || echo 0)\" -lt 120 ]; do sleep 0.05; done",
+        "setsid {} 119 {out} >/dev/null 2>&1 & while [ \"$(wc -l < {out} 2>/dev/null || echo 0)\" -lt 120 ]; do sleep 0.05; done",
         link.display(),
         out = out.display()
     );

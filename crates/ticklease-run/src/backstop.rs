@@ -31,10 +31,25 @@ pub(crate) fn adopt_orphans() {
 /// A live guard, registered until dropped (after its exit was seen).
 pub(crate) struct Registered(Pid);
 
+/// Spawns a guard and registers it, under the registry's lock: an orphan
+/// search running meanwhile cannot take a guard just started for an orphan.
+pub(crate) fn spawn_guard(
+    cmd: &mut tokio::process::Command,
+) -> std::io::Result<(tokio::process::Child, Registered)> {
+    let mut guards = GUARDS.lock().expect("guards");
+    let child = cmd.spawn()?;
+    let pid = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .map(Pid::from_raw)
+        .ok_or_else(|| std::io::Error::other("the guard has no pid"))?;
+    guards.push(pid);
+    Ok((child, Registered(pid)))
+}
+
 impl Registered {
-    pub(crate) fn new(guard: Pid) -> Self {
-        GUARDS.lock().expect("guards").push(guard);
-        Registered(guard)
+    pub(crate) fn pid(&self) -> Pid {
+        self.0
     }
 }
 
@@ -58,7 +73,8 @@ pub(crate) fn stop_stuck_guard(guard: Pid) -> usize {
 /// a guard killed by a signal left behind (they came back to the runner, its
 /// subreaper). Reaps them, for nothing else here waits for them.
 pub(crate) fn kill_orphans() -> usize {
-    let guards: HashSet<Pid> = GUARDS.lock().expect("guards").iter().copied().collect();
+    let registry = GUARDS.lock().expect("guards");
+    let guards: HashSet<Pid> = registry.iter().copied().collect();
     let me = Pid::this();
     let orphans: Vec<Pid> = descendants(me)
         .into_iter()
@@ -68,6 +84,7 @@ pub(crate) fn kill_orphans() -> usize {
         kill_tree(*orphan);
         let _ = kill(*orphan, Signal::SIGKILL);
     }
+    drop(registry);
     for orphan in &orphans {
         let _ = waitpid(*orphan, Some(WaitPidFlag::empty()));
     }

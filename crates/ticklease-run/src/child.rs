@@ -99,14 +99,10 @@ pub(crate) async fn run_child(
     }
     let mut abandon_at = tick.abandon_at();
     let first_deadline = *abandon_at.borrow_and_update();
-    let mut guarded = spawn_guard(tick, holder, spec, guard, first_deadline)?;
-    let pid = Pid::from_raw(
-        guarded
-            .id()
-            .and_then(|p| i32::try_from(p).ok())
-            .ok_or(RunError::NoGuard)?,
-    );
-    let _registered = crate::backstop::Registered::new(pid);
+    let mut cmd = guard_command(tick, holder, spec, guard, first_deadline)?;
+    let (mut guarded, registered) =
+        crate::backstop::spawn_guard(&mut cmd).map_err(|source| RunError::Spawn { source })?;
+    let pid = registered.pid();
     let label = format!("[{} {}] ", tick.role(), tick.token().get());
     let mut watch = Watch {
         control: guarded.stdin.take().ok_or(RunError::NoGuard)?,
@@ -146,16 +142,16 @@ pub(crate) async fn run_child(
     })
 }
 
-/// Starts the guard, in a process group of its own: a signal to the
-/// runner's group (job control, `kill -STOP -PGID`) does not reach it, and
-/// it stops the child by its deadline whatever became of the runner.
-fn spawn_guard(
+/// The guard's command line, in a process group of its own: a signal to
+/// the runner's group (job control, `kill -STOP -PGID`) does not reach it,
+/// and it stops the child by its deadline whatever became of the runner.
+fn guard_command(
     tick: &Tick,
     holder: &str,
     spec: &CommandSpec,
     guard: &GuardSpec<'_>,
     deadline: Instant,
-) -> Result<tokio::process::Child, RunError> {
+) -> Result<Command, RunError> {
     let (program, before) = guard.command.split_first().ok_or(RunError::NoGuard)?;
     let mut cmd = Command::new(program);
     cmd.args(before)
@@ -185,7 +181,7 @@ fn spawn_guard(
     if let Some(dir) = &spec.dir {
         cmd.current_dir(dir);
     }
-    cmd.spawn().map_err(|source| RunError::Spawn { source })
+    Ok(cmd)
 }
 
 /// One guard watched by the runner: its control pipe, the child's output,

@@ -12,7 +12,10 @@
 //!
 //! - **The child leads its own process group**; every signal goes to the
 //!   whole group (grandchildren included), and when the child exits the
-//!   rest of its group is killed: nothing of a tick outlives its term.
+//!   rest of its tree is killed: nothing of a tick outlives its term.
+//! - **The guard leads a process group of its own**, apart from the
+//!   runner's and the child's: job control or `kill -STOP -PGID` aimed at
+//!   the runner does not reach it.
 //! - **The guard enforces the abandon deadline it was last given**: the
 //!   runner tells it, after each acknowledged RENEW, the instant
 //!   `last_ack + abandon_after` on the machine's monotonic clock
@@ -20,40 +23,67 @@
 //!   when the runner asks (a lost term, a pause, shutdown, a timeout), the
 //!   guard sends SIGTERM to the group, then SIGKILL after the grace; when its
 //!   control pipe closes (the runner died, even by SIGKILL) it sends SIGKILL
-//!   at once (with a coordination session another host may start the next
-//!   child within milliseconds). A runner that is frozen (SIGSTOP, Ctrl-Z)
-//!   or cut from the database stops sending deadlines, so its child is
-//!   stopped all the same.
+//!   at once. A runner that is frozen (SIGSTOP, Ctrl-Z, its whole process
+//!   group) or cut from the database stops sending deadlines, so its child
+//!   is stopped all the same.
+//! - **The runner backs the guard up**: if the guard has not exited by
+//!   `margin` after its SIGKILL was due (`margin` = half of `lease_ttl −
+//!   abandon_after − grace`), the runner SIGKILLs the guard's whole tree and
+//!   the guard (a guard SIGSTOPped alone); and, a child subreaper itself, it
+//!   kills what a guard killed by a signal left behind (its tree comes back
+//!   to the runner).
 //! - **The bound**: SIGTERM at the latest at `last_ack + abandon_after`,
-//!   SIGKILL at the latest `grace` later; the grace is validated so that
-//!   `abandon_after + grace < lease_ttl` ([`check_grace`]), so both fall
-//!   before `last_ack + lease_ttl`, no later than the lease's expiry on the
-//!   database (`last_ack` is when the acknowledged RENEW was *sent*). A lost
-//!   term is RELEASEd only once its group is gone (or its lease expired:
+//!   SIGKILL at the latest `grace` later, the runner's kill at the latest
+//!   `margin` after that; the grace is validated so that `abandon_after +
+//!   grace < lease_ttl` ([`check_grace`]), so all fall before `last_ack +
+//!   lease_ttl`, no later than the lease's expiry on the database (`last_ack`
+//!   is when the acknowledged RENEW was *sent*). A lost term is RELEASEd only
+//!   once its group is gone (or its lease expired:
 //!   [`ticklease::Manager::set_lost_drain`]), so a RELEASE never lets the
-//!   next child start while the last one's group still runs. Descendants
-//!   that leave the group (`setsid`, a daemon's double fork) come back to the
-//!   guard, a child subreaper, when their parent dies; they are reaped as
-//!   they exit and SIGKILLed (no grace) once the child has exited.
-//! - **With a coordination session** a role is acquirable the moment its
-//!   holder's session ends. A dead runner's group gets SIGKILL at once
-//!   (measured: gone in 8–17 ms, the next child 40–50 ms after the kill),
-//!   but a runner whose coordination connection alone is cut (killed by an
-//!   operator, a failed link to the direct endpoint) learns of the takeover
-//!   at its next RENEW: its child may run beside the next one for up to a
-//!   heartbeat plus the grace. Leases alone have no such window.
+//!   next child start while the last one's group still runs; a pause makes
+//!   the next term wait for the paused term's lease unless that RELEASE
+//!   comes first, so an unpause does not either. Descendants that leave the
+//!   group (`setsid`, a daemon's double fork, chains of them at any depth)
+//!   come back to the guard, a child subreaper, when their parent dies; they
+//!   are reaped as they exit and, once the child has exited, the guard's
+//!   whole remaining tree is SIGKILLed each round (read from `/proc` in one
+//!   pass) until none is left, for at most 50 rounds of 10 ms (only a
+//!   process forked during a round's read survives it, for a round).
+//! - **No two children of a role at once, by default.** Every takeover
+//!   waits for the lease (or a RELEASE sent once the group is gone): a dead,
+//!   frozen or cut-off runner's role is taken over when its lease expires,
+//!   after its group was stopped. With `--direct-url` the coordination
+//!   session only wakes the runner (releases, pauses and run-nows heard at
+//!   once, [`ticklease::PgStore::with_direct_wakeups`]); its end (a link cut
+//!   on the server's side, a Postgres restart, `pg_terminate_backend`) ends
+//!   no term. Tested: a link cut on the server's side with the runner's own
+//!   sockets silent, every session ended by the server, SIGKILL and SIGSTOP
+//!   of the runner, of its process group and of the guard alone (with a
+//!   pause and an unpause), a child ignoring SIGTERM.
+//! - **`--takeover-on-session-end`** (opt-in, with `--direct-url`) trades
+//!   that for speed: a role is acquirable the moment its holder's session
+//!   ends. A dead runner's group gets SIGKILL at once (measured: gone in
+//!   8–17 ms, the next child 40–50 ms after the kill), but when only the
+//!   session ends the runner learns of the takeover at its next RENEW, or
+//!   at its abandon deadline if its link is cut: its child may run beside
+//!   the next one for up to `abandon_after` plus the grace (measured 4.4 s
+//!   with a child that exits on SIGTERM, 6.45 s with one that takes a 2 s
+//!   grace; 2.0 s after `pg_ctl restart -m immediate`).
 //! - **What no process can prevent**: a whole host frozen and resumed (a VM
-//!   paused, a laptop lid) freezes the guard too; its child may run on after
-//!   another host took over. The answer is the fence: the child's own
-//!   statements claim with `AND (SELECT leader_fence(:'role', :token))`
-//!   (its term's role and token are in its environment), which the database
-//!   refuses once the term is over. SIGKILL of the guard itself leaves its
-//!   group running until the child ends (the runner reports it); a process
-//!   the child has another service start (systemd, at, a remote host) is no
-//!   descendant and out of reach; a pause followed by an unpause within the
-//!   grace may start the next child while the paused one's group is still
-//!   stopping; the coordination-session case above. The fence answers all
-//!   of them.
+//!   paused, a laptop lid) freezes the guard and the runner too; so does
+//!   SIGSTOP of both the runner and the guard: the child may run on after
+//!   another host took over at the lease's expiry. The answer is the fence:
+//!   the child's own statements claim with `AND (SELECT
+//!   leader_fence(:'role', :token))` (its term's role and token are in its
+//!   environment), which the database refuses once the term is over. A
+//!   process the child has another service start (systemd, at, a remote
+//!   host) is no descendant and out of reach; a runner on a kernel that
+//!   refuses the subreaper (it says so in its log) leaves a killed guard's
+//!   group to the lease and the fence. The fence answers all of them.
+//! - **Output never blocks**: the child's lines and the runner's log go to
+//!   the runner's stdout/stderr through bounded queues ([`output`]): a pipe
+//!   no one reads delays no renewal; what does not fit is dropped and
+//!   counted.
 //!
 //! The child learns its term from its environment: `TICKLEASE_ROLE`,
 //! `TICKLEASE_TOKEN`, `TICKLEASE_HOLDER` and, on a cron schedule,
