@@ -1,7 +1,11 @@
 //! `ticklease run` under its runner's failure (issue 26): two runners of
 //! one role on one machine, the child a long `sleep`; the runner whose child
-//! runs is SIGKILLed or SIGSTOPped. Per trial: the failure → the child's
-//! process gone, and → the next child started by the other runner. Beside
+//! runs is SIGKILLed or SIGSTOPped, or the server ends its sessions
+//! (`pg_terminate_backend`), each with `--direct-url` alone (the default:
+//! takeover at the lease's expiry) and with `--takeover-on-session-end`
+//! (issue 32: the opt-in whose overlap is measured here). Per trial: the
+//! failure → the child's process gone, → the next child started by the
+//! other runner, and how long both ran at once. Beside
 //! it, what the usual tools do to the same child on SIGKILL of their
 //! process: `flock` (a lock file) and a session advisory lock (the bench's
 //! own `advisory-holder`, as sqlx's advisory lock or `pg_try_advisory_lock`
@@ -30,14 +34,20 @@ const BASELINE_WAIT: Duration = Duration::from_secs(3);
 pub enum Case {
     TickleaseKill,
     TickleaseStop,
+    TickleaseSessionsEnded,
+    FastKill,
+    FastSessionsEnded,
     FlockKill,
     AdvisoryKill,
 }
 
 impl Case {
-    pub const ALL: [Case; 4] = [
+    pub const ALL: [Case; 7] = [
         Case::TickleaseKill,
         Case::TickleaseStop,
+        Case::TickleaseSessionsEnded,
+        Case::FastKill,
+        Case::FastSessionsEnded,
         Case::FlockKill,
         Case::AdvisoryKill,
     ];
@@ -46,8 +56,30 @@ impl Case {
         match self {
             Case::TickleaseKill => "ticklease run, runner SIGKILL",
             Case::TickleaseStop => "ticklease run, runner SIGSTOP",
+            Case::TickleaseSessionsEnded => "ticklease run, runner's sessions ended",
+            Case::FastKill => "--takeover-on-session-end, runner SIGKILL",
+            Case::FastSessionsEnded => "--takeover-on-session-end, runner's sessions ended",
             Case::FlockKill => "flock, holder SIGKILL",
             Case::AdvisoryKill => "session advisory lock, holder SIGKILL",
+        }
+    }
+
+    fn ticklease(self) -> bool {
+        !matches!(self, Case::FlockKill | Case::AdvisoryKill)
+    }
+
+    fn fast(self) -> bool {
+        matches!(self, Case::FastKill | Case::FastSessionsEnded)
+    }
+
+    /// How long the outcomes are waited for: a baseline's briefly; a
+    /// runner whose sessions alone ended renews on, so its role is not
+    /// taken over by default (never, within a lease and a half).
+    fn wait(self) -> Duration {
+        match self {
+            Case::FlockKill | Case::AdvisoryKill => BASELINE_WAIT,
+            Case::TickleaseSessionsEnded | Case::FastSessionsEnded => Duration::from_secs(15),
+            _ => Duration::from_secs(30),
         }
     }
 }
@@ -58,6 +90,16 @@ pub struct Trial {
     pub case: Case,
     pub child_dead_ms: Option<f64>,
     pub next_started_ms: Option<f64>,
+}
+
+impl Trial {
+    /// How long both children ran at once (to the end of the wait if the
+    /// first never died); 0 when the next started after the first was gone.
+    fn overlap_ms(&self) -> Option<f64> {
+        let next = self.next_started_ms?;
+        let gone = self.child_dead_ms.unwrap_or(ms(self.case.wait()));
+        Some((gone - next).max(0.0))
+    }
 }
 
 /// Runs `trials` of each case with the `ticklease` binary at `exe`; `me` is this bench's binary.
@@ -78,7 +120,7 @@ pub async fn run(exe: &Path, me: &Path, trials: usize) -> anyhow::Result<Vec<Tri
             let child = format!("echo start $$ >> {}; exec sleep 300", log.display());
             let spawn = |n: usize| -> anyhow::Result<Child> {
                 let mut cmd = match case {
-                    Case::TickleaseKill | Case::TickleaseStop => {
+                    _ if case.ticklease() => {
                         let mut c = Command::new(exe);
                         c.args([
                             "run",
@@ -88,6 +130,9 @@ pub async fn run(exe: &Path, me: &Path, trials: usize) -> anyhow::Result<Vec<Tri
                             "--direct-url",
                             &url,
                         ]);
+                        if case.fast() {
+                            c.arg("--takeover-on-session-end");
+                        }
                         c.args(["--", "sh", "-c", &child]);
                         c
                     }
@@ -97,7 +142,7 @@ pub async fn run(exe: &Path, me: &Path, trials: usize) -> anyhow::Result<Vec<Tri
                             .args(["sh", "-c", &child]);
                         c
                     }
-                    Case::AdvisoryKill => {
+                    _ => {
                         let mut c = Command::new(me);
                         c.args(["advisory-holder", &url, &i.to_string(), "--", "sh", "-c", &child]);
                         c
@@ -117,19 +162,10 @@ pub async fn run(exe: &Path, me: &Path, trials: usize) -> anyhow::Result<Vec<Tri
             // Which holder runs it: the first runner, unless the second won the race.
             let holder = holder_of(pid, &[&first, &second]);
             let mut runners = [first, second];
-            let victim = &runners[holder];
-            let signal = if case == Case::TickleaseStop {
-                Signal::SIGSTOP
-            } else {
-                Signal::SIGKILL
-            };
+            let victim = runners[holder].id().unwrap_or_default();
             let at = Instant::now();
-            kill(Pid::from_raw(victim.id().unwrap_or_default() as i32), signal)?;
-            let wait = match case {
-                Case::TickleaseKill | Case::TickleaseStop => Duration::from_secs(30),
-                _ => BASELINE_WAIT,
-            };
-            let (dead, next) = watch(pid, &log, at, wait).await;
+            fail(case, victim, &url).await?;
+            let (dead, next) = watch(pid, &log, at, case.wait()).await;
             out.push(Trial {
                 case,
                 child_dead_ms: dead,
@@ -150,6 +186,27 @@ pub async fn run(exe: &Path, me: &Path, trials: usize) -> anyhow::Result<Vec<Tri
         }
     }
     Ok(out)
+}
+
+/// The failure of `case` to the runner (or holder) `victim`.
+async fn fail(case: Case, victim: u32, url: &str) -> anyhow::Result<()> {
+    match case {
+        Case::TickleaseSessionsEnded | Case::FastSessionsEnded => {
+            let client = ticklease_testkit::connect(&url.parse()?).await?;
+            let pattern = format!("ticklease %:{victim}");
+            let ended: i64 = client
+                .query_one(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE $1",
+                    &[&pattern],
+                )
+                .await?
+                .get(0);
+            anyhow::ensure!(ended > 0, "no session of runner {victim} to end");
+        }
+        Case::TickleaseStop => kill(Pid::from_raw(victim as i32), Signal::SIGSTOP)?,
+        _ => kill(Pid::from_raw(victim as i32), Signal::SIGKILL)?,
+    }
+    Ok(())
 }
 
 fn holder_of(child: i32, runners: &[&Child; 2]) -> usize {
@@ -224,24 +281,25 @@ pub async fn advisory_holder(url: &str, key: i64, command: &[String]) -> anyhow:
 /// The table (p50/p99/max per case) as markdown, and the raw trials as CSV.
 pub fn write(out: &Path, trials: &[Trial]) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(out)?;
-    let mut csv = String::from("case,child_dead_ms,next_started_ms\n");
+    let mut csv = String::from("case,child_dead_ms,next_started_ms,overlap_ms\n");
     let cell = |v: Option<f64>| v.map_or("never".to_owned(), |v| format!("{v:.1}"));
     for t in trials {
         let _ = writeln!(
             csv,
-            "{},{},{}",
+            "{},{},{},{}",
             t.case.label(),
             cell(t.child_dead_ms),
-            cell(t.next_started_ms)
+            cell(t.next_started_ms),
+            cell(t.overlap_ms())
         );
     }
     std::fs::write(out.join("run-failover.csv"), csv)?;
     let mut md = String::from(
-        "| case | trials | child gone p50 / p99 / max ms | never gone | next child p50 / p99 / max ms | never started |\n|---|---|---|---|---|---|\n",
+        "| case | trials | child gone p50 / p99 / max ms | never gone | next child p50 / p99 / max ms | never started | both ran p50 / p99 / max ms |\n|---|---|---|---|---|---|---|\n",
     );
     for case in Case::ALL {
         let of: Vec<&Trial> = trials.iter().filter(|t| t.case == case).collect();
-        let stats = |get: fn(&Trial) -> Option<f64>| {
+        let stats = |get: &dyn Fn(&Trial) -> Option<f64>| {
             let seen: Vec<f64> = of.iter().filter_map(|t| get(t)).collect();
             let never = of.len() - seen.len();
             let s = summarize(&seen).map_or("–".to_owned(), |s| {
@@ -249,11 +307,12 @@ pub fn write(out: &Path, trials: &[Trial]) -> anyhow::Result<PathBuf> {
             });
             (s, never)
         };
-        let (dead, dead_never) = stats(|t| t.child_dead_ms);
-        let (next, next_never) = stats(|t| t.next_started_ms);
+        let (dead, dead_never) = stats(&|t| t.child_dead_ms);
+        let (next, next_never) = stats(&|t| t.next_started_ms);
+        let (both, _) = stats(&Trial::overlap_ms);
         let _ = writeln!(
             md,
-            "| {} | {} | {dead} | {dead_never} | {next} | {next_never} |",
+            "| {} | {} | {dead} | {dead_never} | {next} | {next_never} | {both} |",
             case.label(),
             of.len()
         );

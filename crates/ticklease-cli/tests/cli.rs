@@ -228,9 +228,12 @@ async fn pause_unpause_and_run_now_steer_a_role() {
     assert_eq!(text(&o).trim(), "email_outbox: unpaused");
     let o = ticklease(&["run-now", "email_outbox", "--database-url", &url]);
     assert_eq!(text(&o).trim(), "email_outbox: cooldown cleared");
+    // The hour's cooldown is cleared; the wait for the paused term's lease
+    // (a minute) stays, unless its holder releases it.
     let row = client
         .query_one(
-            "SELECT paused_at IS NULL, not_before IS NULL FROM leader_leases",
+            "SELECT paused_at IS NULL, not_before = pause_wait_until AND not_before < now() + interval '2 minutes'
+               FROM leader_leases",
             &[],
         )
         .await

@@ -345,7 +345,9 @@ impl Metrics {
         match store.status_bounded(REFRESH_ROWS_MAX).await {
             Ok((rows, total)) => {
                 let left_out = total.saturating_sub(rows.len() as u64);
-                inner.rows_left_out.set(i64::try_from(left_out).unwrap_or(i64::MAX));
+                inner
+                    .rows_left_out
+                    .set(i64::try_from(left_out).unwrap_or(i64::MAX));
                 if let Some(lead) = token_lead_seconds(&rows) {
                     inner.token_lead.set(lead);
                 }

@@ -46,9 +46,9 @@ struct Row {
     last_pause: Option<(SystemTime, SystemTime)>,
     /// The current term is that manual run.
     manual_by: Option<String>,
-    /// The term a pause ended, whose lease `not_before` waits for until its
-    /// holder releases it (as `leader_pause`).
-    pause_wait_token: Option<i64>,
+    /// The lease's end of the term a pause ended, which `not_before` waits
+    /// for until that term's holder releases it (as `leader_pause`).
+    pause_wait_until: Option<SystemTime>,
 }
 
 impl Row {
@@ -58,7 +58,7 @@ impl Row {
 
     /// A pause's wait still holds the next term back (as `leader_pause_waits`).
     fn pause_waits(&self, now: SystemTime) -> bool {
-        self.pause_wait_token == Some(self.token) && self.not_before.is_some_and(|n| n > now)
+        self.pause_wait_until.is_some_and(|w| w > now)
     }
 }
 
@@ -363,9 +363,10 @@ fn release_row(s: &mut State, term: &Releasing, now: SystemTime) -> bool {
     };
     if row.token != term.token.0 || row.holder_id.is_none() {
         // The holder of a term a pause ended: its work stopped, the wait ends.
-        if row.token == term.token.0 && row.pause_wait_token == Some(row.token) {
-            row.pause_wait_token = None;
-            row.not_before = None;
+        if row.token == term.token.0 && row.holder_id.is_none() {
+            if let Some(wait) = row.pause_wait_until.take() {
+                row.not_before = row.not_before.filter(|n| *n > wait);
+            }
         }
         return false;
     }
@@ -612,7 +613,7 @@ impl LeaseStore for MemoryStore {
             }
             if row.live(now) {
                 row.not_before = row.not_before.max(row.expires_at);
-                row.pause_wait_token = Some(row.token);
+                row.pause_wait_until = row.expires_at;
             }
             row.paused_at = Some(now);
             row.paused_by = Some(by.to_string());
@@ -653,9 +654,8 @@ impl LeaseStore for MemoryStore {
                 return Ok(false);
             }
             let had = row.not_before.is_some();
-            if !row.pause_waits(now) {
-                row.not_before = None;
-            }
+            // A cooldown is cleared; a pause's wait stays.
+            row.not_before = row.pause_wait_until.filter(|_| row.pause_waits(now));
             Ok(had)
         })
     }

@@ -55,16 +55,16 @@ RETURNS boolean
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT p_holder_id IS NOT NULL AND p_expires_at > p_at $$;
 
-CREATE OR REPLACE FUNCTION @schema@.leader_pause_waits(p_wait_token bigint, p_token bigint, p_not_before timestamptz,
-                                                   p_at timestamptz)
+CREATE OR REPLACE FUNCTION @schema@.leader_pause_waits(p_wait_until timestamptz, p_at timestamptz)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
 AS $fn$
-    -- Whether the wait a pause set for the term it ended (leader_pause)
-    -- still holds the next term back at p_at: that term is still the row's
-    -- last, its holder has not RELEASEd it, and its lease has not run out.
-    -- No run-now passes it: the ended term's unfenced work may still run.
-    SELECT p_wait_token IS NOT NULL AND p_wait_token = p_token AND p_not_before > p_at
+    -- Whether the wait a pause set for the term it ended (leader_pause,
+    -- pause_wait_until) still holds the next term back at p_at: its holder
+    -- has not RELEASEd it and its lease has not run out. No term started
+    -- since (not_before held every ACQUIRE back). No run-now passes it: the
+    -- ended term's unfenced work may still run.
+    SELECT coalesce(p_wait_until > p_at, false)
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_live_keys() RETURNS SETOF bigint

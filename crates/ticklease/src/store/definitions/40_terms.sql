@@ -186,7 +186,7 @@ BEGIN
            -- A manual run waits for no cooldown (it is asked for at once), only for a pause's wait.
            AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
                 OR (l.run_now_by IS NOT NULL
-                    AND NOT @schema@.leader_pause_waits(l.pause_wait_token, l.holder_token, l.not_before, now())))
+                    AND NOT @schema@.leader_pause_waits(l.pause_wait_until, now())))
         RETURNING l.holder_token, l.holder_id, l.manual_by
     ),
     acquired AS (
@@ -284,10 +284,13 @@ BEGIN
      WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NOT NULL
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
+        -- No term started since the pause (the token is the ended one's);
+        -- a longer cooldown set before it stays.
         UPDATE @schema@.leader_leases AS l
-           SET not_before = NULL, pause_wait_token = NULL
+           SET not_before = CASE WHEN l.not_before > l.pause_wait_until THEN l.not_before END,
+               pause_wait_until = NULL
          WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NULL
-           AND l.pause_wait_token = p_token;
+           AND l.pause_wait_until IS NOT NULL;
         RETURN false;
     END IF;
     UPDATE @schema@.leader_leases AS l

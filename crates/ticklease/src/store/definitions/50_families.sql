@@ -16,8 +16,7 @@ AS $fn$
                     ELSE @schema@.leader_occurrence_runnable(p_occurrence, p_before,
                              coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
                          OR (l.run_now_by IS NOT NULL
-                             AND NOT @schema@.leader_pause_waits(l.pause_wait_token, l.holder_token,
-                                                                 l.not_before, now()))
+                             AND NOT @schema@.leader_pause_waits(l.pause_wait_until, now()))
                END
 $fn$;
 

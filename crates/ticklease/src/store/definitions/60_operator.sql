@@ -8,7 +8,7 @@ AS $fn$
 -- Who and why are cut to 200 and 500 characters, as the history keeps them.
 -- The next term waits (not_before) until the ended term's lease would have
 -- run out, unless its holder RELEASEs it first, once its work stopped
--- (pause_wait_token, leader_release): the holder learns of the pause only
+-- (pause_wait_until, leader_release): the holder learns of the pause only
 -- at its next RENEW or notification, and its unfenced work may take its
 -- grace to stop, so an unpause within that time must not start the next
 -- term beside it. It notifies no one (see leader_release).
@@ -30,8 +30,8 @@ BEGIN
            holder_id = NULL, acquired_at = NULL, expires_at = NULL, holder_key = NULL,
            not_before = CASE WHEN l.holder_id IS NOT NULL AND l.expires_at > now()
                              THEN greatest(l.not_before, l.expires_at) ELSE l.not_before END,
-           pause_wait_token = CASE WHEN l.holder_id IS NOT NULL AND l.expires_at > now()
-                                   THEN l.holder_token ELSE l.pause_wait_token END
+           pause_wait_until = CASE WHEN l.holder_id IS NOT NULL AND l.expires_at > now()
+                                   THEN l.expires_at ELSE l.pause_wait_until END
      WHERE l.role = p_role AND l.paused_at IS NULL
     RETURNING true INTO changed;
     PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
@@ -86,7 +86,8 @@ AS $fn$
 -- Run now: an interval role is due at once (its cooldown cleared; true when it had one). A cron role
 -- (one whose last ACQUIRE was of an occurrence) gets a manual run instead, which the next ACQUIRE of an
 -- occurrence starts whatever its cooldown, without consuming an occurrence; its cooldown (a failed
--- occurrence's backoff) stays. Neither passes the wait a pause set for the term it ended. Recorded with the session's login user; it notifies no one (see leader_release).
+-- occurrence's backoff) stays. Neither passes the wait a pause set for the term it ended
+-- (leader_pause_waits). Recorded with the session's login user; it notifies no one (see leader_release).
 DECLARE
     had boolean;
 BEGIN
@@ -96,10 +97,9 @@ BEGIN
         RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
     END IF;
     UPDATE @schema@.leader_leases AS l
-       SET not_before = CASE WHEN l.schedule IS NULL
-                                  AND NOT @schema@.leader_pause_waits(l.pause_wait_token, l.holder_token,
-                                                                      l.not_before, now())
-                             THEN NULL ELSE l.not_before END,
+       SET not_before = CASE WHEN l.schedule IS NOT NULL THEN l.not_before
+                             WHEN @schema@.leader_pause_waits(l.pause_wait_until, now()) THEN l.pause_wait_until
+                             END,
            run_now_by = CASE WHEN l.schedule IS NOT NULL THEN left(session_user, 200) END
      WHERE l.role = p_role;
     PERFORM @schema@.leader_history_add(p_role, 'run_now', NULL, NULL, NULL, NULL, NULL, session_user, NULL);

@@ -7,17 +7,21 @@
 -- notification, and its unfenced work (a `ticklease run` child in its
 -- grace) may run for a while after that. So the pause makes the next term
 -- wait (not_before) until the ended term's lease would have run out, and
--- records here whose term that wait belongs to: the holder's RELEASE of
--- that term, once its work stopped, ends the wait early. An unpause within
--- the wait no longer starts the next term beside the last one's work.
+-- records that instant here: the holder's RELEASE of that term, once its
+-- work stopped, ends the wait early, and a run-now clears a cooldown but
+-- not this wait. An unpause within the wait no longer starts the next term
+-- beside the last one's work.
 --
 -- Lock: leader_leases alone, waited for at most 500 ms (lease statements
 -- queue behind this ALTER, so the wait is kept well inside a heartbeat); a
--- run that times out writes nothing and is simply run again.
+-- run that times out writes nothing and is simply run again. The check is
+-- added NOT VALID: the column is NULL on every existing row.
 
 SELECT pg_catalog.set_config('ticklease.lock_timeout_before_0010', pg_catalog.current_setting('lock_timeout'), true);
 SET LOCAL lock_timeout = '500ms';
 
-ALTER TABLE leader_leases ADD COLUMN pause_wait_token bigint;
+ALTER TABLE leader_leases
+    ADD COLUMN pause_wait_until timestamptz,
+    ADD CONSTRAINT leader_leases_finite_pause_wait CHECK (isfinite(pause_wait_until)) NOT VALID;
 
 SELECT pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('ticklease.lock_timeout_before_0010'), true);
