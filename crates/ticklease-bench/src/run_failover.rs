@@ -119,35 +119,7 @@ pub async fn run(exe: &Path, me: &Path, trials: usize) -> anyhow::Result<Vec<Tri
             let log = dir.path().join(format!("{case:?}-{i}.log"));
             let child = format!("echo start $$ >> {}; exec sleep 300", log.display());
             let spawn = |n: usize| -> anyhow::Result<Child> {
-                let mut cmd = match case {
-                    _ if case.ticklease() => {
-                        let mut c = Command::new(exe);
-                        c.args([
-                            "run",
-                            &format!("job{i}"),
-                            "--database-url",
-                            &url,
-                            "--direct-url",
-                            &url,
-                        ]);
-                        if case.fast() {
-                            c.arg("--takeover-on-session-end");
-                        }
-                        c.args(["--", "sh", "-c", &child]);
-                        c
-                    }
-                    Case::FlockKill => {
-                        let mut c = Command::new("flock");
-                        c.arg(dir.path().join(format!("lock{i}")))
-                            .args(["sh", "-c", &child]);
-                        c
-                    }
-                    _ => {
-                        let mut c = Command::new(me);
-                        c.args(["advisory-holder", &url, &i.to_string(), "--", "sh", "-c", &child]);
-                        c
-                    }
-                };
+                let mut cmd = holder_command(case, exe, me, &url, dir.path(), i, &child);
                 cmd.env("N", n.to_string())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
@@ -186,6 +158,46 @@ pub async fn run(exe: &Path, me: &Path, trials: usize) -> anyhow::Result<Vec<Tri
         }
     }
     Ok(out)
+}
+
+/// The command that holds trial `i`'s job and runs `child` under `case`'s tool.
+fn holder_command(
+    case: Case,
+    exe: &Path,
+    me: &Path,
+    url: &str,
+    dir: &Path,
+    i: usize,
+    child: &str,
+) -> Command {
+    match case {
+        _ if case.ticklease() => {
+            let mut c = Command::new(exe);
+            c.args([
+                "run",
+                &format!("job{i}"),
+                "--database-url",
+                url,
+                "--direct-url",
+                url,
+            ]);
+            if case.fast() {
+                c.arg("--takeover-on-session-end");
+            }
+            c.args(["--", "sh", "-c", child]);
+            c
+        }
+        Case::FlockKill => {
+            let mut c = Command::new("flock");
+            c.arg(dir.join(format!("lock{i}"))).args(["sh", "-c", child]);
+            c
+        }
+        _ => {
+            let mut c = Command::new(me);
+            c.args(["advisory-holder", url, &i.to_string(), "--", "sh", "-c", child]);
+            c
+        }
+    }
 }
 
 /// The failure of `case` to the runner (or holder) `victim`.

@@ -102,7 +102,8 @@ fn guard() -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
-async fn service() -> ExitCode {
+/// The log, on stderr through the never-waiting queue.
+fn init_logging() {
     // Warnings by default: a refusal repeated at every poll (a revoked
     // privilege, a schema the database refuses) is otherwise silent.
     let filter = tracing_subscriber::EnvFilter::builder()
@@ -113,6 +114,10 @@ async fn service() -> ExitCode {
         .with_writer(LossyStderr::default)
         .log_internal_errors(false)
         .init();
+}
+
+async fn service() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     let service = matches!(
         cli.command,
