@@ -1030,7 +1030,7 @@ async fn a_full_stderr_pipe_delays_no_renewal() {
     let f = fixture().await;
     let flood = format!(
         "echo start >> {dir}/flood; head -c 1000000 /dev/zero | tr '\\0' 'x' >&2; echo >&2; \
-         for i in $(seq 100); do echo more output line $i >&2; done; sleep 30",
+         for i in $(seq 2000); do echo more output line $i >&2; done; sleep 30",
         dir = f.dir.path().display()
     );
     let mut runner = f
@@ -1039,7 +1039,7 @@ async fn a_full_stderr_pipe_delays_no_renewal() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let _unread = runner.stderr.take();
+    let mut unread = runner.stderr.take().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !f.dir.path().join("flood").exists() {
         assert!(Instant::now() < deadline, "the child never started");
@@ -1068,5 +1068,18 @@ async fn a_full_stderr_pipe_delays_no_renewal() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Read at last: what was dropped is said, once the pipe drains.
+    let said = tokio::time::timeout(Duration::from_secs(10), async {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(&mut unread).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("pieces of output dropped: this stream was not read") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(said, Ok(true), "the drops were reported");
     let _ = runner.start_kill();
 }

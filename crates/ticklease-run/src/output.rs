@@ -2,12 +2,13 @@
 //! Each stream is written by a thread of its own from a bounded queue, so
 //! a pipe no one reads (a stalled log shipper) delays no renewal and no
 //! decision: past [`QUEUE_MAX`] pieces waiting, a piece is dropped and
-//! counted, and once the pipe takes writes again one line says how many
-//! were dropped. A closed pipe drops everything, silently.
+//! counted, and once the pipe takes writes again (before the next piece,
+//! after a second with none, and at exit) one line says how many were
+//! dropped. A closed pipe drops everything, silently.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -83,26 +84,37 @@ pub fn flush(within: Duration) {
     }
 }
 
+/// How long the writer waits for a piece before it reports drops anyway.
+const NOTE_AFTER: Duration = Duration::from_secs(1);
+
 fn drain(stream: Stream, pieces: Receiver<Piece>) {
     let mut reported = 0;
-    for piece in pieces {
-        let bytes = match piece {
-            Piece::Bytes(bytes) => bytes,
-            Piece::Flushed(done) => {
-                let _ = done.try_send(());
-                continue;
+    loop {
+        match pieces.recv_timeout(NOTE_AFTER) {
+            Ok(Piece::Bytes(bytes)) => {
+                note_drops(stream, &mut reported);
+                put(stream, &bytes);
             }
-        };
-        let dropped = writer(stream).dropped.load(Ordering::Relaxed);
-        if dropped > reported {
-            let note = format!(
-                "ticklease: {} pieces of output dropped: this stream was not read\n",
-                dropped - reported
-            );
-            reported = dropped;
-            put(stream, note.as_bytes());
+            Ok(Piece::Flushed(done)) => {
+                note_drops(stream, &mut reported);
+                let _ = done.try_send(());
+            }
+            Err(RecvTimeoutError::Timeout) => note_drops(stream, &mut reported),
+            Err(RecvTimeoutError::Disconnected) => return,
         }
-        put(stream, &bytes);
+    }
+}
+
+/// One line saying how many pieces were dropped since the last such line.
+fn note_drops(stream: Stream, reported: &mut u64) {
+    let dropped = writer(stream).dropped.load(Ordering::Relaxed);
+    if dropped > *reported {
+        let note = format!(
+            "ticklease: {} pieces of output dropped: this stream was not read\n",
+            dropped - *reported
+        );
+        *reported = dropped;
+        put(stream, note.as_bytes());
     }
 }
 

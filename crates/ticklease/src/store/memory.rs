@@ -46,8 +46,9 @@ struct Row {
     last_pause: Option<(SystemTime, SystemTime)>,
     /// The current term is that manual run.
     manual_by: Option<String>,
-    /// The lease's end of the term a pause ended, which `not_before` waits
-    /// for until that term's holder releases it (as `leader_pause`).
+    /// The lease's end of the term a pause ended, which every ACQUIRE waits
+    /// for with `not_before` until that term's holder releases it (as
+    /// `leader_pause`).
     pause_wait_until: Option<SystemTime>,
 }
 
@@ -59,6 +60,11 @@ impl Row {
     /// A pause's wait still holds the next term back (as `leader_pause_waits`).
     fn pause_waits(&self, now: SystemTime) -> bool {
         self.pause_wait_until.is_some_and(|w| w > now)
+    }
+
+    /// What an ACQUIRE waits for: the cooldown or a pause's wait.
+    fn not_before(&self) -> Option<SystemTime> {
+        self.not_before.max(self.pause_wait_until)
     }
 }
 
@@ -215,7 +221,7 @@ fn acquire_row(
         token: seed_token(now) - 1,
         ..Row::default()
     });
-    let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before]
+    let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before()]
         .into_iter()
         .flatten()
         .max();
@@ -296,11 +302,11 @@ fn acquire_occurrence_row(
     let failures = if same { row.failures } else { 0 };
     // A requested manual run waits neither for the cooldown nor for the asked occurrence.
     let due_at = row
-        .not_before
+        .not_before()
         .filter(|n| *n > now)
         .or(ask.occurrence.filter(|o| *o > now))
         .filter(|_| row.run_now_by.is_none() || row.pause_waits(now));
-    let cooled = row.not_before.is_none_or(|n| n <= now);
+    let cooled = row.not_before().is_none_or(|n| n <= now);
     let runnable = ask
         .occurrence
         .filter(|o| *o <= now && *o > after && ask.before.is_none_or(|b| now < b) && cooled);
@@ -364,9 +370,7 @@ fn release_row(s: &mut State, term: &Releasing, now: SystemTime) -> bool {
     if row.token != term.token.0 || row.holder_id.is_none() {
         // The holder of a term a pause ended: its work stopped, the wait ends.
         if row.token == term.token.0 && row.holder_id.is_none() {
-            if let Some(wait) = row.pause_wait_until.take() {
-                row.not_before = row.not_before.filter(|n| *n > wait);
-            }
+            row.pause_wait_until = None;
         }
         return false;
     }
@@ -612,7 +616,6 @@ impl LeaseStore for MemoryStore {
                 return Ok(false);
             }
             if row.live(now) {
-                row.not_before = row.not_before.max(row.expires_at);
                 row.pause_wait_until = row.expires_at;
             }
             row.paused_at = Some(now);
@@ -643,7 +646,6 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn run_now(&self, role: &Role) -> Result<bool, StoreError> {
-        let now = self.now();
         self.with(|s| {
             let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {
                 role: role.to_string(),
@@ -653,10 +655,8 @@ impl LeaseStore for MemoryStore {
                 row.run_now_by = Some("memory".into());
                 return Ok(false);
             }
-            let had = row.not_before.is_some();
             // A cooldown is cleared; a pause's wait stays.
-            row.not_before = row.pause_wait_until.filter(|_| row.pause_waits(now));
-            Ok(had)
+            Ok(row.not_before.take().is_some())
         })
     }
 
@@ -695,7 +695,11 @@ impl LeaseStore for MemoryStore {
                     pause_reason: r.pause_reason.clone(),
                     last_tick_ended_at: r.last_tick_ended_at,
                     last_tick_holder: r.last_tick_holder.clone(),
-                    not_before: r.not_before,
+                    not_before: if r.pause_waits(now) {
+                        r.not_before()
+                    } else {
+                        r.not_before
+                    },
                     last_outcome: None,
                     schedule: r.schedule.clone(),
                     last_occurrence: r.last_occurrence,

@@ -62,8 +62,8 @@ AS $fn$
     -- Whether the wait a pause set for the term it ended (leader_pause,
     -- pause_wait_until) still holds the next term back at p_at: its holder
     -- has not RELEASEd it and its lease has not run out. No term started
-    -- since (not_before held every ACQUIRE back). No run-now passes it: the
-    -- ended term's unfenced work may still run.
+    -- since (every ACQUIRE reads it with not_before). No run-now passes it:
+    -- the ended term's unfenced work may still run.
     SELECT coalesce(p_wait_until > p_at, false)
 $fn$;
 

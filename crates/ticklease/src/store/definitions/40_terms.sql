@@ -45,7 +45,7 @@ BEGIN
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
            AND (l.last_tick_ended_at IS NULL
                 OR l.last_tick_ended_at <= now() - @schema@.leader_check_ms('interval', p_interval_ms))
-           AND (l.not_before IS NULL OR l.not_before <= now())
+           AND coalesce(greatest(l.not_before, l.pause_wait_until) <= now(), true)
         RETURNING l.holder_token
     ),
     taken_over AS (
@@ -62,7 +62,8 @@ BEGIN
            @schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now()),
            s.paused_by,
            s.pause_reason,
-           greatest(s.last_tick_ended_at + @schema@.leader_check_ms('interval', p_interval_ms), s.not_before),
+           greatest(s.last_tick_ended_at + @schema@.leader_check_ms('interval', p_interval_ms), s.not_before,
+                    s.pause_wait_until),
            s.holder_key
       FROM (SELECT 1) AS one
       LEFT JOIN acquired AS a ON true
@@ -165,26 +166,32 @@ BEGIN
                expires_at = now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms),
                holder_key = p_key,
                failures = CASE WHEN NOT @schema@.leader_occurrence_runnable(
-                                       p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
+                                       p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          greatest(l.not_before, l.pause_wait_until))
                                THEN l.failures
                                WHEN l.occurrence IS NOT DISTINCT FROM p_occurrence THEN l.failures ELSE 0 END,
                occurrence = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          greatest(l.not_before, l.pause_wait_until))
                                  THEN p_occurrence ELSE l.occurrence END,
                next_occurrence = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          greatest(l.not_before, l.pause_wait_until))
                                  THEN p_next ELSE l.next_occurrence END,
                manual_by = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          greatest(l.not_before, l.pause_wait_until))
                                 THEN NULL ELSE l.run_now_by END,
                run_now_by = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
+                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          greatest(l.not_before, l.pause_wait_until))
                                  THEN l.run_now_by END,
                schedule = p_schedule
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
            -- A manual run waits for no cooldown (it is asked for at once), only for a pause's wait.
-           AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
+           AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          greatest(l.not_before, l.pause_wait_until))
                 OR (l.run_now_by IS NOT NULL
                     AND NOT @schema@.leader_pause_waits(l.pause_wait_until, now())))
         RETURNING l.holder_token, l.holder_id, l.manual_by
@@ -212,7 +219,7 @@ BEGIN
            @schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now()),
            s.paused_by,
            s.pause_reason,
-           CASE WHEN s.not_before > now() THEN s.not_before
+           CASE WHEN greatest(s.not_before, s.pause_wait_until) > now() THEN greatest(s.not_before, s.pause_wait_until)
                 WHEN p_occurrence > now() THEN p_occurrence END,
            s.holder_key,
            coalesce(s.last_occurrence, s.occurrences_since),
@@ -284,11 +291,9 @@ BEGIN
      WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NOT NULL
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        -- No term started since the pause (the token is the ended one's);
-        -- a longer cooldown set before it stays.
+        -- No term started since the pause (the token is the ended one's).
         UPDATE @schema@.leader_leases AS l
-           SET not_before = CASE WHEN l.not_before > l.pause_wait_until THEN l.not_before END,
-               pause_wait_until = NULL
+           SET pause_wait_until = NULL
          WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NULL
            AND l.pause_wait_until IS NOT NULL;
         RETURN false;

@@ -12,9 +12,9 @@ AS $fn$
     SELECT l.paused_at IS NULL
            AND CASE WHEN p_occurrence IS NULL
                     THEN (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - p_every)
-                         AND (l.not_before IS NULL OR l.not_before <= now())
+                         AND coalesce(greatest(l.not_before, l.pause_wait_until) <= now(), true)
                     ELSE @schema@.leader_occurrence_runnable(p_occurrence, p_before,
-                             coalesce(l.last_occurrence, l.occurrences_since), l.not_before)
+                             coalesce(l.last_occurrence, l.occurrences_since), greatest(l.not_before, l.pause_wait_until))
                          OR (l.run_now_by IS NOT NULL
                              AND NOT @schema@.leader_pause_waits(l.pause_wait_until, now()))
                END
@@ -145,7 +145,7 @@ BEGIN
                l.occurrence, l.last_paused_at, l.last_unpaused_at,
                coalesce(l.last_occurrence, l.occurrences_since) AS after,
                cron AND @schema@.leader_occurrence_runnable(p_occurrence, p_before,
-                            coalesce(l.last_occurrence, l.occurrences_since), l.not_before) AS runs
+                            coalesce(l.last_occurrence, l.occurrences_since), greatest(l.not_before, l.pause_wait_until)) AS runs
           FROM @schema@.leader_leases AS l
          WHERE l.role = ANY (picked)
            AND NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, now(), live)
@@ -215,8 +215,8 @@ BEGIN
                u.role, NULL::bigint, now(), s.holder_id, s.expires_at,
                coalesce(@schema@.leader_term_live_among(s.holder_id, s.expires_at, s.holder_key, now(), live), false),
                s.paused_by, s.pause_reason,
-               CASE WHEN NOT cron THEN greatest(s.last_tick_ended_at + every_interval, s.not_before)
-                    WHEN s.not_before > now() THEN s.not_before
+               CASE WHEN NOT cron THEN greatest(s.last_tick_ended_at + every_interval, s.not_before, s.pause_wait_until)
+                    WHEN greatest(s.not_before, s.pause_wait_until) > now() THEN greatest(s.not_before, s.pause_wait_until)
                     WHEN coalesce(s.last_occurrence, s.occurrences_since) >= p_occurrence THEN p_next
                     WHEN p_occurrence > now() THEN p_occurrence END,
                s.holder_key,

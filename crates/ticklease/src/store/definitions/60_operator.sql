@@ -6,9 +6,10 @@ AS $fn$
 -- Pause: ends the current term (its claims refused from here on), marks
 -- the role paused so no ACQUIRE starts a term, and records the pause and the term it ended (lost: paused).
 -- Who and why are cut to 200 and 500 characters, as the history keeps them.
--- The next term waits (not_before) until the ended term's lease would have
--- run out, unless its holder RELEASEs it first, once its work stopped
--- (pause_wait_until, leader_release): the holder learns of the pause only
+-- The next term waits until the ended term's lease would have run out,
+-- unless its holder RELEASEs it first, once its work stopped
+-- (pause_wait_until, read with not_before by every ACQUIRE; leader_release
+-- ends it; leader_pause_waits): the holder learns of the pause only
 -- at its next RENEW or notification, and its unfenced work may take its
 -- grace to stop, so an unpause within that time must not start the next
 -- term beside it. It notifies no one (see leader_release).
@@ -28,8 +29,6 @@ BEGIN
     UPDATE @schema@.leader_leases AS l
        SET paused_at = now(), paused_by = p_by, pause_reason = coalesce(p_reason, ''),
            holder_id = NULL, acquired_at = NULL, expires_at = NULL, holder_key = NULL,
-           not_before = CASE WHEN l.holder_id IS NOT NULL AND l.expires_at > now()
-                             THEN greatest(l.not_before, l.expires_at) ELSE l.not_before END,
            pause_wait_until = CASE WHEN l.holder_id IS NOT NULL AND l.expires_at > now()
                                    THEN l.expires_at ELSE l.pause_wait_until END
      WHERE l.role = p_role AND l.paused_at IS NULL
@@ -97,9 +96,7 @@ BEGIN
         RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
     END IF;
     UPDATE @schema@.leader_leases AS l
-       SET not_before = CASE WHEN l.schedule IS NOT NULL THEN l.not_before
-                             WHEN @schema@.leader_pause_waits(l.pause_wait_until, now()) THEN l.pause_wait_until
-                             END,
+       SET not_before = CASE WHEN l.schedule IS NULL THEN NULL ELSE l.not_before END,
            run_now_by = CASE WHEN l.schedule IS NOT NULL THEN left(session_user, 200) END
      WHERE l.role = p_role;
     PERFORM @schema@.leader_history_add(p_role, 'run_now', NULL, NULL, NULL, NULL, NULL, session_user, NULL);

@@ -26,7 +26,10 @@ SELECT l.role,
        l.pause_reason,
        l.last_tick_ended_at,
        l.last_tick_holder,
-       l.not_before,
+       -- The cooldown, or the wait for a paused term's lease while it holds,
+       -- whichever is later.
+       CASE WHEN l.pause_wait_until > statement_timestamp() THEN greatest(l.not_before, l.pause_wait_until)
+            ELSE l.not_before END AS not_before,
        (SELECT h.outcome FROM leader_history AS h
          WHERE h.role = l.role AND h.kind = 'term' ORDER BY h.id DESC LIMIT 1) AS last_outcome,
        l.schedule,

@@ -5,10 +5,10 @@
 -- A pause ends the current term at once (the fence refuses its claims from
 -- the commit), but its holder learns of it only at its next RENEW or
 -- notification, and its unfenced work (a `ticklease run` child in its
--- grace) may run for a while after that. So the pause makes the next term
--- wait (not_before) until the ended term's lease would have run out, and
--- records that instant here: the holder's RELEASE of that term, once its
--- work stopped, ends the wait early, and a run-now clears a cooldown but
+-- grace) may run for a while after that. So the pause records here the
+-- instant the ended term's lease would have run out, and every ACQUIRE
+-- waits for it as for not_before: the holder's RELEASE of that term, once
+-- its work stopped, ends the wait early; a run-now clears a cooldown but
 -- not this wait. An unpause within the wait no longer starts the next term
 -- beside the last one's work.
 --
