@@ -125,7 +125,7 @@ fn put(stream: Stream, bytes: &[u8]) {
     };
 }
 
-/// The runner's stderr for its log: a `std::io::Write` over [`write`].
+/// The runner's stderr for its log: a `std::io::Write` over [`write()`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LogWriter;
 

@@ -430,7 +430,7 @@ impl Schedule {
     }
 
     /// Checks the schedule against the lease's timings: an interval the
-    /// database accepts ([`check_interval`]); occurrences no closer than
+    /// database accepts (`check_interval`); occurrences no closer than
     /// `heartbeat_every`.
     pub fn check(&self, config: &Config) -> Result<(), ScheduleError> {
         match &self.kind {
