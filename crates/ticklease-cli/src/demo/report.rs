@@ -21,12 +21,18 @@ pub enum Check {
 }
 
 impl Check {
-    /// Late, missing or failed.
+    /// Missing (not observed at all) or failed: the run failed.
     fn failed(&self) -> bool {
         match self {
-            Check::Timed { took, bound, .. } => took.is_none_or(|t| t > *bound),
+            Check::Timed { took, .. } => took.is_none(),
             Check::Failed(_) => true,
         }
+    }
+
+    /// Observed, but later than its bound: a busy machine slows failover
+    /// down; it changes no effect, so it is reported apart and fails nothing.
+    fn late(&self) -> bool {
+        matches!(self, Check::Timed { took: Some(t), bound, .. } if t > bound)
     }
 
     fn what(&self) -> &str {
@@ -36,7 +42,7 @@ impl Check {
     }
 }
 
-/// Every check passed and every invariant held.
+/// Every invariant held and every event was observed (late ones included).
 pub fn report(checks: &[Check], audit: &Audit) -> bool {
     audit.violations.is_empty() && !checks.iter().any(Check::failed)
 }
@@ -64,9 +70,10 @@ fn write_report(out: &mut String, checks: &[Check], audit: &Audit, took: Duratio
                 bound,
             } => writeln!(
                 out,
-                "  {what:<50} {:>6} ms  (bound {} ms)",
+                "  {what:<50} {:>6} ms  (bound {} ms){}",
                 t.as_millis(),
-                bound.as_millis()
+                bound.as_millis(),
+                if c.late() { "  LATE" } else { "" }
             )?,
             _ => writeln!(out, "  {:<50} FAILED", c.what())?,
         }
@@ -76,14 +83,32 @@ fn write_report(out: &mut String, checks: &[Check], audit: &Audit, took: Duratio
         writeln!(out, "  VIOLATION: {v}")?;
     }
     for c in checks.iter().filter(|c| c.failed()) {
-        writeln!(out, "  LATE OR MISSING: {}", c.what())?;
+        writeln!(out, "  MISSING OR FAILED: {}", c.what())?;
     }
+    write_late(out, checks)?;
     let verdict = if report(checks, audit) {
         "all invariants held"
     } else {
         "INVARIANTS BROKEN"
     };
     writeln!(out, "{verdict}")
+}
+
+/// The late events, apart from the invariants.
+fn write_late(out: &mut String, checks: &[Check]) -> std::fmt::Result {
+    let late: Vec<&Check> = checks.iter().filter(|c| c.late()).collect();
+    if late.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "late ({}; a busy machine delays failover, it does not change what is sent):",
+        late.len()
+    )?;
+    for c in late {
+        writeln!(out, "  {}", c.what())?;
+    }
+    Ok(())
 }
 
 fn write_effects(out: &mut String, a: &Audit) -> std::fmt::Result {
@@ -146,20 +171,28 @@ mod tests {
     }
 
     #[test]
-    fn a_late_missing_or_failed_check_fails_the_run() {
-        for check in [
-            timed(Some(4501), 4500),
-            timed(None, 4500),
-            Check::Failed("no term while paused".into()),
-        ] {
+    fn a_missing_or_failed_check_fails_the_run() {
+        for check in [timed(None, 4500), Check::Failed("no term while paused".into())] {
             let checks = [check];
             assert!(!report(&checks, &Audit::default()), "{checks:?}");
             let text = render(&checks, &Audit::default(), Duration::ZERO);
-            assert!(text.contains("LATE OR MISSING"), "{text}");
+            assert!(text.contains("MISSING OR FAILED"), "{text}");
             assert!(text.ends_with("INVARIANTS BROKEN\n"), "{text}");
         }
         let text = render(&[timed(None, 4500)], &Audit::default(), Duration::ZERO);
         assert!(text.contains(" FAILED\n"), "{text}");
+    }
+
+    #[test]
+    fn a_late_event_is_reported_apart_and_breaks_no_invariant() {
+        let checks = [timed(Some(4501), 4500), timed(Some(900), 4500)];
+        assert!(report(&checks, &Audit::default()));
+        let text = render(&checks, &Audit::default(), Duration::ZERO);
+        assert!(text.contains("  4501 ms  (bound 4500 ms)  LATE\n"), "{text}");
+        assert!(text.contains("   900 ms  (bound 4500 ms)\n"), "{text}");
+        assert!(text.contains("late (1; a busy machine"), "{text}");
+        assert!(!text.contains("MISSING"), "{text}");
+        assert!(text.ends_with("all invariants held\n"), "{text}");
     }
 
     #[test]
