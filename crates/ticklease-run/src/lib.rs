@@ -63,12 +63,14 @@
 //! - **`--takeover-on-session-end`** (opt-in, with `--direct-url`) trades
 //!   that for speed: a role is acquirable the moment its holder's session
 //!   ends. A dead runner's group gets SIGKILL at once (measured: gone in
-//!   8–17 ms, the next child 40–50 ms after the kill), but when only the
-//!   session ends the runner learns of the takeover at its next RENEW, or
-//!   at its abandon deadline if its link is cut: its child may run beside
-//!   the next one for up to `abandon_after` plus the grace (measured 4.4 s
-//!   with a child that exits on SIGTERM, 6.45 s with one that takes a 2 s
-//!   grace; 2.0 s after `pg_ctl restart -m immediate`).
+//!   6–12 ms, the next child 49–56 ms after the kill,
+//!   `docs/benchmarks/run-failover.md`), but when only the session ends the
+//!   runner learns of the takeover at its next RENEW, or at its abandon
+//!   deadline if its link is cut: its child may run beside the next one for
+//!   up to `abandon_after` plus the grace (measured: 80–96 ms when the
+//!   server ended the sessions and the runner saw it; 4.4 s with a silently
+//!   cut link and a child that exits on SIGTERM, 6.45 s with one that takes
+//!   a 2 s grace; 2.0 s after `pg_ctl restart -m immediate`).
 //! - **What no process can prevent**: a whole host frozen and resumed (a VM
 //!   paused, a laptop lid) freezes the guard and the runner too; so does
 //!   SIGSTOP of both the runner and the guard: the child may run on after
