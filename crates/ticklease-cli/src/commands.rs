@@ -109,11 +109,11 @@ impl Db {
         // The library's host rules: each host its own bounded attempt (TCP
         // connect, TLS, authentication), so a silent first host of a
         // multi-host URL costs its share of the bound and the next is tried.
-        let (client, connection) = ticklease::tls::Hosts::new(&self.config, bound)
+        let (client, connection) = ticklease::hosts::Hosts::new(&self.config, bound)
             .connect()
             .await
             .map_err(|e| match e {
-                ticklease::tls::HostsError::TimedOut { per_host } => anyhow::anyhow!(
+                ticklease::hosts::HostsError::TimedOut { per_host } => anyhow::anyhow!(
                     "no answer within {} (TCP connect, TLS and authentication; {} per host)",
                     humantime::format_duration(bound),
                     humantime::format_duration(per_host)

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager as PoolManager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use ticklease::tls::{Hosts, PgConnect, PoolConnect};
+use ticklease::hosts::{Hosts, PoolConnect};
+use ticklease::tls::PgConnect;
 use ticklease::{Manager, Metrics, PgStore, PgStoreOptions, Role, Schedule, Scheduler, Steps, Stopped, Tick};
 use tokio_util::sync::CancellationToken;
 

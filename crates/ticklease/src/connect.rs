@@ -2,5 +2,5 @@
 //! coordination session (liveness keys, notifications, key waiters).
 
 pub(crate) mod coordination;
-pub(crate) mod hosts;
+pub mod hosts;
 pub mod tls;

@@ -823,6 +823,7 @@ mod term;
 /// The HTTP framework [`metrics::router`] returns a router of.
 #[cfg(feature = "http")]
 pub use axum;
+pub use connect::hosts;
 pub use connect::tls;
 #[cfg(feature = "prometheus")]
 pub use ops::metrics;

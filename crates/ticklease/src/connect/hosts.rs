@@ -10,7 +10,7 @@
 //! and the host that answered last is tried first: a dead first host costs
 //! each new connection at most its share, and nothing once another host answered.
 //!
-//! Public (as `ticklease::tls::{Hosts, PoolConnect}`) so that every other
+//! Public (as `ticklease::hosts::{Hosts, PoolConnect}`) so that every other
 //! connection of an application, its own pools included, follows the same
 //! rules as the store's.
 

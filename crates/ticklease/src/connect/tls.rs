@@ -33,8 +33,6 @@ use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Connection, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-pub use crate::connect::hosts::{Hosts, HostsError, PoolConnect};
-
 /// How a connection uses TLS, with libpq's names and meanings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
