@@ -149,6 +149,9 @@ pub struct Row {
     pub key: Option<u8>,
     /// `paused_at IS NOT NULL`.
     pub paused: bool,
+    /// `pause_wait_until`: the lease's end of the term a pause ended, which
+    /// every ACQUIRE waits for unless that term's holder RELEASEs it.
+    pub pause_wait: Option<u8>,
 }
 
 /// One database (the primary's, or the standby's copy). Committed claims
@@ -330,6 +333,7 @@ impl Model for LeaseModel {
                 expires: 0,
                 key: None,
                 paused: false,
+                pause_wait: None,
             },
             last_claim: None,
             stale_claim: false,
@@ -447,7 +451,7 @@ impl Model for LeaseModel {
         match action {
             Action::Acquire(r) => {
                 n.statements += 1;
-                if s.db.row.paused || s.term_live() {
+                if s.db.row.paused || s.term_live() || s.db.row.pause_wait.is_some_and(|w| w > s.now) {
                     return Some(n);
                 }
                 let seeded = if self.bug(Bug::TokenPlusOne) {
@@ -469,6 +473,7 @@ impl Model for LeaseModel {
                     expires: s.now + self.ttl,
                     key: replica.session,
                     paused: false,
+                    pause_wait: s.db.row.pause_wait,
                 };
                 replica.term = Some(Held {
                     token,
@@ -508,6 +513,9 @@ impl Model for LeaseModel {
                 if s.db.row.token == held.token && s.db.row.holder.is_some() {
                     n.db.row.holder = None;
                     n.db.row.key = None;
+                } else if s.db.row.token == held.token {
+                    // The holder of a term a pause ended: its work stopped.
+                    n.db.row.pause_wait = None;
                 }
                 let replica = &mut n.replicas[r as usize];
                 replica.term = None;
@@ -536,6 +544,9 @@ impl Model for LeaseModel {
             }
             Action::Pause => {
                 n.statements += 1;
+                if s.lease_live() {
+                    n.db.row.pause_wait = Some(s.db.row.expires);
+                }
                 n.db.row.paused = true;
                 if !self.bug(Bug::FenceIgnoresPause) {
                     n.db.row.holder = None;
