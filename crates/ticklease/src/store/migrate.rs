@@ -265,7 +265,20 @@ pub async fn migrate_with(
         "SELECT leader_grant('{}', '{}')",
         options.app_role, options.operator_role
     );
-    apply(client, &LIBRARY, &settings, Some(options), &grant).await
+    match apply(client, &LIBRARY, &settings, Some(options), &grant).await {
+        // The roles are the cluster's, not the database's: a migration of
+        // another database that created one as this run looked it up (the
+        // name cached as absent in this transaction) fails the GRANT. The
+        // run wrote nothing; a new transaction sees the role.
+        Err(MigrateError::Db { step, source })
+            if step == "grant"
+                && source.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) =>
+        {
+            tracing::debug!(error = %source, "a role created concurrently: migrating once more");
+            apply(client, &LIBRARY, &settings, Some(options), &grant).await
+        }
+        other => other,
+    }
 }
 
 impl MigrationSet {
