@@ -182,22 +182,23 @@
 //!    held to the transaction's end and visible in `pg_locks`. The ACQUIRE
 //!    that takes over a term never released, and a pause, end the backends
 //!    holding both locks of a term that is over, and the `ROW EXCLUSIVE`
-//!    lock on `leader_fence_claims` that the fence's insert takes, whose
-//!    login may call the fence (`EXECUTE` on `leader_fence`: the app role,
-//!    the owner, a superuser) (`leader_fence_sweep`, inside their
-//!    statement): a frozen claimer's rows are free when its term is taken
-//!    over, that is within the takeover bound of 5. Its work is one read of
-//!    the lock table (at most `max_locks_per_transaction` × `max_connections`
-//!    rows, whatever any login holds: measured 28 ms with 20,000 locks), one
-//!    of the sessions, and one signal per claimer found, at most one per
-//!    connection slot. Whatever a login without our roles holds or plants
-//!    in `pg_locks` (the fence keys, even the table lock, which Postgres
-//!    takes while parsing a statement, before it checks privileges) is never
-//!    taken for a claimer: it neither slows a takeover or a pause nor takes
-//!    a claimer's place, and its sessions are not ended
-//!    (`tests/planted_locks.rs`: 100 planted sessions with both, 20,000 more
-//!    locks; takeover and pause within the statement timeout, 50–75 ms).
-//!    It can still hide a live term's later claims from the sweep, by
+//!    lock on `leader_fence_claims` that the fence's insert takes
+//!    (`leader_fence_sweep`, inside their statement): a frozen claimer's rows
+//!    are free when its term is taken over, that is within the takeover
+//!    bound of 5. Its work is one read of the lock table (at most
+//!    `max_locks_per_transaction` × `max_connections` rows, whatever any
+//!    login holds: measured 28 ms with 20,000 locks) and one signal per
+//!    claimer found, at most one per connection slot. Fence keys planted by
+//!    any login are not taken for claimers without that table lock
+//!    (`tests/planted_locks.rs`: 100 planted pairs and 20,000 more locks;
+//!    takeover and pause within the statement timeout, 50–75 ms, no planted
+//!    session ended). Known gap: Postgres takes that table lock while it
+//!    parses a statement, before it checks privileges, so a login with
+//!    CONNECT alone that prepares an insert into the table in an open
+//!    transaction passes as a claimer: its planted sessions are ended (with
+//!    an owner that may end them), each at a cost (measured: 150 such
+//!    sessions slowed a pause to 1.1 s; `REVOKE USAGE` on the schema closes it).
+//!    A login can also hide a live term's later claims from the sweep by
 //!    holding or queueing an exclusive lock on the term's key (below). Over means a newer
 //!    token, a release or a pause, read from the lease row (never from the
 //!    caller, so no caller can aim it at a live term; an expired term that

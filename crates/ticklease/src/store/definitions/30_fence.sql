@@ -30,12 +30,9 @@ AS $fn$
     -- max_locks_per_transaction x max_connections, not by this function):
     -- the advisory keys are public, so a backend counts only if it also
     -- holds the ROW EXCLUSIVE lock on leader_fence_claims that the fence's
-    -- INSERT takes, and its login may call the fence (EXECUTE on
-    -- leader_fence: the app role, the owner, a superuser). The lock alone
-    -- proves nothing: any login can hold it (Postgres takes it while it
-    -- parses, before it checks privileges, and a PREPAREd INSERT keeps it to
-    -- the transaction's end), but a login without our roles is never
-    -- found, whatever it holds or plants.
+    -- INSERT takes, which no login without INSERT on that table can hold
+    -- (every login but the owner: the app role writes it only through the
+    -- fence). Pairs planted on the keys by any other login are never found.
     -- The lock table's rows are narrowed to the claimers' first (few: one
     -- per fenced transaction) and only then matched to the roles' hashes, so
     -- the work past the one read grows with the claimers, not the locks.
@@ -50,14 +47,7 @@ AS $fn$
                     AND k.relation = (SELECT pg_catalog.format('%I.leader_fence_claims', @schema_text@)::regclass)))
     ),
     claimers AS MATERIALIZED (
-        SELECT DISTINCT c.pid
-          FROM locks AS c
-          JOIN pg_catalog.pg_stat_get_activity(NULL) AS a ON a.pid = c.pid
-         WHERE c.locktype = 'relation'
-           AND pg_catalog.has_function_privilege(
-                   a.usesysid,
-                   (SELECT pg_catalog.format('%I.leader_fence(text, bigint)', @schema_text@)::regprocedure),
-                   'EXECUTE')
+        SELECT DISTINCT c.pid FROM locks AS c WHERE c.locktype = 'relation'
     ),
     pairs AS MATERIALIZED (
         SELECT k.pid, k.classid, k.objid
