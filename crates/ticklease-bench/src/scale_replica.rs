@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use ticklease::{
-    Acquire, Ending, Family, LeaseStatus, LeaseStore, Manager, PgConnect, PgStore, PgStoreOptions, Release,
+    Acquire, Ending, Family, Interval, LeaseStatus, LeaseStore, Manager, PgConnect, PgStore, PgStoreOptions, Release,
     Releasing, Renew, Role, Scheduler, Signals, StoreError, Tick, Token,
 };
 use tokio_util::sync::CancellationToken;
@@ -387,7 +387,7 @@ impl LeaseStore for Timed {
         role: &Role,
         holder: &str,
         lease_ttl: Duration,
-        interval: Duration,
+        interval: impl Into<Interval> + Send,
     ) -> Result<Acquire, StoreError> {
         let call = self.inner.acquire(role, holder, lease_ttl, interval);
         self.timed(Kind::Acquire, 1, call, |a| started([a])).await

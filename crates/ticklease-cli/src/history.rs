@@ -8,10 +8,39 @@ use ticklease::{HistoryEntry, HistoryKind};
 
 use crate::status::{aligned, seconds, short};
 
-/// The entries as an aligned table; times relative to `now`.
+/// Terms whose kept output the table prints below it (the newest); the
+/// JSON form has every one.
+pub const OUTPUTS_SHOWN_MAX: usize = 10;
+
+/// The entries as an aligned table; times relative to `now`. Below it, the
+/// kept output of the newest [`OUTPUTS_SHOWN_MAX`] terms that have one,
+/// line by line, escaped.
 pub fn table(entries: &[HistoryEntry], now: SystemTime) -> String {
     let header = ["WHEN", "ROLE", "WHAT", "TOKEN", "HOLDER", "HELD FOR", "DETAIL"];
-    aligned(header, entries.iter().map(|e| cells(e, now)))
+    let mut out = aligned(header, entries.iter().map(|e| cells(e, now)));
+    let outputs: Vec<(&HistoryEntry, i64, &str)> = entries
+        .iter()
+        .filter_map(|e| match &e.kind {
+            HistoryKind::Term {
+                token,
+                output: Some(output),
+                ..
+            } => Some((e, *token, output.as_str())),
+            _ => None,
+        })
+        .collect();
+    for (e, token, output) in outputs.iter().take(OUTPUTS_SHOWN_MAX) {
+        let role = HistoryEntry::escape(&e.role);
+        out.push_str(&format!("\n{role} token {token}, ended {} ago:\n", short(seconds(now, e.at))));
+        for line in output.lines() {
+            out.push_str(&format!("  {}\n", HistoryEntry::escape(line)));
+        }
+    }
+    if outputs.len() > OUTPUTS_SHOWN_MAX {
+        let more = outputs.len() - OUTPUTS_SHOWN_MAX;
+        out.push_str(&format!("\n(the output of {more} older terms: --json, or --role and --limit)\n"));
+    }
+    out
 }
 
 fn cells(e: &HistoryEntry, now: SystemTime) -> [String; 7] {
@@ -26,6 +55,7 @@ fn cells(e: &HistoryEntry, now: SystemTime) -> [String; 7] {
             reason,
             error,
             manual_by,
+            ..
         } => [
             ago,
             e.role.clone(),
@@ -96,11 +126,12 @@ pub fn json(entries: &[HistoryEntry]) -> serde_json::Value {
                     outcome,
                     reason,
                     error,
+                    output,
                     manual_by,
                 } => serde_json::json!({
                     "role": e.role, "at": time(e.at), "kind": "term", "token": token, "holder_id": holder,
                     "acquired_at": acquired_at.map(time), "outcome": outcome, "reason": reason, "error": error,
-                    "manual_by": manual_by,
+                    "output": output, "manual_by": manual_by,
                     "held_seconds": acquired_at.map(|t| seconds(e.at, t).max(0.0)),
                 }),
                 HistoryKind::Pause { by, reason } => {
@@ -141,6 +172,7 @@ mod tests {
                     outcome: "failed".into(),
                     reason: None,
                     error: Some("boom\u{1b}[31m".into()),
+                    output: Some("exit 3\nstderr: no space left\u{202e}".into()),
                     manual_by: None,
                 },
             },
@@ -161,6 +193,10 @@ mod tests {
             "control characters are escaped: {t}"
         );
         assert!(t.contains("paused") && t.contains("by alice: <script>"), "{t}");
+        assert!(
+            t.contains("billing token 7, ended 1m30s ago:\n  exit 3\n  stderr: no space left\\u{202e}\n"),
+            "the kept output, line by line, escaped: {t}"
+        );
         let j = json(&entries);
         assert_eq!(j[0]["outcome"], "failed");
         assert_eq!(j[0]["held_seconds"], 10.0);

@@ -216,6 +216,8 @@ mod tests {
             schedule: None,
             last_occurrence: None,
             next_occurrence: None,
+            long_lived: false,
+            tick_interval: None,
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ticklease::{Acquire, LeaseStore, Role, StoreError, Token};
+use ticklease::{Acquire, Interval, LeaseStore, Role, StoreError, Token};
 
 /// A store that counts the ACQUIREs and RENEWs it forwards.
 #[derive(Debug)]
@@ -35,7 +35,7 @@ impl<S: LeaseStore> LeaseStore for Counting<S> {
         role: &Role,
         holder: &str,
         lease_ttl: Duration,
-        interval: Duration,
+        interval: impl Into<Interval> + Send,
     ) -> Result<Acquire, StoreError> {
         let answer = self.inner.acquire(role, holder, lease_ttl, interval).await;
         // Counted once answered: a count means the caller has its answer.

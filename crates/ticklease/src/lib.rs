@@ -462,9 +462,20 @@
 //!   (kind `skipped`, with how many from when to when and why: `paused`
 //!   for those that fell due while the role was paused, as unpause records
 //!   the pause's window in the row; `deadline`; `catch_up`), so "did last
-//!   night's billing run?" has an answer.
-//! - **Counting starts** at a role's first ACQUIRE of an occurrence: a new
-//!   schedule does not run the past.
+//!   night's billing run?" has an answer. **Each occurrence is counted
+//!   once**: attempted (its terms' rows), or inside exactly one `skipped`
+//!   row, never both; a later term counts its skipped occurrences after the
+//!   last one a term started for (attempted, or recorded skipped when it
+//!   started), not after the last completed one. The metric
+//!   `leader_occurrences_skipped_total` adds the same counts (test:
+//!   `an_attempted_occurrence_is_never_counted_as_skipped_and_none_is_counted_twice`).
+//!   Two replicas that raced with answers older than `max_poll` may each
+//!   count a skipped range once more, at most.
+//! - **Counting starts** one lease TTL before a role's first ACQUIRE of an
+//!   occurrence: a new schedule does not run the past, except an occurrence
+//!   at most that old, so a crontab line that starts `ticklease run --once`
+//!   just after its own occurrence runs that occurrence the first time too
+//!   (test: `a_new_roles_first_look_runs_an_occurrence_at_most_one_lease_ttl_old`).
 //! - **Daylight saving**, by the Vixie rule: a fixed time in the spring gap
 //!   runs once right after it, one in the autumn fold once (its first
 //!   instance); `*/15 * * * *` follows real time through both.
@@ -497,12 +508,29 @@
 //!   `leader_occurrence_next_seconds`, `leader_occurrence_late_seconds` (the
 //!   `TickleaseOccurrenceLate` alert) and `leader_occurrences_skipped_total`.
 //!
+//! ## Long-lived roles
+//!
+//! A role on [`Schedule::long_lived`] (a relay, a queue consumer) runs its
+//! work for the whole term and is due again, after its restart wait, when
+//! the work returns. Each ACQUIRE records the kind (and an interval role's
+//! interval) in the row, so any reader, `ticklease metrics` included, exports
+//! `leader_long_lived` and `leader_held`: the shipped alerts count a
+//! long-lived role healthy while some replica holds it (never "never ran"
+//! or "stalled" for want of completed ticks) and page
+//! (`TickleaseLongLivedNotHeld`) when no replica held it for more than half
+//! of the last 15 minutes: down, or crash-looping under its restart wait.
+//! A scheduled role whose last run failed and that completed none for 15
+//! minutes pages (`TickleaseRunFailing`, from `leader_last_term_failed`).
+//!
 //! ## History
 //!
 //! `leader_history` keeps one row per term that ended and per operator
 //! event, written by the lease statements themselves (no extra round trip):
 //! RELEASE records its outcome ([`Ending`]: completed, interrupted, lost with
-//! its reason, failed or panicked with a short error), ACQUIRE records a term
+//! its reason, failed or panicked with a short error, and the last
+//! [`OUTPUT_KEPT_MAX`] characters of what the work said when it called
+//! [`Tick::keep_output`]: `ticklease run` keeps each command's exit status
+//! and last output lines), ACQUIRE records a term
 //! it took over without a RELEASE as lost (`expired`, or `holder_gone` when
 //! its holder's coordination key was gone), and pause, unpause and run-now
 //! record who did it. At most one row per term (a RELEASE and a takeover
@@ -857,9 +885,9 @@ pub use schedule::chance::NextChance;
 pub use schedule::family::REGISTRATION_TTL_MAX;
 pub use schedule::scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use store::{
-    Acquire, Ending, FamilyOccurrenceAsk, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
+    Acquire, Ending, FamilyOccurrenceAsk, Interval, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
     OccurrenceAsk, PgStore, PgStoreOptions, Refusal, Release, Releasing, Renew, Term, BATCH_MAX,
-    ERROR_SUMMARY_MAX, POOL_SIZE_MAX,
+    ERROR_SUMMARY_MAX, OUTPUT_KEPT_MAX, POOL_SIZE_MAX,
 };
 pub use term::family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT};
 pub use term::fence::Fence;

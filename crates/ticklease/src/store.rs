@@ -179,10 +179,16 @@ pub struct Ending {
     pub reason: Option<&'static str>,
     /// A short summary of the error or panic (at most [`ERROR_SUMMARY_MAX`] characters kept).
     pub error: Option<String>,
+    /// What the work said ([`Tick::keep_output`](crate::Tick::keep_output)):
+    /// its last [`OUTPUT_KEPT_MAX`] characters are kept.
+    pub output: Option<String>,
 }
 
 /// The longest error summary the history keeps, in characters.
 pub const ERROR_SUMMARY_MAX: usize = 500;
+
+/// The most of a term's output the history keeps, in characters (the last ones).
+pub const OUTPUT_KEPT_MAX: usize = 4_000;
 
 impl Ending {
     /// What the outcome alone says (no reason, no error).
@@ -191,6 +197,7 @@ impl Ending {
             outcome: outcome.as_str(),
             reason: None,
             error: None,
+            output: None,
         }
     }
 }
@@ -256,6 +263,10 @@ pub struct OccurrenceAnswer {
     pub after: SystemTime,
     /// Failed attempts of the asked occurrence so far.
     pub failures: u32,
+    /// The last occurrence a term started for before this statement (`None`
+    /// before any): every occurrence at or before it was attempted or already
+    /// recorded as skipped, so a later term's skipped ones are counted after it.
+    pub started: Option<SystemTime>,
     /// The term started is a manual run an operator asked for (run-now),
     /// not the asked occurrence: who asked. Its RELEASE completes no
     /// occurrence and counts no failed attempt.
@@ -321,18 +332,46 @@ pub struct LeaseStatus {
     /// completed and no term runs it (after a failed attempt), else the one
     /// after the last term's.
     pub next_occurrence: Option<SystemTime>,
+    /// The role is long-lived, as the replica that started its last term
+    /// declared it: its work runs for the whole term, so it is healthy while
+    /// held and never completes ticks the way a scheduled role does.
+    pub long_lived: bool,
+    /// The interval the replica that started its last term declared (none on
+    /// a cron schedule, or before a term).
+    pub tick_interval: Option<Duration>,
+}
+
+/// When a role on an interval is due again, and whether its work runs for
+/// the whole term (a long-lived role: a relay, a consumer). A plain
+/// [`Duration`] is a scheduled role's interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval {
+    /// The wait after a completed tick.
+    pub every: Duration,
+    /// The work runs for the whole term (recorded with the term, for readers).
+    pub long_lived: bool,
+}
+
+impl From<Duration> for Interval {
+    fn from(every: Duration) -> Self {
+        Interval {
+            every,
+            long_lived: false,
+        }
+    }
 }
 
 /// The statements of the lease protocol. Every method is one statement, on the
 /// store's clock; RENEW and RELEASE are term-scoped by `(role, token)`.
 pub trait LeaseStore: Send + Sync + 'static {
     /// ACQUIRE: starts a term of `role` for `holder` if the role is free, unpaused and due.
+    /// `interval` is a [`Duration`] or an [`Interval`] (a long-lived role's).
     fn acquire(
         &self,
         role: &Role,
         holder: &str,
         lease_ttl: Duration,
-        interval: Duration,
+        interval: impl Into<Interval> + Send,
     ) -> impl Future<Output = Result<Acquire, StoreError>> + Send;
 
     /// ACQUIRE of one occurrence of a cron schedule: starts a term of

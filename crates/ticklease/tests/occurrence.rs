@@ -603,7 +603,9 @@ async fn run_now_of_a_cron_role_runs_once_at_once_and_consumes_no_occurrence() {
     let db = migrated_db(PgCluster::shared()).await;
     let m = manager(&db).await;
     // The occurrence of the top of the hour after next: far off.
-    let hourly = Schedule::cron("0 * * * *").unwrap();
+    // Hourly, at the minute half an hour away from now: its latest occurrence is about 30 minutes old.
+    let minute = (SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() / 60 + 30) % 60;
+    let hourly = Schedule::cron(&format!("{minute} * * * *")).unwrap();
     let first = m
         .lead(&role(), hourly.clone(), |_| async { Ok::<_, std::io::Error>(()) })
         .await;
@@ -909,4 +911,116 @@ async fn a_replica_that_polled_while_paused_records_the_paused_occurrences_as_pa
         skipped.iter().any(|(reason, _)| reason == "paused"),
         "the ~3 occurrences due while paused are recorded as paused: {skipped:?}"
     );
+}
+
+/// Issue 33, bug 2: a role whose every attempt fails records each
+/// occurrence once: attempted, or inside exactly one `skipped` row. Before,
+/// each term counted its skipped occurrences from the last *completed* one,
+/// so every failed attempt was counted again by each later term.
+#[tokio::test]
+async fn an_attempted_occurrence_is_never_counted_as_skipped_and_none_is_counted_twice() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    let every_second = Schedule::cron("* * * * * *")
+        .unwrap()
+        .retry(Retry {
+            attempts: 1,
+            ..Retry::default()
+        })
+        .unwrap();
+    let mut attempted = Vec::new();
+    while attempted.len() < 6 {
+        if attempted.len() == 3 {
+            // A downtime of about two occurrences: the next term passes them over.
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+        }
+        let lead = m
+            .lead(&role(), every_second.clone(), |tick| {
+                attempted.push(tick.occurrence().expect("a cron term"));
+                async { Err::<(), _>(std::io::Error::other("always fails")) }
+            })
+            .await
+            .unwrap();
+        match lead {
+            Lead::Failed { .. } => {}
+            Lead::Refused(Refusal::NotDue { remaining, .. }) => tokio::time::sleep(remaining).await,
+            other => panic!("{other:?}"),
+        }
+    }
+    let owner = connect(&direct(&db)).await.unwrap();
+    let rows = owner
+        .query(
+            "SELECT error FROM leader_history WHERE role = 'billing' AND kind = 'skipped' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    // "N occurrence(s) from A to B"
+    let ranges: Vec<(u32, SystemTime, SystemTime)> = rows
+        .iter()
+        .map(|r| {
+            let text: String = r.get(0);
+            let words: Vec<&str> = text.split(' ').collect();
+            (words[0].parse().unwrap(), utc(words[3]), utc(words[5]))
+        })
+        .collect();
+    let (first, last) = (attempted[0], attempted[attempted.len() - 1]);
+    let mut at = first;
+    while at <= last {
+        let tried = attempted.contains(&at);
+        let skipped_in = ranges.iter().filter(|(_, a, b)| *a <= at && at <= *b).count();
+        assert_eq!(
+            (tried, skipped_in),
+            (tried, usize::from(!tried)),
+            "occurrence {at:?}: attempted {attempted:?}, skipped rows {ranges:?}"
+        );
+        at += Duration::from_secs(1);
+    }
+    let counted: u32 = ranges.iter().map(|r| r.0).sum();
+    let between = (last.duration_since(first).unwrap().as_secs() + 1) as u32 - attempted.len() as u32;
+    assert!(counted >= between && counted <= between + 2, "{counted} skipped for {between} passed over: {ranges:?}");
+}
+
+/// Issue 33, bug 3: a crontab line that starts `ticklease run --once` just
+/// after its own occurrence, on a role never run before, runs that
+/// occurrence: a role's first look counts from one lease TTL before it.
+/// An older occurrence still does not run (a new schedule does not run the past).
+#[tokio::test]
+async fn a_new_roles_first_look_runs_an_occurrence_at_most_one_lease_ttl_old() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    let every_second = Schedule::cron("* * * * * *").unwrap();
+    let mut ran = None;
+    let lead = m
+        .lead(&role(), every_second, |tick| {
+            ran = tick.occurrence();
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .await
+        .unwrap();
+    assert!(matches!(lead, Lead::Completed { .. }), "{lead:?}");
+    let owner = connect(&direct(&db)).await.unwrap();
+    let age: f64 = scalar(
+        &owner,
+        &format!(
+            "SELECT extract(epoch FROM acquired_at - '{}'::timestamptz)::float8 FROM leader_history
+              WHERE role = 'billing' AND kind = 'term'",
+            chrono::DateTime::<chrono::Utc>::from(ran.unwrap()).to_rfc3339()
+        ),
+    )
+    .await;
+    assert!((0.0..2.0).contains(&age), "the occurrence was {age} s old at its term's start");
+    // An occurrence older than the lease TTL at the first look is passed over.
+    let other = Role::new("dunning").unwrap();
+    let m = Manager::start(m.store().clone(), test_config(), [other.clone()])
+        .await
+        .unwrap();
+    // Hourly, at the minute half an hour away from now: its latest occurrence is about 30 minutes old.
+    let minute = (SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() / 60 + 30) % 60;
+    let hourly = Schedule::cron(&format!("{minute} * * * *")).unwrap();
+    let lead = m
+        .lead(&other, hourly, |_| async { Ok::<_, std::io::Error>(()) })
+        .await
+        .unwrap();
+    assert!(matches!(lead, Lead::Refused(Refusal::NotDue { .. })), "{lead:?}");
 }

@@ -20,7 +20,7 @@ use crate::ops::metrics::{LostReason, Metrics, TickOutcome};
 use crate::ops::outcome::panic_message;
 use crate::store::batch::Batcher;
 use crate::store::{
-    Acquire, Ending, FamilyOccurrenceAsk, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, Refusal,
+    Acquire, Ending, FamilyOccurrenceAsk, Interval, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, Refusal,
     Release, Releasing, Renew, Term,
 };
 use crate::term::fence::Fence;
@@ -61,9 +61,22 @@ pub struct Tick {
     removed: Option<Arc<AtomicBool>>,
     occurrence: Option<SystemTime>,
     abandon_at: tokio::sync::watch::Receiver<Instant>,
+    /// What the work said, for the term's history row ([`Tick::keep_output`]).
+    output: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Tick {
+    /// Keeps `output` (what the work said: a command's last output, say)
+    /// with this term's history row, replacing what was kept before: its
+    /// last [`OUTPUT_KEPT_MAX`](crate::OUTPUT_KEPT_MAX) characters, escaped
+    /// where shown (`ticklease history`, the status page). A family key's
+    /// term keeps none (its batched RELEASE records no output).
+    pub fn keep_output(&self, output: impl Into<String>) {
+        let output = output.into();
+        let skip = output.chars().count().saturating_sub(crate::OUTPUT_KEPT_MAX);
+        let kept = output.chars().skip(skip).collect();
+        *self.output.lock().expect("not poisoned") = Some(kept);
+    }
     /// The fence of this tick's term, for its claim statements.
     pub fn fence(&self) -> &Fence {
         &self.fence
@@ -544,7 +557,7 @@ impl<S: LeaseStore> Manager<S> {
     async fn acquire(
         &self,
         role: &Role,
-        interval: Duration,
+        interval: Interval,
     ) -> Result<Result<(Term, Instant), Refusal>, Error> {
         let inner = &self.inner;
         if let (Some(m), Some(signals)) = (&inner.metrics, inner.store.signals()) {
@@ -610,7 +623,11 @@ impl<S: LeaseStore> Manager<S> {
     {
         let schedule = schedule.into();
         match schedule.interval() {
-            Some(interval) => {
+            Some(every) => {
+                let interval = Interval {
+                    every,
+                    long_lived: schedule.is_long_lived(),
+                };
                 self.lead_every(role, interval, schedule.retry_policy(), work)
                     .await
             }
@@ -621,7 +638,7 @@ impl<S: LeaseStore> Manager<S> {
     async fn lead_every<F, Fut, T, E>(
         &self,
         role: &Role,
-        interval: Duration,
+        interval: Interval,
         retry: Retry,
         work: F,
     ) -> Result<Lead<T>, Error>
@@ -631,7 +648,7 @@ impl<S: LeaseStore> Manager<S> {
         E: Into<BoxError>,
     {
         let inner = &self.inner;
-        self.check_tick(role, interval)?;
+        self.check_tick(role, interval.every)?;
         if inner.shutdown.is_cancelled() {
             return Ok(Lead::ShuttingDown);
         }
@@ -643,7 +660,7 @@ impl<S: LeaseStore> Manager<S> {
             backoff: retry.backoff_in_round(term.failures),
             ..TermScope::default()
         };
-        self.run_term(role, interval, term.token, sent, work, scope).await
+        self.run_term(role, interval.every, term.token, sent, work, scope).await
     }
 
     /// Why a term whose RELEASE found it over ended: a RENEW of it changes
@@ -710,6 +727,7 @@ impl<S: LeaseStore> Manager<S> {
             lost: Arc::default(),
             removed: scope.removed.as_ref().map(|key| key.removed.clone()),
             occurrence: scope.occurrence.as_ref().map(|o| o.at),
+            output: Arc::default(),
         };
         let stop_heartbeat = CancellationToken::new();
         let _stop_on_drop = stop_heartbeat.clone().drop_guard();
@@ -745,7 +763,8 @@ impl<S: LeaseStore> Manager<S> {
         if let Ok(Lead::Failed { error, .. }) = &settled.lead {
             tracing::warn!(%role, %token, error = %crate::error::chain(&**error), "tick failed");
         }
-        let ending = ending(&settled);
+        let mut ending = ending(&settled);
+        ending.output = tick.output.lock().expect("not poisoned").take();
         let release = settled.release;
         let failed = settled.outcome == TickOutcome::Failed;
         if let Some(o) = &scope.occurrence {
@@ -815,6 +834,7 @@ fn ending<T>(s: &Settled<T>) -> Ending {
             Err(panic) => Some(panic_message(&**panic).to_string()),
             Ok(_) => None,
         },
+        output: None,
     }
 }
 

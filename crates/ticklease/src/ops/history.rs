@@ -93,7 +93,7 @@ pub fn pause_label(by: &str, reason: Option<&str>) -> String {
 /// Most entries one read returns.
 pub const HISTORY_LIMIT_MAX: usize = 10_000;
 
-const READ: &str = "SELECT kind, role, at, token, holder_id, acquired_at, outcome, reason, by, error
+const READ: &str = "SELECT kind, role, at, token, holder_id, acquired_at, outcome, reason, by, error, output
   FROM leader_history
  WHERE ($1::text IS NULL OR role = $1) AND at >= now() - $2::int8 * interval '1 millisecond'
    AND (NOT $4::bool OR kind <> 'term' OR outcome <> 'completed')
@@ -122,6 +122,9 @@ pub enum HistoryKind {
         reason: Option<String>,
         /// A short summary of the error or panic.
         error: Option<String>,
+        /// The last part of what its work said ([`Tick::keep_output`](crate::Tick::keep_output)):
+        /// a `ticklease run` command's exit status and last output lines.
+        output: Option<String>,
         /// A manual run of a cron role (run-now, no occurrence): who asked for it.
         manual_by: Option<String>,
     },
@@ -319,6 +322,7 @@ impl PgStore {
                         outcome: text("outcome"),
                         reason: r.get("reason"),
                         error: r.get("error"),
+                        output: r.get("output"),
                         manual_by: r.get("by"),
                     },
                 };

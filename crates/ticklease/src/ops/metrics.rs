@@ -9,7 +9,13 @@
 //!   ([`Metrics::refresh`]): `leader_last_tick_age_seconds{role}` (never
 //!   negative), `leader_last_tick_state{role,state}` with state `ok`,
 //!   `never_ran` or `error` (the age series is absent in the latter two, never
-//!   a stale or sentinel value), `leader_paused{role}`, and for cron roles
+//!   a stale or sentinel value), `leader_paused{role}`, `leader_held{role}`
+//!   (a live term holds it, on any replica), `leader_long_lived{role}` (its
+//!   work runs for the whole term: healthy while held; see
+//!   [`Schedule::long_lived`](crate::Schedule::long_lived)),
+//!   `leader_last_term_failed{role}` (its last ended term failed or panicked,
+//!   none completed since), `leader_tick_interval_seconds{role}` once a term
+//!   of an interval role recorded it, and for cron roles
 //!   `leader_occurrence_next_seconds{role}` (until the next occurrence to run,
 //!   0 once due) and `leader_occurrence_late_seconds{role}` (how long it has
 //!   been due with no term running it; the `TickleaseOccurrenceLate` alert);
@@ -101,6 +107,9 @@ struct Inner {
     last_tick_age: Family<RoleLabel, FloatGauge>,
     last_tick_state: Family<StateLabels, Gauge>,
     paused: Family<RoleLabel, Gauge>,
+    held: Family<RoleLabel, Gauge>,
+    long_lived: Family<RoleLabel, Gauge>,
+    last_term_failed: Family<RoleLabel, Gauge>,
     interval: Family<RoleLabel, FloatGauge>,
     is_leader: Family<RoleLabel, Gauge>,
     ticks: Family<OutcomeLabels, Counter>,
@@ -189,8 +198,26 @@ impl Inner {
             self.paused.clone(),
         );
         r.register(
+            "leader_held",
+            "1 while a live term holds the role, on any replica (cluster fact)",
+            self.held.clone(),
+        );
+        r.register(
+            "leader_long_lived",
+            "1 when the role is long-lived: its work runs for the whole term, so it is healthy while \
+             held (cluster fact: as the replica that started its last term declared it)",
+            self.long_lived.clone(),
+        );
+        r.register(
+            "leader_last_term_failed",
+            "1 while the role's last ended term failed or panicked: no term completed since \
+             (cluster fact)",
+            self.last_term_failed.clone(),
+        );
+        r.register(
             "leader_tick_interval_seconds",
-            "The role's tick interval",
+            "The role's tick interval (from replicas running it, and as a cluster fact from the \
+             database once a term of it started; absent on a cron schedule)",
             self.interval.clone(),
         );
         r.register(
@@ -302,6 +329,9 @@ impl Metrics {
             last_tick_age: Family::default(),
             last_tick_state: Family::default(),
             paused: Family::default(),
+            held: Family::default(),
+            long_lived: Family::default(),
+            last_term_failed: Family::default(),
             interval: Family::default(),
             is_leader: Family::default(),
             ticks: Family::default(),
@@ -357,32 +387,10 @@ impl Metrics {
                     let row = by_role.get(role.as_str()).copied();
                     if row.is_none() && left_out > 0 {
                         // Its row may exist among those not read: unknown, not never ran.
-                        inner.last_tick_age.remove(&label(role));
-                        inner.paused.remove(&label(role));
-                        self.refresh_occurrence(role, None);
-                        self.state(role, "error");
+                        self.unknown_role(role);
                         continue;
                     }
-                    let age = row.and_then(|s| {
-                        s.last_tick_ended_at
-                            .map(|t| s.db_now.duration_since(t).unwrap_or_default())
-                    });
-                    match age {
-                        Some(age) => {
-                            inner
-                                .last_tick_age
-                                .get_or_create(&label(role))
-                                .set(age.as_secs_f64());
-                            self.state(role, "ok");
-                        }
-                        None => {
-                            inner.last_tick_age.remove(&label(role));
-                            self.state(role, "never_ran");
-                        }
-                    }
-                    let paused = row.is_some_and(|s| s.paused_at.is_some());
-                    inner.paused.get_or_create(&label(role)).set(i64::from(paused));
-                    self.refresh_occurrence(role, row);
+                    self.refresh_role(role, row);
                 }
                 for family in self.families() {
                     self.refresh_family(&family, &rows);
@@ -400,13 +408,54 @@ impl Metrics {
                     inner.family_paused.remove(&label);
                 }
                 for role in &inner.roles {
-                    inner.last_tick_age.remove(&label(role));
-                    inner.paused.remove(&label(role));
-                    self.refresh_occurrence(role, None);
-                    self.state(role, "error");
+                    self.unknown_role(role);
                 }
             }
         }
+    }
+
+    /// One role's cluster facts from its row (none: never seen).
+    fn refresh_role(&self, role: &Role, row: Option<&LeaseStatus>) {
+        let inner = &self.inner;
+        let age = row.and_then(|s| {
+            s.last_tick_ended_at
+                .map(|t| s.db_now.duration_since(t).unwrap_or_default())
+        });
+        match age {
+            Some(age) => {
+                inner
+                    .last_tick_age
+                    .get_or_create(&label(role))
+                    .set(age.as_secs_f64());
+                self.state(role, "ok");
+            }
+            None => {
+                inner.last_tick_age.remove(&label(role));
+                self.state(role, "never_ran");
+            }
+        }
+        let flag = |family: &Family<RoleLabel, Gauge>, on: bool| family.get_or_create(&label(role)).set(i64::from(on));
+        flag(&inner.paused, row.is_some_and(|s| s.paused_at.is_some()));
+        flag(&inner.held, row.is_some_and(|s| s.held));
+        flag(&inner.long_lived, row.is_some_and(|s| s.long_lived));
+        let failed = row.is_some_and(|s| matches!(s.last_outcome.as_deref(), Some("failed" | "panicked")));
+        flag(&inner.last_term_failed, failed);
+        if let Some(every) = row.and_then(|s| s.tick_interval) {
+            inner.interval.get_or_create(&label(role)).set(every.as_secs_f64());
+        }
+        self.refresh_occurrence(role, row);
+    }
+
+    /// A role whose row could not be read: its facts are absent (never a
+    /// stale value) and its state is `error`.
+    fn unknown_role(&self, role: &Role) {
+        let inner = &self.inner;
+        for family in [&inner.paused, &inner.held, &inner.long_lived, &inner.last_term_failed] {
+            family.remove(&label(role));
+        }
+        inner.last_tick_age.remove(&label(role));
+        self.refresh_occurrence(role, None);
+        self.state(role, "error");
     }
 
     /// The next occurrence's distance from the database clock, either way.

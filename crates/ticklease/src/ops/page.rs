@@ -267,6 +267,19 @@ fn timeline(
     );
 }
 
+/// A term's kept output as a preformatted block, each line escaped.
+fn kept_output(kind: &HistoryKind) -> String {
+    match kind {
+        HistoryKind::Term {
+            output: Some(output), ..
+        } => {
+            let lines: Vec<String> = output.lines().map(html).collect();
+            format!("<pre class=\"output\">{}</pre>", lines.join("\n"))
+        }
+        _ => String::new(),
+    }
+}
+
 fn recent(out: &mut String, events: &[HistoryEntry], now: SystemTime) {
     out.push_str(
         "<h2>Recent events</h2><p class=\"muted\">pauses, unpauses, run-nows and terms that did not complete</p>\
@@ -301,10 +314,11 @@ fn recent(out: &mut String, events: &[HistoryEntry], now: SystemTime) {
         };
         let _ = write!(
             out,
-            "<li><span class=\"muted\">{} ago</span> <b>{}</b> {}</li>",
+            "<li><span class=\"muted\">{} ago</span> <b>{}</b> {}{}</li>",
             html(&ago(secs(now, e.at))),
             html(&e.role),
-            html(&what)
+            html(&what),
+            kept_output(&e.kind)
         );
     }
     out.push_str("</ul>");

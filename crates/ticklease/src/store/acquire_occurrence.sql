@@ -4,7 +4,12 @@
 -- holder's coordination key, $7/$8 the skipped occurrences' reasons and
 -- summaries (at most 3), $9 the schedule as text, $10 the occurrence after
 -- the asked one. A SECURITY DEFINER function (definitions/40_terms.sql).
+-- `started_occurrence` is the row as this statement began (the last
+-- occurrence a term started for): the outer query's snapshot predates the
+-- function's writes.
 -- Calls: leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[], text, timestamptz)
 SELECT holder_token, db_now, holder_id, expires_at, held, paused_by, pause_reason, due_at, holder_key,
-       after_occurrence, failures, manual_by, run_now_pending, last_paused_at, last_unpaused_at
-  FROM leader_acquire_occurrence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+       after_occurrence, failures, manual_by, run_now_pending, last_paused_at, last_unpaused_at,
+       l.occurrence AS started_occurrence
+  FROM leader_acquire_occurrence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS a
+  LEFT JOIN leader_leases AS l ON l.role = $1

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::error::StoreError;
 use crate::store::{
-    Acquire, Ending, FamilyOccurrenceAsk, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
+    Acquire, Ending, FamilyOccurrenceAsk, Interval, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
     OccurrenceAsk, Refusal, Release, Releasing, Renew, Term, BATCH_MAX, REGISTRATION_TTL_MAX,
 };
 use crate::term::role::Role;
@@ -46,6 +46,10 @@ struct Row {
     last_pause: Option<(SystemTime, SystemTime)>,
     /// The current term is that manual run.
     manual_by: Option<String>,
+    /// Declared by the last term's ACQUIRE (as `leader_acquire`'s p_long_lived),
+    /// with its interval (none on a cron schedule).
+    long_lived: bool,
+    tick_interval: Option<Duration>,
     /// The lease's end of the term a pause ended, which every ACQUIRE waits
     /// for with `not_before` until that term's holder releases it (as
     /// `leader_pause`).
@@ -211,6 +215,7 @@ fn acquire_row(
     holder: &str,
     lease_ttl: Duration,
     interval: Duration,
+    long_lived: bool,
     now: SystemTime,
     start: bool,
 ) -> Acquire {
@@ -236,6 +241,8 @@ fn acquire_row(
     row.run_now_by = None;
     row.schedule = None;
     row.next_occurrence = None;
+    row.long_lived = long_lived;
+    row.tick_interval = Some(interval);
     Acquire::Acquired(start_term(row, holder, lease_ttl, now))
 }
 
@@ -291,13 +298,15 @@ fn acquire_occurrence_row(
         ..Row::default()
     });
     if row.occurrences_since.is_none() && row.last_occurrence.is_none() {
-        row.occurrences_since = Some(now);
+        // As the database: an occurrence at most one lease TTL old runs at the first look.
+        row.occurrences_since = Some(now - lease_ttl);
         row.schedule = Some(ask.schedule.clone());
     }
     if ask.occurrence.is_none() {
         row.schedule = Some(ask.schedule.clone());
     }
     let after = row.last_occurrence.or(row.occurrences_since).unwrap_or(now);
+    let started = row.occurrence;
     let same = row.occurrence == ask.occurrence;
     let failures = if same { row.failures } else { 0 };
     // A requested manual run waits neither for the cooldown nor for the asked occurrence.
@@ -324,11 +333,13 @@ fn acquire_occurrence_row(
                 row.schedule = Some(ask.schedule.clone());
                 row.next_occurrence = ask.next;
                 row.manual_by = None;
+                (row.tick_interval, row.long_lived) = (None, false);
                 Acquire::Acquired(start_term(row, holder, lease_ttl, now))
             }
             (None, Some(by)) => {
                 row.manual_by = Some(by);
                 row.schedule = Some(ask.schedule.clone());
+                (row.tick_interval, row.long_lived) = (None, false);
                 manual_by.clone_from(&row.manual_by);
                 Acquire::Acquired(start_term(row, holder, lease_ttl, now))
             }
@@ -339,6 +350,7 @@ fn acquire_occurrence_row(
         acquire,
         after,
         failures,
+        started,
         db_now: now,
         run_now_pending: row.run_now_by.is_some(),
         manual_by,
@@ -402,10 +414,10 @@ impl LeaseStore for MemoryStore {
         role: &Role,
         holder: &str,
         lease_ttl: Duration,
-        interval: Duration,
+        interval: impl Into<Interval> + Send,
     ) -> Result<Acquire, StoreError> {
-        let now = self.now();
-        Ok(self.with(|s| acquire_row(s, role, holder, lease_ttl, interval, now, true)))
+        let (now, Interval { every, long_lived }) = (self.now(), interval.into());
+        Ok(self.with(|s| acquire_row(s, role, holder, lease_ttl, every, long_lived, now, true)))
     }
 
     async fn acquire_occurrence(
@@ -436,7 +448,7 @@ impl LeaseStore for MemoryStore {
                 .iter()
                 .filter(|role| seen.insert(*role))
                 .map(|role| {
-                    let answer = acquire_row(s, role, holder, lease_ttl, interval, now, started < limit);
+                    let answer = acquire_row(s, role, holder, lease_ttl, interval, false, now, started < limit);
                     if matches!(answer, Acquire::Acquired(_)) {
                         started += 1;
                     }
@@ -485,6 +497,8 @@ impl LeaseStore for MemoryStore {
                     if matches!(answer.acquire, Acquire::Acquired(_)) {
                         started += 1;
                     }
+                    // As the batched statement: it counts a key's skipped occurrences itself.
+                    answer.started = None;
                     // As the batched statement: a refused key's due time is the next
                     // occurrence once this one completed.
                     if let Acquire::Refused(Refusal::Contended) = answer.acquire {
@@ -716,6 +730,8 @@ impl LeaseStore for MemoryStore {
                         }
                         _ => r.next_occurrence,
                     },
+                    long_lived: r.long_lived,
+                    tick_interval: r.tick_interval,
                 })
                 .collect()
         }))

@@ -91,6 +91,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pause_wait",
         sql: include_str!("migrations/0010_pause_wait.sql"),
     },
+    Migration {
+        version: 11,
+        name: "long_lived",
+        sql: include_str!("migrations/0011_long_lived.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).

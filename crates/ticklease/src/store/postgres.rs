@@ -15,8 +15,8 @@ use tokio_postgres::Row;
 
 use super::cancel::CancelTarget;
 use super::{
-    Acquire, Ending, FamilyOccurrenceAsk, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
-    OccurrenceAsk, Refusal, Release, Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX,
+    Acquire, Ending, FamilyOccurrenceAsk, Interval, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
+    OccurrenceAsk, Refusal, Release, Releasing, Renew, Term, BATCH_MAX, ERROR_SUMMARY_MAX, OUTPUT_KEPT_MAX,
 };
 use crate::config::Config;
 use crate::connect::coordination::Signals;
@@ -417,6 +417,13 @@ fn error_summary(ending: &Ending) -> Option<String> {
         .map(|e| e.chars().filter(|c| *c != '\0').take(ERROR_SUMMARY_MAX).collect())
 }
 
+/// The output the history keeps: its last [`OUTPUT_KEPT_MAX`] characters,
+/// without NUL (which Postgres text refuses).
+fn output_kept(output: &str) -> String {
+    let kept: Vec<char> = output.chars().filter(|c| *c != '\0').collect();
+    kept[kept.len().saturating_sub(OUTPUT_KEPT_MAX)..].iter().collect()
+}
+
 /// An ACQUIRE row: the term it started, or why none.
 fn acquired(row: &Row) -> Acquire {
     let db_now: SystemTime = row.get("db_now");
@@ -481,9 +488,10 @@ impl LeaseStore for PgStore {
         role: &Role,
         holder: &str,
         lease_ttl: Duration,
-        interval: Duration,
+        interval: impl Into<Interval> + Send,
     ) -> Result<Acquire, StoreError> {
-        let (ttl, interval, key) = (millis(lease_ttl), millis(interval), self.holder_key());
+        let Interval { every, long_lived } = interval.into();
+        let (ttl, interval, key) = (millis(lease_ttl), millis(every), self.holder_key());
         let rows = self
             .keyed(
                 key,
@@ -496,6 +504,7 @@ impl LeaseStore for PgStore {
                         (&ttl, Type::INT8),
                         (&interval, Type::INT8),
                         (&key, Type::INT8),
+                        (&long_lived, Type::BOOL),
                     ],
                 ),
             )
@@ -542,6 +551,7 @@ impl LeaseStore for PgStore {
                 .get::<_, Option<SystemTime>>("after_occurrence")
                 .unwrap_or(db_now),
             failures: u32::try_from(row.get::<_, i32>("failures")).unwrap_or_default(),
+            started: row.get("started_occurrence"),
             db_now,
             manual_by: row.get("manual_by"),
             run_now_pending: row.get::<_, Option<bool>>("run_now_pending").unwrap_or_default(),
@@ -592,6 +602,8 @@ impl LeaseStore for PgStore {
                         .get::<_, Option<i32>>("failures")
                         .and_then(|f| u32::try_from(f).ok())
                         .unwrap_or_default(),
+                    // The family's statement counts its skipped occurrences itself.
+                    started: None,
                     manual_by: row.get("manual_by"),
                     run_now_pending: false,
                     db_now,
@@ -771,6 +783,7 @@ impl LeaseStore for PgStore {
         let stamp = outcome.stamps_last_tick();
         let cooldown = outcome.cooldown(interval).map(millis);
         let error = error_summary(ending);
+        let output = ending.output.as_deref().map(output_kept);
         let rows = self
             .query(
                 "RELEASE",
@@ -783,6 +796,7 @@ impl LeaseStore for PgStore {
                     (&ending.outcome, Type::TEXT),
                     (&ending.reason, Type::TEXT),
                     (&error, Type::TEXT),
+                    (&output, Type::TEXT),
                 ],
             )
             .await?;
@@ -948,5 +962,10 @@ fn status_row(r: &Row) -> LeaseStatus {
         schedule: r.get("schedule"),
         last_occurrence: r.get("last_occurrence"),
         next_occurrence: r.get("next_occurrence"),
+        long_lived: r.get("long_lived"),
+        tick_interval: r
+            .get::<_, Option<i64>>("tick_interval_ms")
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis),
     }
 }

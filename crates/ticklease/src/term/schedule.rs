@@ -44,6 +44,8 @@ pub struct Schedule {
     catch_up: CatchUp,
     starting_deadline: Option<Duration>,
     retry: Retry,
+    /// An interval role whose work runs for the whole term ([`Schedule::long_lived`]).
+    long_lived: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -279,7 +281,27 @@ impl Schedule {
             catch_up: CatchUp::default(),
             starting_deadline: None,
             retry: Retry::NONE,
+            long_lived: false,
         }
+    }
+
+    /// A long-lived role (a relay, a queue consumer): its work runs for the
+    /// whole term; when it returns, the role is due again `restart` later
+    /// (as [`Schedule::every`], with [`Schedule::retry`]'s backoff after a
+    /// failure). Each term records the role as long-lived, so readers (the
+    /// metrics, the alerts, the status page) count it healthy while it is
+    /// held, and alert when it is held nowhere, instead of waiting for ticks
+    /// it never completes.
+    pub fn long_lived(restart: Duration) -> Schedule {
+        Schedule {
+            long_lived: true,
+            ..Schedule::every(restart)
+        }
+    }
+
+    /// Whether this is a [`Schedule::long_lived`] role.
+    pub fn is_long_lived(&self) -> bool {
+        self.long_lived
     }
 
     /// Due at each occurrence of `expression` (five fields, or six with
@@ -303,6 +325,7 @@ impl Schedule {
             catch_up: CatchUp::default(),
             starting_deadline: None,
             retry: Retry::default(),
+            long_lived: false,
         };
         schedule.measure()?;
         Ok(schedule)
@@ -476,12 +499,15 @@ impl Schedule {
     /// Interval schedules have no occurrences: `run` and `next` are `None`.
     /// The skipped occurrences that fell due within `paused` (the role's
     /// last pause: from, until) are recorded as [`SkipReason::Paused`].
+    /// Occurrences at or before `started` (the last one a term started for)
+    /// were attempted or recorded as skipped already: none is counted again.
     pub fn due(
         &self,
         after: SystemTime,
         now: SystemTime,
         lease_ttl: Duration,
         paused: Option<(SystemTime, SystemTime)>,
+        started: Option<SystemTime>,
     ) -> Due {
         let next = self.next_after(now);
         let Some(latest) = self.latest_at_or_before(now).filter(|l| *l > after) else {
@@ -509,11 +535,12 @@ impl Schedule {
         // paused for the pause, the late part for the deadline, the rest for
         // the catch-up policy.
         let end = run.unwrap_or(latest + NANO);
-        let late_end = on_time.map_or(after, |t| t.min(end));
+        let counted = started.map_or(after, |s| s.max(after));
+        let late_end = on_time.map_or(counted, |t| t.clamp(counted, end.max(counted)));
         let mut skipped = Vec::new();
         for (from, until, reason) in [
-            (after, late_end, SkipReason::Deadline),
-            (late_end.max(after + NANO) - NANO, end, SkipReason::CatchUp),
+            (counted, late_end, SkipReason::Deadline),
+            (late_end.max(counted + NANO) - NANO, end, SkipReason::CatchUp),
         ] {
             for (from, until, reason) in split_by_pause(from, until, reason, paused) {
                 skipped.extend(self.skipped(from, until, reason));
@@ -607,6 +634,7 @@ impl Schedule {
 impl std::fmt::Display for Schedule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
+            Kind::Every(interval) if self.long_lived => write!(f, "long-lived, restarted after {interval:?}"),
             Kind::Every(interval) => write!(f, "every {interval:?}"),
             Kind::Cron { expression, zone, .. } => write!(f, "CRON_TZ={} {expression}", zone.name()),
         }

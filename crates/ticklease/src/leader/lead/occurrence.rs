@@ -21,6 +21,8 @@ use crate::term::schedule::{CatchUp, Schedule};
 pub(crate) struct Known {
     /// Occurrences at or before this never run.
     after: SystemTime,
+    /// The last occurrence a term started for: skipped ones are counted after it.
+    started: Option<SystemTime>,
     /// The database clock when the answer arrived …
     db_now: SystemTime,
     /// … and that instant on the local monotonic clock.
@@ -125,7 +127,7 @@ impl<S: LeaseStore> Manager<S> {
             (Some(known), _) => known,
             (None, Some(known))
                 if schedule
-                    .due(known.after, known.db_now(), config.lease_ttl(), known.last_pause)
+                    .due(known.after, known.db_now(), config.lease_ttl(), known.last_pause, known.started)
                     .run
                     .is_some() =>
             {
@@ -145,7 +147,7 @@ impl<S: LeaseStore> Manager<S> {
             }
         };
         let now = known.db_now();
-        let due = schedule.due(known.after, now, config.lease_ttl(), known.last_pause);
+        let due = schedule.due(known.after, now, config.lease_ttl(), known.last_pause, known.started);
         let Some(occurrence) = due.run else {
             let due_at = due.next.unwrap_or(now + config.max_poll());
             return Ok(Lead::Refused(Refusal::NotDue {
@@ -178,6 +180,7 @@ impl<S: LeaseStore> Manager<S> {
         if let Some(metrics) = &self.inner.metrics {
             metrics.skipped(role, &ask.skipped);
         }
+        self.remember(role, |k| k.started = k.started.max(Some(occurrence)));
         let scope = OccurrenceScope::started(
             schedule,
             occurrence,
@@ -266,6 +269,7 @@ impl<S: LeaseStore> Manager<S> {
             .await?;
         let known = Known {
             after: answer.after,
+            started: answer.started,
             db_now: answer.db_now,
             at: Instant::now(),
             told,

@@ -4,6 +4,16 @@
 CREATE OR REPLACE FUNCTION @schema@.leader_history_add(p_role text, p_kind text, p_token bigint, p_holder text,
                                              p_acquired_at timestamptz, p_outcome text, p_reason text,
                                              p_by text, p_error text) RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $fn$
+    -- Every row but a term's that kept what its work said.
+    SELECT @schema@.leader_history_add(p_role, p_kind, p_token, p_holder, p_acquired_at, p_outcome, p_reason,
+                                       p_by, p_error, NULL)
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_history_add(p_role text, p_kind text, p_token bigint, p_holder text,
+                                             p_acquired_at timestamptz, p_outcome text, p_reason text,
+                                             p_by text, p_error text, p_output text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- Appends one row and, on one write of the role in 16 on average (random:
@@ -13,14 +23,16 @@ AS $fn$
 -- holds about keep_per_role + 16 rows per role. The same write then deletes
 -- up to 1,000 rows of any role older than keep_for (the oldest first,
 -- through the index on at): a role no longer written (a removed family key)
--- ages out too.
+-- ages out too. Texts are cut to 500 characters; a term's output keeps
+-- its last 4,000.
 DECLARE
     new_id bigint;
     keep @schema@.leader_history_settings;
 BEGIN
-    INSERT INTO @schema@.leader_history (role, kind, token, holder_id, acquired_at, outcome, reason, by, error)
+    INSERT INTO @schema@.leader_history (role, kind, token, holder_id, acquired_at, outcome, reason, by, error,
+                                         output)
     VALUES (p_role, p_kind, p_token, left(p_holder, 500), p_acquired_at, p_outcome, left(p_reason, 500),
-            left(p_by, 500), left(p_error, 500))
+            left(p_by, 500), left(p_error, 500), right(p_output, 4000))
     ON CONFLICT DO NOTHING
     RETURNING id INTO new_id;
     IF new_id IS NULL OR random() >= 1.0 / 16 THEN

@@ -1,7 +1,8 @@
 -- The lease statements of one role: ACQUIRE, RENEW, RELEASE, each
 -- term-scoped by (role, token), and the seeding of declared roles.
 
-CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint, p_key bigint)
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint, p_key bigint,
+                                                 p_long_lived boolean)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -15,18 +16,26 @@ AS $fn$
 -- transactions still open in it are ended (leader_fence_sweep). `s` is
 -- the row as of the statement's start; if a RELEASE of that term committed
 -- in between, it recorded the term first and this row is not written.
+-- A started term records whether the role is long-lived (p_long_lived: its
+-- work runs for the whole term, so its health is being held, not ticking)
+-- and its interval, for readers (metrics: the stall alert's threshold).
 #variable_conflict use_column
 BEGIN
     IF p_holder IS NULL OR length(p_holder) > 200 THEN
         RAISE EXCEPTION 'ticklease: leader_acquire needs a holder id of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF p_long_lived IS NULL THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire needs p_long_lived (true or false)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM @schema@.leader_require_key(p_key);
     RETURN QUERY
     WITH acquired AS (
-        INSERT INTO @schema@.leader_leases AS l (role, holder_token, holder_id, acquired_at, expires_at, holder_key)
+        INSERT INTO @schema@.leader_leases AS l (role, holder_token, holder_id, acquired_at, expires_at, holder_key,
+                                                 long_lived, tick_interval_ms)
         VALUES (p_role, @schema@.leader_token_seed(), p_holder, now(),
-                now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms), p_key)
+                now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms), p_key, p_long_lived, p_interval_ms)
         ON CONFLICT (role) DO UPDATE
            SET role = EXCLUDED.role,
                holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
@@ -34,6 +43,8 @@ BEGIN
                acquired_at = EXCLUDED.acquired_at,
                expires_at = EXCLUDED.expires_at,
                holder_key = EXCLUDED.holder_key,
+               long_lived = EXCLUDED.long_lived,
+               tick_interval_ms = EXCLUDED.tick_interval_ms,
                -- An interval tick is no occurrence: a role moved off a cron schedule
                -- keeps only where its counting stands (last_occurrence).
                occurrence = NULL,
@@ -103,7 +114,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- ACQUIRE of one occurrence of a cron schedule: starts a term for
 -- p_occurrence when the database clock has reached it, it is later than
--- the last completed occurrence (or, before any, than occurrences_since),
+-- the last completed occurrence (or, before any, than occurrences_since:
+-- one lease TTL before the role's first look),
 -- it is still the latest one when the caller says it must be (p_before:
 -- the occurrence after it, not reached yet), and the role is unheld,
 -- unpaused and out of its cooldown, as ACQUIRE. A NULL occurrence starts
@@ -136,12 +148,16 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @schema@.leader_require_key(p_key);
-    -- A role's first look: counting starts now (a new schedule does not run the past).
+    -- A role's first look: counting starts one lease TTL ago. A new schedule
+    -- does not run the past, except an occurrence at most that old: a
+    -- crontab line that starts `ticklease run --once` just after its own
+    -- occurrence runs it the first time too.
     IF NOT EXISTS (SELECT 1 FROM @schema@.leader_leases AS l
                     WHERE l.role = p_role AND (l.occurrences_since IS NOT NULL OR l.last_occurrence IS NOT NULL)) THEN
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
-        VALUES (p_role, @schema@.leader_token_seed(), now(), p_schedule)
-        ON CONFLICT (role) DO UPDATE SET occurrences_since = now(), schedule = p_schedule
+        VALUES (p_role, @schema@.leader_token_seed(), now() - @schema@.leader_check_ms('lease_ttl', p_ttl_ms), p_schedule)
+        ON CONFLICT (role) DO UPDATE
+           SET occurrences_since = now() - @schema@.leader_check_ms('lease_ttl', p_ttl_ms), schedule = p_schedule
          WHERE l.occurrences_since IS NULL AND l.last_occurrence IS NULL;
     END IF;
     -- A look records the caller's schedule when the row shows another or none
@@ -155,9 +171,9 @@ BEGIN
         -- The upsert's conflict path names the key column, so it locks the
         -- row FOR UPDATE and waits for a claim in its commit check
         -- (guarantee 3). Its insert path (a row forgotten since the look
-        -- above) creates an unheld row, counting from now, and starts nothing.
+        -- above) creates an unheld row, counting as a first look does, and starts nothing.
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
-        VALUES (p_role, @schema@.leader_token_seed(), now(), p_schedule)
+        VALUES (p_role, @schema@.leader_token_seed(), now() - @schema@.leader_check_ms('lease_ttl', p_ttl_ms), p_schedule)
         ON CONFLICT (role) DO UPDATE
            SET role = EXCLUDED.role,
                holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
@@ -186,7 +202,10 @@ BEGIN
                                           p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
                                           greatest(l.not_before, l.pause_wait_until))
                                  THEN l.run_now_by END,
-               schedule = p_schedule
+               schedule = p_schedule,
+               -- A cron role has no interval and is no long-lived one.
+               tick_interval_ms = NULL,
+               long_lived = false
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
            -- A manual run waits for no cooldown (it is asked for at once), only for a pause's wait.
@@ -262,13 +281,14 @@ END
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, p_stamp boolean, p_cooldown_ms bigint,
-                                         p_outcome text, p_reason text, p_error text)
+                                         p_outcome text, p_reason text, p_error text, p_output text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- RELEASE: ends the term (role, token), stamps a completed tick (and its
 -- occurrence, for a cron schedule) and the cooldown, counts a failed
--- attempt, and records how the term ended. It notifies no one:
+-- attempt, and records how the term ended, with the last part of what its
+-- work said (p_output: its last 4,000 characters are kept). It notifies no one:
 -- the library notifies after the commit, in a statement of its own. The
 -- RELEASE of a term a pause ended (still the row's last term) ends the
 -- wait the pause set for it (leader_pause) and returns false: its holder's
@@ -319,7 +339,7 @@ BEGIN
      WHERE l.role = p_role;
     -- A manual run's row names who asked for it.
     PERFORM @schema@.leader_history_add(p_role, 'term', p_token, ended.holder_id, ended.acquired_at,
-                                        p_outcome, p_reason, ended.manual_by, p_error);
+                                        p_outcome, p_reason, ended.manual_by, p_error, p_output);
     RETURN true;
 END
 $fn$;

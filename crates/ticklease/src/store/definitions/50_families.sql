@@ -61,9 +61,9 @@ AS $fn$
 -- decides it under the Latest catch-up policy (p_before, the occurrence
 -- after it, not reached yet), counting from its first ask, or starts the
 -- manual run an operator asked for when the occurrence is not runnable; a
--- started occurrence records the occurrences the key passed over, from
--- p_recent (the caller's latest occurrences before p_occurrence, at most
--- 1000): those due while the key was paused as `paused`, the others as
+-- started occurrence records the occurrences the key passed over since its
+-- last started one, from p_recent (the caller's latest occurrences before
+-- p_occurrence, at most 1000): those due while the key was paused as `paused`, the others as
 -- `catch_up`. A refused key's due_at is its cooldown, else the next
 -- occurrence when this one completed, else this one while not reached.
 #variable_conflict use_column
@@ -105,16 +105,17 @@ BEGIN
         PERFORM @schema@.leader_require_key(p_key);
     END IF;
     IF cron THEN
-        -- Every key counts from its first ask (a new key does not run the
-        -- past): rows created or marked in role order, as leader_seed does;
+        -- Every key counts from one lease TTL before its first ask, as
+        -- leader_acquire_occurrence (a new key does not run the past beyond
+        -- that): rows created or marked in role order, as leader_seed does;
         -- only those not counting yet (an upsert locks every row it meets).
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
-        SELECT r, @schema@.leader_token_seed(), now(), p_schedule
+        SELECT r, @schema@.leader_token_seed(), now() - ttl, p_schedule
           FROM (SELECT DISTINCT u AS r FROM unnest(p_roles) AS u) AS d
          WHERE NOT EXISTS (SELECT 1 FROM @schema@.leader_leases AS x
                             WHERE x.role = d.r AND (x.occurrences_since IS NOT NULL OR x.last_occurrence IS NOT NULL))
          ORDER BY r
-        ON CONFLICT (role) DO UPDATE SET occurrences_since = now(), schedule = p_schedule
+        ON CONFLICT (role) DO UPDATE SET occurrences_since = now() - ttl, schedule = p_schedule
          WHERE l.occurrences_since IS NULL AND l.last_occurrence IS NULL;
     END IF;
     SELECT coalesce(array_agg(c.role ORDER BY c.ord), '{}') INTO picked
@@ -167,6 +168,8 @@ BEGIN
                manual_by = CASE WHEN cron AND NOT k.runs THEN l.run_now_by END,
                run_now_by = CASE WHEN k.runs THEN l.run_now_by END,
                schedule = CASE WHEN cron THEN p_schedule END,
+               tick_interval_ms = CASE WHEN cron THEN NULL ELSE p_interval_ms END,
+               long_lived = false,
                next_occurrence = CASE WHEN k.runs THEN p_next WHEN cron THEN l.next_occurrence END
           FROM locked AS k
          WHERE l.role = k.role
@@ -187,12 +190,14 @@ BEGIN
                            AS reason,
                        array_agg(o ORDER BY o) AS occurrences,
                        -- A lower bound only for the reason of the oldest listed.
-                       cardinality(p_recent) = 1000 AND k.after < min(o)
+                       cardinality(p_recent) = 1000 AND greatest(k.after, k.occurrence) < min(o)
                            AND min(o) = (SELECT min(m) FROM unnest(p_recent) AS m) AS capped
                   FROM locked AS k
                   CROSS JOIN unnest(p_recent) AS o
-                 WHERE k.runs AND o > k.after
-                 GROUP BY 1, 2, k.after) AS g
+                 -- Those at or before the last started occurrence (attempted,
+                 -- or recorded as skipped when it started) are not counted again.
+                 WHERE k.runs AND o > greatest(k.after, k.occurrence)
+                 GROUP BY 1, 2, k.after, k.occurrence) AS g
     )
     SELECT coalesce(array_agg(t.role), '{}'), coalesce(array_agg(t.holder_token), '{}'),
            -- Referenced, so the planner keeps them.

@@ -40,5 +40,8 @@ SELECT l.role,
                  AND (l.not_before IS NULL OR l.next_occurrence IS NULL
                       OR l.not_before < l.next_occurrence - interval '1 second')
             THEN l.occurrence
-            ELSE l.next_occurrence END AS next_occurrence
+            ELSE l.next_occurrence END AS next_occurrence,
+       -- Added last: a view's columns can only be added at its end.
+       l.long_lived,
+       l.tick_interval_ms
   FROM leader_leases AS l CROSS JOIN live;

@@ -3,6 +3,12 @@
 -- logic of its own. One goes by a versioned migration that drops it (and its
 -- name leaves leader_grant in 80_privileges.sql) once no caller remains:
 --
+-- * leader_release(text, bigint, boolean, bigint, text, text, text):
+--   replicas before migration 0011 (no output kept). Can go when no replica
+--   older than 0011 runs.
+-- * leader_acquire(text, text, bigint, bigint, bigint): replicas before
+--   migration 0011 (no long-lived roles: each term it starts records a
+--   scheduled role). Can go when no replica older than 0011 runs.
 -- * leader_acquire(text, text, bigint, bigint), leader_renew(text, bigint,
 --   bigint): replicas of the releases up to migration 0003 (no coordination
 --   session). Can go when no replica older than 0004 runs.
@@ -16,6 +22,15 @@
 --   (0003 made leader_fence sound). Can go at the next major version,
 --   announced one release before.
 
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint,
+                                                 p_key bigint)
+RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
+               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $fn$
+    SELECT * FROM @schema@.leader_acquire(p_role, p_holder, p_ttl_ms, p_interval_ms, p_key, false)
+$fn$;
+
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz)
@@ -23,7 +38,7 @@ LANGUAGE sql VOLATILE SECURITY DEFINER
 AS $fn$
     -- A replica of 0003 has no coordination session.
     SELECT a.holder_token, a.db_now, a.holder_id, a.expires_at, a.held, a.paused_by, a.pause_reason, a.due_at
-      FROM @schema@.leader_acquire(p_role, p_holder, p_ttl_ms, p_interval_ms, NULL) AS a
+      FROM @schema@.leader_acquire(p_role, p_holder, p_ttl_ms, p_interval_ms, NULL, false) AS a
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint)
@@ -62,4 +77,12 @@ AS $fn$
            a.due_at, a.holder_key, a.over_limit
       FROM @schema@.leader_acquire_many(p_roles, p_holder, p_ttl_ms, p_interval_ms, p_key, p_limit,
                                         NULL, NULL, NULL, NULL, NULL) AS a
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, p_stamp boolean, p_cooldown_ms bigint,
+                                                 p_outcome text, p_reason text, p_error text)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $fn$
+    SELECT @schema@.leader_release(p_role, p_token, p_stamp, p_cooldown_ms, p_outcome, p_reason, p_error, NULL)
 $fn$;

@@ -70,10 +70,12 @@ BEGIN
         EXECUTE pg_catalog.format('GRANT SELECT ON leader_leases TO %I', p_app);
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION leader_acquire(text, text, bigint, bigint),
                         leader_acquire(text, text, bigint, bigint, bigint),
+                        leader_acquire(text, text, bigint, bigint, bigint, boolean),
                         leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[], text, timestamptz),
                         leader_renew(text, bigint, bigint), leader_renew(text, bigint, bigint, bigint),
                         leader_release(text, bigint, boolean, bigint),
                         leader_release(text, bigint, boolean, bigint, text, text, text),
+                        leader_release(text, bigint, boolean, bigint, text, text, text, text),
                         leader_acquire_many(text[], text, bigint, bigint, bigint, integer),
                         leader_acquire_many(text[], text, bigint, bigint, bigint, integer, timestamptz, timestamptz,
                                             text, timestamptz, timestamptz[]),
