@@ -603,9 +603,7 @@ async fn run_now_of_a_cron_role_runs_once_at_once_and_consumes_no_occurrence() {
     let db = migrated_db(PgCluster::shared()).await;
     let m = manager(&db).await;
     // The occurrence of the top of the hour after next: far off.
-    // Hourly, at the minute half an hour away from now: its latest occurrence is about 30 minutes old.
-    let minute = (SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() / 60 + 30) % 60;
-    let hourly = Schedule::cron(&format!("{minute} * * * *")).unwrap();
+    let hourly = Schedule::cron("0 * * * *").unwrap();
     let first = m
         .lead(&role(), hourly.clone(), |_| async { Ok::<_, std::io::Error>(()) })
         .await;

@@ -8,8 +8,8 @@
 -- occurrence a term started for): the outer query's snapshot predates the
 -- function's writes.
 -- Calls: leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[], text, timestamptz)
-SELECT holder_token, db_now, holder_id, expires_at, held, paused_by, pause_reason, due_at, holder_key,
-       after_occurrence, failures, manual_by, run_now_pending, last_paused_at, last_unpaused_at,
-       l.occurrence AS started_occurrence
+SELECT a.holder_token, a.db_now, a.holder_id, a.expires_at, a.held, a.paused_by, a.pause_reason, a.due_at,
+       a.holder_key, a.after_occurrence, a.failures, a.manual_by, a.run_now_pending, a.last_paused_at,
+       a.last_unpaused_at, l.occurrence AS started_occurrence
   FROM leader_acquire_occurrence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS a
   LEFT JOIN leader_leases AS l ON l.role = $1

@@ -3,16 +3,6 @@
 
 CREATE OR REPLACE FUNCTION @schema@.leader_history_add(p_role text, p_kind text, p_token bigint, p_holder text,
                                              p_acquired_at timestamptz, p_outcome text, p_reason text,
-                                             p_by text, p_error text) RETURNS void
-LANGUAGE sql VOLATILE SECURITY DEFINER
-AS $fn$
-    -- Every row but a term's that kept what its work said.
-    SELECT @schema@.leader_history_add(p_role, p_kind, p_token, p_holder, p_acquired_at, p_outcome, p_reason,
-                                       p_by, p_error, NULL)
-$fn$;
-
-CREATE OR REPLACE FUNCTION @schema@.leader_history_add(p_role text, p_kind text, p_token bigint, p_holder text,
-                                             p_acquired_at timestamptz, p_outcome text, p_reason text,
                                              p_by text, p_error text, p_output text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
@@ -54,6 +44,16 @@ BEGIN
                      ORDER BY o.at
                      LIMIT 1000);
 END
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_history_add(p_role text, p_kind text, p_token bigint, p_holder text,
+                                             p_acquired_at timestamptz, p_outcome text, p_reason text,
+                                             p_by text, p_error text) RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $fn$
+    -- Every row but a term's that kept what its work said.
+    SELECT @schema@.leader_history_add(p_role, p_kind, p_token, p_holder, p_acquired_at, p_outcome, p_reason,
+                                       p_by, p_error, NULL)
 $fn$;
 
 -- Per role (the lease rows, in order, at most `$3`) and cell of `f`

@@ -57,7 +57,7 @@ AS $fn$
     SELECT @schema@.leader_release(p_role, p_token, p_stamp, p_cooldown_ms,
                                    CASE WHEN p_stamp THEN 'completed'
                                         WHEN p_cooldown_ms IS NULL THEN 'interrupted'
-                                        ELSE 'failed' END, NULL, NULL)
+                                        ELSE 'failed' END, NULL, NULL, NULL)
 $fn$;
 
 -- The one fence, under the name claims written against 0002 use.
