@@ -144,16 +144,7 @@ ticklease-alerts.test.yml && promtool test rules ticklease-alerts.test.yml"
     },
     /// Run a command as a fenced singleton: on every host the same line; each tick (or occurrence)
     /// runs CMD on exactly one, stopped before its lease can expire.
-    #[command(
-        after_help = "Exit codes with --once: the command's own (128 + a signal), 75 held by another host, \
-76 paused, 77 not due, 78 the term was lost while it ran, 130 interrupted; 1 the runner failed; 2 usage \
-(a command that itself exits with one of these codes is indistinguishable from it: stderr says which).\n\n\
-The command's environment names its term: TICKLEASE_ROLE, TICKLEASE_TOKEN, TICKLEASE_HOLDER and, on a \
-cron schedule, TICKLEASE_OCCURRENCE (RFC 3339, UTC). Its own claims can be fenced:\n  \
-echo \"UPDATE ... WHERE ... AND (SELECT leader_fence(:'role', :token))\" | \\\n    psql -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\"   (psql substitutes variables in its input, not in -c)\n\n\
-Examples:\n  ticklease run nightly_dump --cron '5 0 * * *' --zone Europe/Berlin -- pg_dump -f /backup/app.sql app\n  \
-ticklease run report --every 15m --once -- ./report.sh\n  ticklease run relay --direct-url postgres://db/app -- ./relay --listen :9000"
-    )]
+    #[command(after_help = run_help())]
     Run(RunCmd),
     /// The guard of `run`'s child (internal).
     #[command(name = "__guard", hide = true)]
@@ -389,10 +380,12 @@ pub struct RunCmd {
     #[arg(required_unless_present = "jobs")]
     pub role: Option<Role>,
     /// A jobs file instead: several roles, each with its command and schedule ([job.ROLE] tables).
-    #[arg(long, conflicts_with_all = ["role", "every", "cron", "zone", "catch_up", "once", "grace", "shell", "prefix"])]
+    #[arg(long, conflicts_with_all = ["role", "every", "cron", "zone", "catch_up", "starting_deadline",
+        "attempts", "backoff", "backoff_max", "restart_backoff", "restart_backoff_max", "timeout", "once",
+        "grace", "shell", "prefix"])]
     pub jobs: Option<std::path::PathBuf>,
     /// Run CMD once per interval (without --every or --cron: CMD runs as a long-lived singleton,
-    /// restarted on a host of the others when its host dies).
+    /// started again after it exits, and on another host when its host dies).
     #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "cron")]
     pub every: Option<Duration>,
     /// Run CMD once per occurrence of this cron expression (5 or 6 fields, @daily …).
@@ -404,6 +397,30 @@ pub struct RunCmd {
     /// Missed occurrences: latest (default), skip, or all:N.
     #[arg(long, requires = "cron")]
     pub catch_up: Option<String>,
+    /// Skip an occurrence not started this long after its time (default: none; with --catch-up
+    /// skip, the lease TTL).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub starting_deadline: Option<Duration>,
+    /// Attempts of one occurrence (of one interval's run), the first included: 1..=100 (default:
+    /// cron 3, --every 1).
+    #[arg(long)]
+    pub attempts: Option<u32>,
+    /// The wait before the first retry, doubling per retry (default 10s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub backoff: Option<Duration>,
+    /// The longest wait between two attempts (default 5m, at least --backoff).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub backoff_max: Option<Duration>,
+    /// A long-lived CMD (no --every or --cron): the wait before it is started again after exit 0,
+    /// and the first wait after a failure (default 1s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub restart_backoff: Option<Duration>,
+    /// A long-lived CMD: the cap of the wait, which doubles per consecutive failure (default 1m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub restart_backoff_max: Option<Duration>,
+    /// Stop CMD after this long (the run fails; at most 24h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub timeout: Option<Duration>,
     /// Run at most one tick, then exit with the command's code (or a code saying why it did not run).
     #[arg(long)]
     pub once: bool,
@@ -454,15 +471,48 @@ pub struct GuardCmd {
 }
 
 impl RunCmd {
-    /// The schedule the flags name (a long-lived command's restart wait without one).
-    pub fn schedule(&self) -> Result<Schedule, String> {
-        match (&self.every, &self.cron) {
-            (Some(every), _) => Ok(Schedule::every(*every)),
-            (None, Some(expression)) => {
-                ticklease_run::cron_schedule(expression, self.zone.as_deref(), self.catch_up.as_deref())
-                    .map_err(|e| format!("--{e}").replacen("--catch_up", "--catch-up", 1))
-            }
-            (None, None) => Ok(Schedule::every(ticklease_run::DAEMON_RESTART)),
+    /// The knobs the flags give, checked as the jobs file's are.
+    pub fn knobs(&self) -> ticklease_run::Knobs {
+        ticklease_run::Knobs {
+            every: self.every,
+            cron: self.cron.clone(),
+            zone: self.zone.clone(),
+            catch_up: self.catch_up.clone(),
+            starting_deadline: self.starting_deadline,
+            attempts: self.attempts,
+            backoff: self.backoff,
+            backoff_max: self.backoff_max,
+            restart_backoff: self.restart_backoff,
+            restart_backoff_max: self.restart_backoff_max,
+            timeout: self.timeout,
+            grace: self.grace,
         }
     }
+}
+
+/// `ticklease run --help`'s closing text: exit codes, the long-lived rule,
+/// the term's environment, every jobs file key, examples.
+fn run_help() -> String {
+    format!(
+        "Exit codes with --once: the command's own (128 + a signal), 75 held by another host, \
+76 paused, 77 not due, 78 the term was lost while it ran, 130 interrupted; 1 the runner failed; 2 usage. \
+Whenever --once does not exit 0 it writes one line on stderr saying why (a command that itself exits \
+with one of these codes is told apart by that line).\n\n\
+Without --every or --cron, CMD is long-lived: started again whatever its exit, on whichever host acquires \
+the role: --restart-backoff after exit 0 (its work is done for now), else after a wait that doubles per \
+consecutive failure up to --restart-backoff-max. The runner itself exits 0 only when stopped by SIGTERM \
+or Ctrl-C with every term released.\n\n\
+The command's environment names its term: TICKLEASE_ROLE, TICKLEASE_TOKEN, TICKLEASE_HOLDER and, on a \
+cron schedule, TICKLEASE_OCCURRENCE (RFC 3339, UTC). Its own claims can be fenced:\n  \
+echo \"UPDATE ... WHERE ... AND (SELECT leader_fence(:'role', :token))\" | \\\n    psql -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\"   (psql substitutes variables in its input, not in -c)\n\n\
+{}\n\
+Logs: one INFO line when a job starts and one when it ends (role, token, occurrence, exit, outcome, \
+duration_ms), shown by default except with --once; RUST_LOG=warn hides them. No colour unless stderr is a \
+terminal and NO_COLOR is unset.\n\n\
+Examples:\n  ticklease run nightly_dump --cron '5 0 * * *' --zone Europe/Berlin --timeout 1h -- pg_dump -f /backup/app.sql app\n  \
+ticklease run report --every 15m --once -- ./report.sh\n  \
+ticklease run relay --direct-url postgres://db/app --restart-backoff-max 5m -- ./relay --listen :9000\n  \
+ticklease run --jobs /etc/ticklease/jobs.toml --direct-url postgres://db/app",
+        ticklease_run::jobs::keys_help()
+    )
 }

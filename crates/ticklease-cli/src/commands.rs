@@ -1,5 +1,6 @@
 //! One function per subcommand that needs the database URL.
 
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -445,10 +446,13 @@ async fn cmd_run(db: Db, run: crate::args::RunCmd) -> anyhow::Result<()> {
     }
     ticklease_run::stop_on_signals(shutdown.clone())?;
     if run.once {
-        let code = ticklease_run::run_once(&manager, &jobs[0], shutdown.clone()).await?;
+        let end = ticklease_run::run_once(&manager, &jobs[0], shutdown.clone()).await?;
         manager.shutdown();
         manager.wait_released(config.statement_timeout() * 2).await;
-        return Err(crate::ExitWith(code).into());
+        if let Some(why) = end.why {
+            let _ = writeln!(crate::LossyStderr::default(), "{why}");
+        }
+        return Err(crate::ExitWith(end.code).into());
     }
     let stopped = ticklease_run::run_until(manager, jobs, shutdown).await?;
     anyhow::ensure!(stopped.all_released(), "runner stopped: {stopped}");
@@ -462,12 +466,12 @@ fn one_job(
     guard: Vec<std::ffi::OsString>,
 ) -> anyhow::Result<ticklease_run::RunOptions> {
     let role = run.role.clone().ok_or_else(|| Usage("ROLE is required".into()))?;
-    let schedule = run.schedule().map_err(Usage)?;
-    schedule
-        .check(config)
-        .map_err(|e| Usage(format!("the schedule: {e}")))?;
-    let grace = run.grace.unwrap_or_else(|| ticklease_run::default_grace(config));
-    ticklease_run::check_grace(config, grace).map_err(|e| Usage(e.to_string()))?;
+    let knobs = run.knobs();
+    // `{:#}` names the flag (`--starting-deadline`), as the jobs file names its key.
+    let usage = |e: ticklease_run::KnobError| Usage(format!("{e:#}"));
+    let schedule = knobs.schedule(config).map_err(usage)?;
+    let grace = knobs.grace(config).map_err(usage)?;
+    let timeout = knobs.timeout().map_err(usage)?;
     if !run.shell {
         ticklease_run::find_program(&run.command[0]).map_err(Usage)?;
     }
@@ -480,7 +484,7 @@ fn one_job(
             env: Vec::new(),
             dir: None,
             prefix: run.prefix,
-            timeout: None,
+            timeout,
         },
         grace,
         guard,

@@ -10,7 +10,7 @@ mod demo;
 mod history;
 mod status;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -102,23 +102,45 @@ fn guard() -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
-/// The log, on stderr through the never-waiting queue.
-fn init_logging() {
+/// The log, on stderr through the never-waiting queue: warnings by
+/// default, and for a long-running `ticklease run` its INFO lines too (one
+/// when a job starts, one when it ends: what a log shipper keeps). Colour
+/// only on a terminal, and not with `NO_COLOR` set (no-color.org): a log
+/// file or a journal gets no escape codes.
+fn init_logging(command: &Command) {
     // Warnings by default: a refusal repeated at every poll (a revoked
     // privilege, a schema the database refuses) is otherwise silent.
+    let default = match command {
+        // `--once` from a crontab stays silent on success (cron mails any output).
+        Command::Run(run) if !run.once => "warn,ticklease_run=info",
+        _ => "warn",
+    };
+    let directives = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| default.to_owned());
     let filter = tracing_subscriber::EnvFilter::builder()
         .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
-        .from_env_lossy();
+        .parse_lossy(directives);
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_writer(LossyStderr::default)
         .log_internal_errors(false)
         .init();
 }
 
+/// Colour on stderr: a terminal, and `NO_COLOR` unset or empty.
+fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 async fn service() -> ExitCode {
-    init_logging();
     let cli = Cli::parse();
+    init_logging(&cli.command);
     let service = matches!(
         cli.command,
         Command::Demo { .. }

@@ -77,7 +77,7 @@ async fn a_sub_millisecond_interval_or_a_program_missing_from_the_jobs_path_is_r
     for (body, says) in [
         (
             "[job.a]\ncommand = [\"true\"]\nevery = \"500us\"\n",
-            "job \"a\": the schedule",
+            "job \"a\": every: an interval must be whole milliseconds",
         ),
         (
             "[job.a]\ncommand = [\"true\"]\nenv = { PATH = \"/nonexistent\" }\n",

@@ -93,20 +93,38 @@
 //! non-zero or a signal fails it (the role's cooldown as for any failed
 //! tick), the last lines of its stderr becoming the history's error summary.
 //! `--once` exits with the child's code, or with the codes of [`exit`] when it
-//! did not run or its term was lost mid-run.
+//! did not run or its term was lost mid-run; whenever it does not exit 0 it
+//! writes one line on stderr saying why ([`why_once`]: held by whom until
+//! when, paused by whom, due when, lost, interrupted, the command's failure).
+//!
+//! **Retries and restarts** are the same knobs on the command line and in
+//! the jobs file ([`knobs`]): `attempts`, `backoff`, `backoff_max` and, for
+//! a cron schedule, `starting_deadline`, the library's own
+//! ([`ticklease::Retry`], [`ticklease::Schedule::starting_deadline`]). A
+//! long-lived command (no schedule) is started again after any exit: after
+//! `restart_backoff` (1 s) when it exited 0, after a wait doubling per
+//! consecutive failure up to `restart_backoff_max` (1 min) otherwise.
+//!
+//! **Logs**: one INFO line when a job starts (`job started`: role, token,
+//! occurrence) and one when it ends (`job ended`: exit, outcome
+//! `completed` / `failed` / `timed_out` / `stopped` / `not_started`,
+//! `duration_ms`); the CLI shows them by default, except for `--once`
+//! (silent on success, for crontabs).
 
 mod backstop;
 mod child;
 mod error;
 pub mod guard;
 pub mod jobs;
+pub mod knobs;
 pub mod output;
 mod runner;
 
 pub use child::{ChildEnd, CommandSpec, STDERR_TAIL_LINES};
 pub use error::RunError;
-pub use jobs::{cron_schedule, JobsError};
+pub use jobs::JobsError;
+pub use knobs::{KnobError, Knobs};
 pub use runner::{
     check_grace, default_grace, exit, exit_code_of, find_program, run_once, run_until, stop_on_signals,
-    RunOptions, DAEMON_RESTART,
+    why_once, OnceEnd, RunOptions,
 };

@@ -46,21 +46,24 @@ pub struct RunOptions {
 /// The grace between SIGTERM and SIGKILL must end before the lease can
 /// expire: `abandon_after + grace < lease_ttl`, and above zero.
 pub fn check_grace(config: &Config, grace: Duration) -> Result<(), RunError> {
-    let room = config.lease_ttl().saturating_sub(config.abandon_after());
-    if grace.is_zero() || grace >= room {
-        return Err(RunError::Usage {
-            problem: format!(
-                "--grace {grace:?}: must be above zero and below lease_ttl - abandon_after ({room:?}), \
-                 so the child is killed before its lease can expire"
-            ),
-        });
+    match grace_problem(config, grace) {
+        Some(problem) => Err(RunError::Usage {
+            problem: format!("--grace {problem}"),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
-/// A long-lived command's wait before it is started again after it exited
-/// (the schedule of a job that names none).
-pub const DAEMON_RESTART: Duration = Duration::from_secs(1);
+/// What is wrong with `grace` ([`check_grace`]), if anything.
+pub(crate) fn grace_problem(config: &Config, grace: Duration) -> Option<String> {
+    let room = config.lease_ttl().saturating_sub(config.abandon_after());
+    (grace.is_zero() || grace >= room).then(|| {
+        format!(
+            "{grace:?}: must be above zero and below lease_ttl - abandon_after ({room:?}), \
+             so the child is killed before its lease can expire"
+        )
+    })
+}
 
 /// The program a command names, found as `execvp` would (an unknown one is
 /// refused before anything is written).
@@ -126,13 +129,22 @@ pub async fn run_until<S: LeaseStore>(
     Ok(scheduler.run(shutdown).await)
 }
 
-/// At most one tick of `job`; the process's exit code ([`exit`]).
-/// `shutdown` (a signal) stops the child and releases the term as interrupted.
+/// How `--once` ended: the process's exit code ([`exit`]) and, unless the
+/// command ran and exited 0, one line saying why (a crontab's success
+/// stays silent; every other end says what happened).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OnceEnd {
+    pub code: i32,
+    pub why: Option<String>,
+}
+
+/// At most one tick of `job` ([`OnceEnd`]). `shutdown` (a signal) stops
+/// the child and releases the term as interrupted.
 pub async fn run_once<S: LeaseStore>(
     manager: &Manager<S>,
     job: &RunOptions,
     shutdown: CancellationToken,
-) -> Result<i32, RunError> {
+) -> Result<OnceEnd, RunError> {
     check_grace(manager.config(), job.grace)?;
     drain_lost_terms(manager);
     crate::backstop::adopt_orphans();
@@ -151,7 +163,64 @@ pub async fn run_once<S: LeaseStore>(
         })
         .await;
     stopper.abort();
-    Ok(exit_code_of(&lead.map_err(|source| RunError::Lease { source })?))
+    let lead = lead.map_err(|source| RunError::Lease { source })?;
+    let why = why_once(&lead).map(|why| format!("ticklease run: {}: {why}", job.role));
+    Ok(OnceEnd {
+        code: exit_code_of(&lead),
+        why,
+    })
+}
+
+/// Why `--once` ended as it did, in words; `None` for a command that ran
+/// and exited 0. Database text (a holder, who paused and why) and the
+/// command's stderr are escaped.
+pub fn why_once(lead: &Lead<()>) -> Option<String> {
+    let esc = ticklease::HistoryEntry::escape;
+    let at = |t: std::time::SystemTime| {
+        chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    let within = |d: Duration| humantime::format_duration(Duration::from_millis(millis(d)));
+    Some(match lead {
+        Lead::Completed { .. } => return None,
+        Lead::Failed { token, error } => {
+            let error = esc(&ticklease::error::chain(&**error));
+            format!("the command failed in term {token}: {error}")
+        }
+        Lead::Lost { token, reason } => {
+            format!("term {token} was lost while the command ran ({reason}): the command was stopped")
+        }
+        Lead::Interrupted { token } => format!("interrupted: the command of term {token} was stopped"),
+        Lead::ShuttingDown => "interrupted before the command started".to_owned(),
+        Lead::Refused(Refusal::Held {
+            holder,
+            expires_at,
+            remaining,
+            ..
+        }) => format!(
+            "not run: held by {} until {} (in {})",
+            esc(holder),
+            at(*expires_at),
+            within(*remaining)
+        ),
+        Lead::Refused(Refusal::Paused { by, reason }) if reason.is_empty() => {
+            format!("not run: paused by {}", esc(by))
+        }
+        Lead::Refused(Refusal::Paused { by, reason }) => {
+            format!("not run: paused by {}: {}", esc(by), esc(reason))
+        }
+        Lead::Refused(Refusal::NotDue { due_at, remaining }) => {
+            format!(
+                "not run: not due until {} (in {})",
+                at(*due_at),
+                within(*remaining)
+            )
+        }
+        Lead::Refused(Refusal::Contended) => {
+            "not run: another host acquired the role at the same moment".to_owned()
+        }
+        Lead::Refused(refusal) => format!("not run: refused ({refusal:?})"),
+        other => format!("ended as {other:?}"),
+    })
 }
 
 /// A lost term is released only once its child's group is gone (the
@@ -188,14 +257,47 @@ pub fn exit_code_of(lead: &Lead<()>) -> i32 {
     }
 }
 
-/// One tick: the command under a guard; exit 0 completes it.
+/// One tick: the command under a guard; exit 0 completes it. One INFO
+/// line when the command starts and one when it ends, for people and log
+/// shippers alike.
 async fn tick_work(tick: Tick, holder: &str, job: &RunOptions, margin: Duration) -> Result<(), RunError> {
     let guard = GuardSpec {
         command: &job.guard,
         grace: job.grace,
         margin,
     };
-    let end = run_child(&tick, holder, &job.command, &guard).await?;
+    let occurrence = tick.occurrence().map_or_else(
+        || "none".to_owned(),
+        |t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+    );
+    let (role, token) = (tick.role().clone(), tick.token());
+    tracing::info!(%role, %token, %occurrence, "job started");
+    let started = std::time::Instant::now();
+    let ended = run_child(&tick, holder, &job.command, &guard).await.map(outcome);
+    let duration_ms = millis(started.elapsed());
+    match &ended {
+        Ok(Ok(())) => {
+            tracing::info!(%role, %token, %occurrence, exit = 0, outcome = "completed", duration_ms, "job ended")
+        }
+        Ok(Err(error)) => {
+            let (exit, outcome) = match error {
+                RunError::TimedOut { code, .. } => (*code, "timed_out"),
+                RunError::Stopped { code } => (*code, "stopped"),
+                RunError::Exit { code, .. } => (*code, "failed"),
+                _ => (exit::ERROR, "failed"),
+            };
+            tracing::info!(%role, %token, %occurrence, exit, outcome, duration_ms, "job ended");
+        }
+        Err(error) => {
+            tracing::info!(%role, %token, %occurrence, outcome = "not_started", %error, duration_ms, "job ended")
+        }
+    }
+    ended?
+}
+
+/// How a child's end counts: exit 0 completes the tick; a timeout, a stop
+/// by the runner or a non-zero exit fails it.
+fn outcome(end: ChildEnd) -> Result<(), RunError> {
     match end {
         ChildEnd {
             timed_out: true,
@@ -211,4 +313,9 @@ async fn tick_work(tick: Tick, holder: &str, job: &RunOptions, margin: Duration)
             code, stderr_tail, ..
         } => Err(RunError::Exit { code, stderr_tail }),
     }
+}
+
+/// Whole milliseconds, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
