@@ -97,6 +97,14 @@ async fn every_runbook_command_runs() {
                     );
                 }
             }
+            // A file shown whole (the systemd unit, the Deployment): the copy is the file, so
+            // what CI checks (systemd-analyze verify) is what the runbook shows.
+            shown if shown.starts_with("ini deploy/") || shown.starts_with("yaml deploy/") => {
+                let path = shown.split_once(' ').map(|(_, path)| path).unwrap_or_default();
+                let file = std::fs::read_to_string(format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR")))
+                    .unwrap_or_else(|e| panic!("the runbook shows {path}: {e}"));
+                assert_eq!(body, file, "the runbook's copy of {path} differs from the file");
+            }
             other => panic!("runbook block with an unknown info string {other:?}"),
         }
         ran += 1;
