@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use ticklease::{
-    Acquire, Ending, Family, Interval, LeaseStatus, LeaseStore, Manager, PgConnect, PgStore, PgStoreOptions, Release,
-    Releasing, Renew, Role, Scheduler, Signals, StoreError, Tick, Token,
+    Acquire, Ending, Family, Interval, LeaseStatus, LeaseStore, Manager, PgConnect, PgStore, PgStoreOptions,
+    Release, Releasing, Renew, Role, Scheduler, Signals, StoreError, Tick, Token,
 };
 use tokio_util::sync::CancellationToken;
 

@@ -31,14 +31,19 @@ pub fn table(entries: &[HistoryEntry], now: SystemTime) -> String {
         .collect();
     for (e, token, output) in outputs.iter().take(OUTPUTS_SHOWN_MAX) {
         let role = HistoryEntry::escape(&e.role);
-        out.push_str(&format!("\n{role} token {token}, ended {} ago:\n", short(seconds(now, e.at))));
+        out.push_str(&format!(
+            "\n{role} token {token}, ended {} ago:\n",
+            short(seconds(now, e.at))
+        ));
         for line in output.lines() {
             out.push_str(&format!("  {}\n", HistoryEntry::escape(line)));
         }
     }
     if outputs.len() > OUTPUTS_SHOWN_MAX {
         let more = outputs.len() - OUTPUTS_SHOWN_MAX;
-        out.push_str(&format!("\n(the output of {more} older terms: --json, or --role and --limit)\n"));
+        out.push_str(&format!(
+            "\n(the output of {more} older terms: --json, or --role and --limit)\n"
+        ));
     }
     out
 }

@@ -73,14 +73,19 @@ fn scrape(addr: &str) -> String {
 /// `samples` minutes, labelled with `instance`.
 fn held_series(exposition: &str, instance: &str, samples: usize) -> String {
     let mut out = String::new();
-    for line in exposition.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         let (series, value) = line.rsplit_once(' ').unwrap();
         let series = match series.strip_suffix('}') {
             Some(open) => format!("{open},instance=\"{instance}\"}}"),
             None => format!("{series}{{instance=\"{instance}\"}}"),
         };
         let series = series.replace('\'', "''");
-        out.push_str(&format!("      - series: '{series}'\n        values: '{value}x{samples}'\n"));
+        out.push_str(&format!(
+            "      - series: '{series}'\n        values: '{value}x{samples}'\n"
+        ));
     }
     out
 }
@@ -98,8 +103,16 @@ async fn the_shipped_alerts_stay_silent_for_a_healthy_job_of_each_schedule_kind(
     let cluster = PgCluster::shared();
     let db = cluster.create_database().await.unwrap();
     let url = cluster.url(&db);
-    let ticklease = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_ticklease")).args(args).output().unwrap();
-    assert_eq!(ticklease(&["migrate", "--database-url", &url]).status.code(), Some(0));
+    let ticklease = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ticklease"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(
+        ticklease(&["migrate", "--database-url", &url]).status.code(),
+        Some(0)
+    );
     let dir = tempfile::tempdir().unwrap();
     let jobs = dir.path().join("jobs.toml");
     std::fs::write(&jobs, JOBS).unwrap();
@@ -154,7 +167,9 @@ async fn the_shipped_alerts_stay_silent_for_a_healthy_job_of_each_schedule_kind(
     test.push_str(&held_series(&from_metrics, "metrics", 180));
     test.push_str("    alert_rule_test:\n");
     for name in &names {
-        test.push_str(&format!("      - eval_time: 3h\n        alertname: {name}\n        exp_alerts: []\n"));
+        test.push_str(&format!(
+            "      - eval_time: 3h\n        alertname: {name}\n        exp_alerts: []\n"
+        ));
     }
     std::fs::write(dir.path().join("healthy.test.yml"), test).unwrap();
     let o = Command::new("promtool")

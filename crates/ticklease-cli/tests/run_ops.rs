@@ -445,3 +445,51 @@ fn every_jobs_file_key_is_in_the_help_and_the_readme() {
     documented.sort_unstable();
     assert_eq!(taken, documented, "{}", e.problem);
 }
+
+/// Item 6: each run's exit status and last output lines (both streams, the
+/// last 40, in the order read: the pause orders them here) are kept with
+/// its history row, so `ticklease history` on any host answers "why did it
+/// fail" after the runner is gone, escaped.
+#[tokio::test]
+async fn a_runs_exit_status_and_last_output_lines_are_kept_in_its_history_and_shown_escaped() {
+    let url = migrated_url().await;
+    let script =
+        "for i in $(seq 1 60); do echo \"out $i\"; done; sleep 0.2; printf 'err \\033[31mred\\n' >&2; exit 3";
+    let mut once = run(
+        &url,
+        &["dump", "--once", "--every", "1h", "--", "sh", "-c", script],
+    );
+    once.stdout(Stdio::null());
+    let o = output(once).await;
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let mut history = Command::new(env!("CARGO_BIN_EXE_ticklease"));
+    history.args(["history", "dump", "--database-url", &url]);
+    let shown = String::from_utf8_lossy(&output(history).await.stdout).into_owned();
+    assert!(shown.contains("dump token "), "{shown}");
+    let block = &shown[shown.find("  exit 3\n").expect("the exit status, first")..];
+    assert!(
+        block.contains("\n  out 60\n  stderr: err \\u{1b}[31mred\n"),
+        "{shown}"
+    );
+    assert!(block.contains("\n  out 22\n"), "the last 40 lines: {shown}");
+    assert!(
+        !block.contains("\n  out 21\n"),
+        "no more than the last 40 lines: {shown}"
+    );
+}
+
+/// Bug 3: a crontab line that starts `--once` just after its own
+/// occurrence, on a role that never ran, runs that occurrence (exit 0),
+/// where it used to exit 77 (not due) on every host, the first night lost.
+#[tokio::test]
+async fn once_from_a_crontab_just_after_the_occurrence_runs_it_on_a_new_role() {
+    let url = migrated_url().await;
+    // Every second: the latest occurrence is under a second old, as a
+    // crontab's own minute is when it starts the line.
+    let o = output(run(
+        &url,
+        &["dump", "--once", "--cron", "* * * * * *", "--", "true"],
+    ))
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

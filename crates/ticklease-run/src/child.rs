@@ -24,7 +24,11 @@ use crate::output::Stream;
 /// Lines of the child's stderr kept for the history's error summary.
 pub const STDERR_TAIL_LINES: usize = 5;
 
-/// Longest stderr line kept (in characters); longer ones are cut.
+/// Lines of the child's output (both streams) kept for its history row
+/// ([`Tick::keep_output`], which keeps the last 4,000 characters of them).
+pub const OUTPUT_TAIL_LINES: usize = 40;
+
+/// Longest output line kept (in characters); longer ones are cut.
 const LINE_MAX: usize = 400;
 
 /// What a tick runs.
@@ -55,6 +59,9 @@ pub struct ChildEnd {
     pub timed_out: bool,
     /// Its last stderr lines.
     pub stderr_tail: Vec<String>,
+    /// Its last [`OUTPUT_TAIL_LINES`] lines of output, both streams in the
+    /// order they were read, stderr's marked `stderr: `.
+    pub output_tail: Vec<String>,
 }
 
 impl CommandSpec {
@@ -95,6 +102,7 @@ pub(crate) async fn run_child(
             stopped: true,
             timed_out: false,
             stderr_tail: Vec::new(),
+            output_tail: Vec::new(),
         });
     }
     let mut abandon_at = tick.abandon_at();
@@ -107,9 +115,10 @@ pub(crate) async fn run_child(
     let mut watch = Watch {
         control: guarded.stdin.take().ok_or(RunError::NoGuard)?,
         err: Lines::new(guarded.stderr.take().ok_or(RunError::NoGuard)?),
-        out: guarded.stdout.take().map(Lines::new),
+        out: Lines::new(guarded.stdout.take().ok_or(RunError::NoGuard)?),
         prefix: if spec.prefix { label } else { String::new() },
         tail: VecDeque::with_capacity(STDERR_TAIL_LINES),
+        output: VecDeque::with_capacity(OUTPUT_TAIL_LINES),
         stopped: false,
         timed_out: false,
         backstopped: false,
@@ -139,6 +148,7 @@ pub(crate) async fn run_child(
         stopped: watch.stopped,
         timed_out: watch.timed_out,
         stderr_tail: watch.tail.into(),
+        output_tail: watch.output.into(),
     })
 }
 
@@ -168,11 +178,9 @@ fn guard_command(
         .env_remove("TICKLEASE_OCCURRENCE")
         .process_group(0)
         .stdin(Stdio::piped())
-        .stdout(if spec.prefix {
-            Stdio::piped()
-        } else {
-            Stdio::inherit()
-        })
+        // Both streams pass through the runner, which keeps their last lines
+        // for the term's history row (a child sees pipes, not a terminal).
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if let Some(at) = tick.occurrence() {
         let at = DateTime::<Utc>::from(at).to_rfc3339_opts(SecondsFormat::AutoSi, true);
@@ -189,9 +197,10 @@ fn guard_command(
 struct Watch {
     control: ChildStdin,
     err: Lines<tokio::process::ChildStderr>,
-    out: Option<Lines<tokio::process::ChildStdout>>,
+    out: Lines<tokio::process::ChildStdout>,
     prefix: String,
     tail: VecDeque<String>,
+    output: VecDeque<String>,
     stopped: bool,
     timed_out: bool,
     /// The runner killed the group itself (the guard missed its deadline).
@@ -240,15 +249,25 @@ impl Watch {
                     tracing::warn!(role = %tick.role(), token = %tick.token(), killed,
                         "the guard did not stop the command by its deadline: the runner killed it and its group");
                 }
-                Some(line) = self.err.next(), if self.err.open => {
-                    let line = pass_on(Stream::Err, &self.prefix, &line);
-                    keep(&mut self.tail, line);
-                }
-                Some(line) = next_out(&mut self.out), if self.out.as_ref().is_some_and(|o| o.open) => {
-                    pass_on(Stream::Out, &self.prefix, &line);
+                Some(line) = self.err.next(), if self.err.open => self.err_line(&line),
+                Some(line) = self.out.next(), if self.out.open => {
+                    self.out_line(&line);
                 }
             }
         }
+    }
+
+    /// A stderr line: passed on, kept for the error summary and the output.
+    fn err_line(&mut self, line: &[u8]) {
+        let line = pass_on(Stream::Err, &self.prefix, line);
+        keep(&mut self.output, format!("stderr: {line}"), OUTPUT_TAIL_LINES);
+        keep(&mut self.tail, line, STDERR_TAIL_LINES);
+    }
+
+    /// A stdout line: passed on, kept for the output.
+    fn out_line(&mut self, line: &[u8]) {
+        let line = pass_on(Stream::Out, &self.prefix, line);
+        keep(&mut self.output, line, OUTPUT_TAIL_LINES);
     }
 
     /// Asks the guard to stop the group: from now (or the deadline, if
@@ -264,21 +283,13 @@ impl Watch {
     async fn drain(&mut self) {
         let _ = tokio::time::timeout(DRAIN_MAX, async {
             while let Some(line) = self.err.next().await {
-                let line = pass_on(Stream::Err, &self.prefix, &line);
-                keep(&mut self.tail, line);
+                self.err_line(&line);
             }
-            while let Some(line) = next_out(&mut self.out).await {
-                pass_on(Stream::Out, &self.prefix, &line);
+            while let Some(line) = self.out.next().await {
+                self.out_line(&line);
             }
         })
         .await;
-    }
-}
-
-async fn next_out(out: &mut Option<Lines<tokio::process::ChildStdout>>) -> Option<Vec<u8>> {
-    match out {
-        Some(out) => out.next().await,
-        None => None,
     }
 }
 
@@ -346,9 +357,9 @@ fn pass_on(stream: Stream, prefix: &str, line: &[u8]) -> String {
     String::from_utf8_lossy(line).into_owned()
 }
 
-/// Keeps the last [`STDERR_TAIL_LINES`] lines, each cut to [`LINE_MAX`] characters.
-fn keep(tail: &mut VecDeque<String>, line: String) {
-    if tail.len() == STDERR_TAIL_LINES {
+/// Keeps the last `lines` lines, each cut to [`LINE_MAX`] characters.
+fn keep(tail: &mut VecDeque<String>, line: String, lines: usize) {
+    if tail.len() == lines {
         tail.pop_front();
     }
     tail.push_back(line.chars().take(LINE_MAX).collect());

@@ -280,7 +280,7 @@ impl Knobs {
             backoff,
             backoff_max,
         };
-        Schedule::every(first)
+        Schedule::long_lived(first)
             .retry(retry)
             .map_err(|e| invalid(Key::RestartBackoff)(e.to_string()))
     }

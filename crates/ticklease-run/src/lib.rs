@@ -92,6 +92,15 @@
 //! `TICKLEASE_OCCURRENCE` (RFC 3339, UTC). Its exit 0 completes the tick;
 //! non-zero or a signal fails it (the role's cooldown as for any failed
 //! tick), the last lines of its stderr becoming the history's error summary.
+//! **What it said is kept**: both of its streams pass through the runner (it
+//! sees pipes, not a terminal), and each term's history row keeps its exit
+//! status and its last [`OUTPUT_TAIL_LINES`] lines in the order read
+//! (stderr's marked `stderr: `; at most the last 4,000 characters), retained
+//! as the history is: `ticklease history ROLE` shows them, escaped, from any
+//! host after the runner is gone. A job without a schedule is
+//! [`Schedule::long_lived`](ticklease::Schedule::long_lived): each of its
+//! terms records it, so the shipped alerts count it healthy while held and
+//! page when it is held nowhere.
 //! `--once` exits with the child's code, or with the codes of [`exit`] when it
 //! did not run or its term was lost mid-run; whenever it does not exit 0 it
 //! writes one line on stderr saying why ([`why_once`]: held by whom until
@@ -120,7 +129,7 @@ pub mod knobs;
 pub mod output;
 mod runner;
 
-pub use child::{ChildEnd, CommandSpec, STDERR_TAIL_LINES};
+pub use child::{ChildEnd, CommandSpec, OUTPUT_TAIL_LINES, STDERR_TAIL_LINES};
 pub use error::RunError;
 pub use jobs::JobsError;
 pub use knobs::{KnobError, Knobs};

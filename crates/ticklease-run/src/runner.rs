@@ -273,7 +273,11 @@ async fn tick_work(tick: Tick, holder: &str, job: &RunOptions, margin: Duration)
     let (role, token) = (tick.role().clone(), tick.token());
     tracing::info!(%role, %token, %occurrence, "job started");
     let started = std::time::Instant::now();
-    let ended = run_child(&tick, holder, &job.command, &guard).await.map(outcome);
+    let ended = run_child(&tick, holder, &job.command, &guard).await;
+    if let Ok(end) = &ended {
+        tick.keep_output(kept_output(end));
+    }
+    let ended = ended.map(outcome);
     let duration_ms = millis(started.elapsed());
     match &ended {
         Ok(Ok(())) => {
@@ -293,6 +297,21 @@ async fn tick_work(tick: Tick, holder: &str, job: &RunOptions, margin: Duration)
         }
     }
     ended?
+}
+
+/// What a run's history row keeps: how it ended, then its last output lines.
+fn kept_output(end: &ChildEnd) -> String {
+    let how = match end {
+        ChildEnd { timed_out: true, .. } => ", stopped after its timeout",
+        ChildEnd { stopped: true, .. } => ", stopped",
+        _ => "",
+    };
+    let mut kept = format!("exit {}{how}", end.code);
+    for line in &end.output_tail {
+        kept.push('\n');
+        kept.push_str(line);
+    }
+    kept
 }
 
 /// How a child's end counts: exit 0 completes the tick; a timeout, a stop

@@ -601,7 +601,10 @@ pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: Lea
         matches!(look.acquire, Acquire::Refused(_)),
         "a look starts nothing: {look:?}"
     );
-    assert!(near(look.after, look.db_now - TTL), "counting starts one lease TTL before the first look");
+    assert!(
+        near(look.after, look.db_now - TTL),
+        "counting starts one lease TTL before the first look"
+    );
     assert_eq!(look.started, None, "no term started yet");
     let row = lease_row(store, "billing").await;
     let shown = (row.schedule.as_deref(), row.last_occurrence, row.next_occurrence);

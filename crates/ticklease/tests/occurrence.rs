@@ -976,7 +976,10 @@ async fn an_attempted_occurrence_is_never_counted_as_skipped_and_none_is_counted
     }
     let counted: u32 = ranges.iter().map(|r| r.0).sum();
     let between = (last.duration_since(first).unwrap().as_secs() + 1) as u32 - attempted.len() as u32;
-    assert!(counted >= between && counted <= between + 2, "{counted} skipped for {between} passed over: {ranges:?}");
+    assert!(
+        counted >= between && counted <= between + 2,
+        "{counted} skipped for {between} passed over: {ranges:?}"
+    );
 }
 
 /// Issue 33, bug 3: a crontab line that starts `ticklease run --once` just
@@ -1007,14 +1010,23 @@ async fn a_new_roles_first_look_runs_an_occurrence_at_most_one_lease_ttl_old() {
         ),
     )
     .await;
-    assert!((0.0..2.0).contains(&age), "the occurrence was {age} s old at its term's start");
+    assert!(
+        (0.0..2.0).contains(&age),
+        "the occurrence was {age} s old at its term's start"
+    );
     // An occurrence older than the lease TTL at the first look is passed over.
     let other = Role::new("dunning").unwrap();
     let m = Manager::start(m.store().clone(), test_config(), [other.clone()])
         .await
         .unwrap();
     // Hourly, at the minute half an hour away from now: its latest occurrence is about 30 minutes old.
-    let minute = (SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() / 60 + 30) % 60;
+    let minute = (SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 60
+        + 30)
+        % 60;
     let hourly = Schedule::cron(&format!("{minute} * * * *")).unwrap();
     let lead = m
         .lead(&other, hourly, |_| async { Ok::<_, std::io::Error>(()) })

@@ -274,7 +274,13 @@ fn skipped(reason: SkipReason, first: &str, last: &str, count: u32) -> Skipped {
 fn catch_up_latest_runs_the_most_recent_missed_occurrence_once() {
     let s = cron("0 * * * *", "UTC");
     // Last completed 07:00; the database says 10:20: 08:00 and 09:00 are skipped, 10:00 runs.
-    let due = s.due(at("2026-12-02T07:00:00Z"), at("2026-12-02T10:20:00Z"), TTL, None, None);
+    let due = s.due(
+        at("2026-12-02T07:00:00Z"),
+        at("2026-12-02T10:20:00Z"),
+        TTL,
+        None,
+        None,
+    );
     assert_eq!(due.run, Some(at("2026-12-02T10:00:00Z")));
     assert_eq!(
         due.skipped,
@@ -287,7 +293,13 @@ fn catch_up_latest_runs_the_most_recent_missed_occurrence_once() {
     );
     assert_eq!(due.next, Some(at("2026-12-02T11:00:00Z")));
     // Once 10:00 completed, nothing is due until 11:00.
-    let due = s.due(at("2026-12-02T10:00:00Z"), at("2026-12-02T10:20:00Z"), TTL, None, None);
+    let due = s.due(
+        at("2026-12-02T10:00:00Z"),
+        at("2026-12-02T10:20:00Z"),
+        TTL,
+        None,
+        None,
+    );
     assert_eq!((due.run, due.skipped.len()), (None, 0));
     assert_eq!(due.next, Some(at("2026-12-02T11:00:00Z")));
     // The occurrence is due when the database clock reaches it, not before.
@@ -299,7 +311,13 @@ fn catch_up_latest_runs_the_most_recent_missed_occurrence_once() {
         None,
     );
     assert_eq!(due.run, None);
-    let due = s.due(at("2026-12-02T10:00:00Z"), at("2026-12-02T11:00:00Z"), TTL, None, None);
+    let due = s.due(
+        at("2026-12-02T10:00:00Z"),
+        at("2026-12-02T11:00:00Z"),
+        TTL,
+        None,
+        None,
+    );
     assert_eq!(due.run, Some(at("2026-12-02T11:00:00Z")));
 }
 
@@ -310,7 +328,13 @@ fn occurrences_due_while_paused_are_skipped_as_paused() {
     let s = cron("0 * * * *", "UTC");
     let pause = Some((at("2026-12-02T08:30:00Z"), at("2026-12-02T11:10:00Z")));
     // Last completed 07:00; paused 08:30-11:10; the database says 12:20.
-    let due = s.due(at("2026-12-02T07:00:00Z"), at("2026-12-02T12:20:00Z"), TTL, pause, None);
+    let due = s.due(
+        at("2026-12-02T07:00:00Z"),
+        at("2026-12-02T12:20:00Z"),
+        TTL,
+        pause,
+        None,
+    );
     assert_eq!(due.run, Some(at("2026-12-02T12:00:00Z")));
     assert_eq!(
         due.skipped,
@@ -332,12 +356,24 @@ fn occurrences_due_while_paused_are_skipped_as_paused() {
     // An occurrence at the pause's first instant fell due while paused; one
     // at the unpause did not.
     let pause = Some((at("2026-12-02T09:00:00Z"), at("2026-12-02T11:00:00Z")));
-    let due = s.due(at("2026-12-02T07:00:00Z"), at("2026-12-02T12:20:00Z"), TTL, pause, None);
+    let due = s.due(
+        at("2026-12-02T07:00:00Z"),
+        at("2026-12-02T12:20:00Z"),
+        TTL,
+        pause,
+        None,
+    );
     let reasons: Vec<(SkipReason, u32)> = due.skipped.iter().map(|k| (k.reason, k.count)).collect();
     assert_eq!(reasons, [(SkipReason::Paused, 2), (SkipReason::CatchUp, 2)]);
     // A pause before the last completed occurrence names nothing.
     let old = Some((at("2026-12-01T01:00:00Z"), at("2026-12-01T05:00:00Z")));
-    let due = s.due(at("2026-12-02T07:00:00Z"), at("2026-12-02T09:20:00Z"), TTL, old, None);
+    let due = s.due(
+        at("2026-12-02T07:00:00Z"),
+        at("2026-12-02T09:20:00Z"),
+        TTL,
+        old,
+        None,
+    );
     assert_eq!(
         due.skipped,
         [skipped(
@@ -350,7 +386,13 @@ fn occurrences_due_while_paused_are_skipped_as_paused() {
     // Past the starting deadline and paused: the pause is the reason.
     let late = s.clone().starting_deadline(Duration::from_secs(1800)).unwrap();
     let pause = Some((at("2026-12-02T07:30:00Z"), at("2026-12-02T09:30:00Z")));
-    let due = late.due(at("2026-12-02T07:00:00Z"), at("2026-12-02T10:40:00Z"), TTL, pause, None);
+    let due = late.due(
+        at("2026-12-02T07:00:00Z"),
+        at("2026-12-02T10:40:00Z"),
+        TTL,
+        pause,
+        None,
+    );
     assert_eq!(due.run, None, "10:00 is past its deadline too");
     let reasons: Vec<(SkipReason, u32)> = due.skipped.iter().map(|k| (k.reason, k.count)).collect();
     assert_eq!(reasons, [(SkipReason::Deadline, 1), (SkipReason::Paused, 2)]);
@@ -361,7 +403,13 @@ fn catch_up_all_runs_each_missed_occurrence_in_order_up_to_max() {
     let s = cron("0 * * * *", "UTC")
         .catch_up(CatchUp::All { max: 2 })
         .unwrap();
-    let due = s.due(at("2026-12-02T06:00:00Z"), at("2026-12-02T10:20:00Z"), TTL, None, None);
+    let due = s.due(
+        at("2026-12-02T06:00:00Z"),
+        at("2026-12-02T10:20:00Z"),
+        TTL,
+        None,
+        None,
+    );
     // 07:00 … 10:00 missed; the most recent two run, oldest first.
     assert_eq!(due.run, Some(at("2026-12-02T09:00:00Z")));
     assert_eq!(
@@ -373,7 +421,13 @@ fn catch_up_all_runs_each_missed_occurrence_in_order_up_to_max() {
             2
         )]
     );
-    let due = s.due(at("2026-12-02T09:00:00Z"), at("2026-12-02T10:21:00Z"), TTL, None, None);
+    let due = s.due(
+        at("2026-12-02T09:00:00Z"),
+        at("2026-12-02T10:21:00Z"),
+        TTL,
+        None,
+        None,
+    );
     assert_eq!(
         (due.run, due.skipped.len()),
         (Some(at("2026-12-02T10:00:00Z")), 0)
@@ -384,10 +438,22 @@ fn catch_up_all_runs_each_missed_occurrence_in_order_up_to_max() {
 fn catch_up_skip_and_a_starting_deadline_pass_over_late_occurrences() {
     let skip = cron("0 * * * *", "UTC").catch_up(CatchUp::Skip).unwrap();
     // 10:00 is 5 s old, inside the TTL: it runs.
-    let due = skip.due(at("2026-12-02T09:00:00Z"), at("2026-12-02T10:00:05Z"), TTL, None, None);
+    let due = skip.due(
+        at("2026-12-02T09:00:00Z"),
+        at("2026-12-02T10:00:05Z"),
+        TTL,
+        None,
+        None,
+    );
     assert_eq!(due.run, Some(at("2026-12-02T10:00:00Z")));
     // 20 minutes old: skipped past its deadline, nothing runs until 11:00.
-    let due = skip.due(at("2026-12-02T09:00:00Z"), at("2026-12-02T10:20:00Z"), TTL, None, None);
+    let due = skip.due(
+        at("2026-12-02T09:00:00Z"),
+        at("2026-12-02T10:20:00Z"),
+        TTL,
+        None,
+        None,
+    );
     assert_eq!(due.run, None);
     assert_eq!(
         due.skipped,
@@ -404,7 +470,13 @@ fn catch_up_skip_and_a_starting_deadline_pass_over_late_occurrences() {
         .unwrap()
         .starting_deadline(Duration::from_secs(90 * 60))
         .unwrap();
-    let due = all.due(at("2026-12-02T06:00:00Z"), at("2026-12-02T10:20:00Z"), TTL, None, None);
+    let due = all.due(
+        at("2026-12-02T06:00:00Z"),
+        at("2026-12-02T10:20:00Z"),
+        TTL,
+        None,
+        None,
+    );
     assert_eq!(due.run, Some(at("2026-12-02T09:00:00Z")));
     assert_eq!(
         due.skipped,
@@ -421,7 +493,13 @@ fn catch_up_skip_and_a_starting_deadline_pass_over_late_occurrences() {
 fn a_long_downtime_is_summarized_not_listed() {
     let s = cron("* * * * *", "UTC");
     // Last completed a year ago: the latest runs, the rest are one bounded record.
-    let due = s.due(at("2025-12-02T10:00:00Z"), at("2026-12-02T10:00:30Z"), TTL, None, None);
+    let due = s.due(
+        at("2025-12-02T10:00:00Z"),
+        at("2026-12-02T10:00:30Z"),
+        TTL,
+        None,
+        None,
+    );
     assert_eq!(due.run, Some(at("2026-12-02T10:00:00Z")));
     let [skip] = due.skipped.as_slice() else {
         panic!("{:?}", due.skipped)
@@ -435,7 +513,13 @@ fn a_long_downtime_is_summarized_not_listed() {
 fn an_interval_schedule_has_no_occurrences() {
     let s = Schedule::every(MIN);
     assert_eq!(s.interval(), Some(MIN));
-    let due = s.due(at("2026-12-02T10:00:00Z"), at("2026-12-02T11:00:00Z"), TTL, None, None);
+    let due = s.due(
+        at("2026-12-02T10:00:00Z"),
+        at("2026-12-02T11:00:00Z"),
+        TTL,
+        None,
+        None,
+    );
     assert_eq!((due.run, due.next), (None, None));
     assert_eq!(Schedule::from(MIN).interval(), Some(MIN));
 }

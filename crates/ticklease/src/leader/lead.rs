@@ -20,8 +20,8 @@ use crate::ops::metrics::{LostReason, Metrics, TickOutcome};
 use crate::ops::outcome::panic_message;
 use crate::store::batch::Batcher;
 use crate::store::{
-    Acquire, Ending, FamilyOccurrenceAsk, Interval, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer, Refusal,
-    Release, Releasing, Renew, Term,
+    Acquire, Ending, FamilyOccurrenceAsk, Interval, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
+    Refusal, Release, Releasing, Renew, Term,
 };
 use crate::term::fence::Fence;
 use crate::term::holder::HolderId;
@@ -317,9 +317,11 @@ impl<S: LeaseStore> Manager<S> {
         for role in &report.missing {
             tracing::warn!(%role, "declared role has no row in leader_leases");
         }
-        // One line, however many: a family's keys are rows no replica declares.
+        // One line, however many, and no warning: hosts running different
+        // roles (job sets, families' keys) is the normal case; `ticklease
+        // status` lists every row.
         if !report.undeclared.is_empty() {
-            tracing::warn!(
+            tracing::debug!(
                 count = report.undeclared.len(),
                 first = ?report.undeclared.iter().take(5).collect::<Vec<_>>(),
                 "leader_leases has rows for roles this replica does not declare (family keys, or leftovers)"
@@ -660,7 +662,8 @@ impl<S: LeaseStore> Manager<S> {
             backoff: retry.backoff_in_round(term.failures),
             ..TermScope::default()
         };
-        self.run_term(role, interval.every, term.token, sent, work, scope).await
+        self.run_term(role, interval.every, term.token, sent, work, scope)
+            .await
     }
 
     /// Why a term whose RELEASE found it over ended: a RENEW of it changes

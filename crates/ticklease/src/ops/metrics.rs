@@ -434,14 +434,19 @@ impl Metrics {
                 self.state(role, "never_ran");
             }
         }
-        let flag = |family: &Family<RoleLabel, Gauge>, on: bool| family.get_or_create(&label(role)).set(i64::from(on));
+        let flag = |family: &Family<RoleLabel, Gauge>, on: bool| {
+            family.get_or_create(&label(role)).set(i64::from(on))
+        };
         flag(&inner.paused, row.is_some_and(|s| s.paused_at.is_some()));
         flag(&inner.held, row.is_some_and(|s| s.held));
         flag(&inner.long_lived, row.is_some_and(|s| s.long_lived));
         let failed = row.is_some_and(|s| matches!(s.last_outcome.as_deref(), Some("failed" | "panicked")));
         flag(&inner.last_term_failed, failed);
         if let Some(every) = row.and_then(|s| s.tick_interval) {
-            inner.interval.get_or_create(&label(role)).set(every.as_secs_f64());
+            inner
+                .interval
+                .get_or_create(&label(role))
+                .set(every.as_secs_f64());
         }
         self.refresh_occurrence(role, row);
     }
@@ -450,7 +455,12 @@ impl Metrics {
     /// stale value) and its state is `error`.
     fn unknown_role(&self, role: &Role) {
         let inner = &self.inner;
-        for family in [&inner.paused, &inner.held, &inner.long_lived, &inner.last_term_failed] {
+        for family in [
+            &inner.paused,
+            &inner.held,
+            &inner.long_lived,
+            &inner.last_term_failed,
+        ] {
             family.remove(&label(role));
         }
         inner.last_tick_age.remove(&label(role));

@@ -214,8 +214,7 @@ fn acquire_row(
     role: &Role,
     holder: &str,
     lease_ttl: Duration,
-    interval: Duration,
-    long_lived: bool,
+    Interval { every, long_lived }: Interval,
     now: SystemTime,
     start: bool,
 ) -> Acquire {
@@ -226,7 +225,7 @@ fn acquire_row(
         token: seed_token(now) - 1,
         ..Row::default()
     });
-    let due_at = [row.last_tick_ended_at.map(|t| t + interval), row.not_before()]
+    let due_at = [row.last_tick_ended_at.map(|t| t + every), row.not_before()]
         .into_iter()
         .flatten()
         .max();
@@ -242,7 +241,7 @@ fn acquire_row(
     row.schedule = None;
     row.next_occurrence = None;
     row.long_lived = long_lived;
-    row.tick_interval = Some(interval);
+    row.tick_interval = Some(every);
     Acquire::Acquired(start_term(row, holder, lease_ttl, now))
 }
 
@@ -416,8 +415,8 @@ impl LeaseStore for MemoryStore {
         lease_ttl: Duration,
         interval: impl Into<Interval> + Send,
     ) -> Result<Acquire, StoreError> {
-        let (now, Interval { every, long_lived }) = (self.now(), interval.into());
-        Ok(self.with(|s| acquire_row(s, role, holder, lease_ttl, every, long_lived, now, true)))
+        let (now, interval) = (self.now(), interval.into());
+        Ok(self.with(|s| acquire_row(s, role, holder, lease_ttl, interval, now, true)))
     }
 
     async fn acquire_occurrence(
@@ -448,7 +447,8 @@ impl LeaseStore for MemoryStore {
                 .iter()
                 .filter(|role| seen.insert(*role))
                 .map(|role| {
-                    let answer = acquire_row(s, role, holder, lease_ttl, interval, false, now, started < limit);
+                    let answer =
+                        acquire_row(s, role, holder, lease_ttl, interval.into(), now, started < limit);
                     if matches!(answer, Acquire::Acquired(_)) {
                         started += 1;
                     }

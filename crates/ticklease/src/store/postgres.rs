@@ -421,7 +421,9 @@ fn error_summary(ending: &Ending) -> Option<String> {
 /// without NUL (which Postgres text refuses).
 fn output_kept(output: &str) -> String {
     let kept: Vec<char> = output.chars().filter(|c| *c != '\0').collect();
-    kept[kept.len().saturating_sub(OUTPUT_KEPT_MAX)..].iter().collect()
+    kept[kept.len().saturating_sub(OUTPUT_KEPT_MAX)..]
+        .iter()
+        .collect()
 }
 
 /// An ACQUIRE row: the term it started, or why none.

@@ -127,7 +127,13 @@ impl<S: LeaseStore> Manager<S> {
             (Some(known), _) => known,
             (None, Some(known))
                 if schedule
-                    .due(known.after, known.db_now(), config.lease_ttl(), known.last_pause, known.started)
+                    .due(
+                        known.after,
+                        known.db_now(),
+                        config.lease_ttl(),
+                        known.last_pause,
+                        known.started,
+                    )
                     .run
                     .is_some() =>
             {
@@ -147,7 +153,13 @@ impl<S: LeaseStore> Manager<S> {
             }
         };
         let now = known.db_now();
-        let due = schedule.due(known.after, now, config.lease_ttl(), known.last_pause, known.started);
+        let due = schedule.due(
+            known.after,
+            now,
+            config.lease_ttl(),
+            known.last_pause,
+            known.started,
+        );
         let Some(occurrence) = due.run else {
             let due_at = due.next.unwrap_or(now + config.max_poll());
             return Ok(Lead::Refused(Refusal::NotDue {

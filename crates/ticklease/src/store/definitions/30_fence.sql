@@ -30,9 +30,12 @@ AS $fn$
     -- max_locks_per_transaction x max_connections, not by this function):
     -- the advisory keys are public, so a backend counts only if it also
     -- holds the ROW EXCLUSIVE lock on leader_fence_claims that the fence's
-    -- INSERT takes, which no login without INSERT on that table can hold
-    -- (every login but the owner: the app role writes it only through the
-    -- fence). Pairs planted on the keys by any other login are never found.
+    -- INSERT takes. Pairs planted on the keys alone are never found. The
+    -- table lock is a filter, not a proof: Postgres takes it while parsing,
+    -- before it checks privileges, so a login with USAGE on the schema can
+    -- hold it (a PREPAREd INSERT in an open transaction) and is then found
+    -- and ended like a claimer (crate docs, guarantee 3: the known gap and
+    -- its workaround, REVOKE USAGE on the schema from logins that need none).
     -- The lock table's rows are narrowed to the claimers' first (few: one
     -- per fenced transaction) and only then matched to the roles' hashes, so
     -- the work past the one read grows with the claimers, not the locks.
