@@ -12,7 +12,9 @@
 //! host acquires the role next: after `restart_backoff` when it exited 0
 //! (the term completes, and the backoff starts over), after a wait that
 //! doubles with each consecutive failure (a non-zero exit, a signal, a
-//! timeout) from `restart_backoff` up to `restart_backoff_max` otherwise.
+//! timeout) from `restart_backoff` up to `restart_backoff_max` otherwise,
+//! except after a run at least `restart_backoff_max` long (a healthy one):
+//! then `restart_backoff` alone ([`ticklease::Schedule::long_lived`]).
 //! The database counts the failures since the last exit 0 (the library's
 //! interval retries, [`ticklease::Retry`], with [`ticklease::Retry::ATTEMPTS_MAX`]
 //! attempts a round): after that many consecutive failures one restart

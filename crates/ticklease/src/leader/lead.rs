@@ -214,6 +214,10 @@ pub(crate) struct TermScope {
     pub(crate) occurrence: Option<occurrence::OccurrenceScope>,
     /// An interval's retry: the cooldown if this attempt's work returns `Err`.
     pub(crate) backoff: Option<Duration>,
+    /// A long-lived role's restart after a healthy run: work that returned
+    /// `Err` after running at least `.0` (the longest wait) waits only `.1`
+    /// (the first), as a supervisor resets its backoff after a healthy run.
+    pub(crate) healthy_run: Option<(Duration, Duration)>,
 }
 
 /// Cancels a family key's term, on its removal or with the manager's shutdown.
@@ -660,6 +664,7 @@ impl<S: LeaseStore> Manager<S> {
         };
         let scope = TermScope {
             backoff: retry.backoff_in_round(term.failures),
+            healthy_run: interval.long_lived.then_some((retry.backoff_max, retry.backoff)),
             ..TermScope::default()
         };
         self.run_term(role, interval.every, term.token, sent, work, scope)
@@ -775,7 +780,10 @@ impl<S: LeaseStore> Manager<S> {
             // otherwise the role waits for its next occurrence, counted from now.
             guard.interval = o.wait(failed);
         } else if let Some(backoff) = scope.backoff.filter(|_| failed) {
-            guard.interval = backoff;
+            guard.interval = match scope.healthy_run {
+                Some((healthy, first)) if took >= healthy => first,
+                _ => backoff,
+            };
         }
         guard.armed = false;
         let released = guard.release(release, ending).await;

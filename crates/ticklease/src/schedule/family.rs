@@ -74,6 +74,8 @@ fn scope(family: &Family, removed: KeyCancel, plan: &TermPlan) -> TermScope {
         removed: Some(removed),
         occurrence: plan.occurrence,
         backoff: plan.backoff,
+        // A family runs scheduled keys, never long-lived ones.
+        healthy_run: None,
     }
 }
 

@@ -288,7 +288,11 @@ impl Schedule {
     /// A long-lived role (a relay, a queue consumer): its work runs for the
     /// whole term; when it returns, the role is due again `restart` later
     /// (as [`Schedule::every`], with [`Schedule::retry`]'s backoff after a
-    /// failure). Each term records the role as long-lived, so readers (the
+    /// failure; a failure after a run at least as long as the longest wait
+    /// waits only the first: a crash after a healthy run restarts at once,
+    /// while the database's count of failures, which sets the waits of a
+    /// crash loop, resets only when a run completes). Each term records the
+    /// role as long-lived, so readers (the
     /// metrics, the alerts, the status page) count it healthy while it is
     /// held, and alert when it is held nowhere, instead of waiting for ticks
     /// it never completes.
