@@ -51,6 +51,7 @@ pub const DEFINITIONS: &[Definition] = &[
     definition!("65_status_view"),
     definition!("70_compatibility"),
     definition!("80_privileges"),
+    definition!("90_comments"),
 ];
 
 /// Raised with every change to a definitions file that lands: a run

@@ -1,0 +1,369 @@
+//! `docs/sql-api.md` and the catalog agree. The reference lists every
+//! function of the schema between its `sql-api:signatures` markers, one per
+//! line: `client`, `internal` or `compatibility`, then the signature as
+//! `name(arguments) -> result`. This test holds that list equal to `pg_proc`
+//! of a freshly migrated database (argument names and types, results), every
+//! client function executable by the app or operator role and described
+//! outside the list, and every function's COMMENT present and naming its
+//! kind (`definitions/90_comments.sql`). A second test pins the answers the
+//! reference documents as they are (a lost RENEW is one row, a won ACQUIRE
+//! describes the row before, the values RELEASE accepts and refuses).
+
+use std::collections::BTreeMap;
+
+use tokio_postgres::Client;
+
+use ticklease_testkit::{connect, direct, migrated_db, PgCluster};
+
+const DOC: &str = include_str!("../../../docs/sql-api.md");
+const BEGIN: &str = "<!-- sql-api:signatures -->";
+const END: &str = "<!-- /sql-api:signatures -->";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Client,
+    Internal,
+    Compatibility,
+}
+
+impl Kind {
+    fn parse(word: &str) -> Option<Kind> {
+        match word {
+            "client" => Some(Kind::Client),
+            "internal" => Some(Kind::Internal),
+            "compatibility" => Some(Kind::Compatibility),
+            _ => None,
+        }
+    }
+
+    /// How the function's COMMENT starts.
+    fn comment_prefixes(self) -> &'static [&'static str] {
+        match self {
+            Kind::Client => &["ticklease client", "ticklease operator"],
+            Kind::Internal => &["ticklease internal"],
+            Kind::Compatibility => &["ticklease compatibility"],
+        }
+    }
+}
+
+/// One spelling for a signature: single spaces, `timestamptz`, no space before `(`.
+fn normalize(signature: &str) -> String {
+    signature
+        .replace("timestamp with time zone", "timestamptz")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace(" (", "(")
+        .replace("( ", "(")
+        .replace(" )", ")")
+}
+
+/// The reference's list: signature → kind (a signature listed twice is an error).
+fn documented(doc: &str) -> Result<BTreeMap<String, Kind>, String> {
+    let start = doc.find(BEGIN).ok_or("no signatures marker")? + BEGIN.len();
+    let end = doc[start..].find(END).ok_or("no end marker")? + start;
+    let mut list = BTreeMap::new();
+    for line in doc[start..end].lines().map(str::trim) {
+        if line.is_empty() || line.starts_with("```") {
+            continue;
+        }
+        let (word, signature) = line
+            .split_once(char::is_whitespace)
+            .ok_or_else(|| format!("not `kind signature`: {line:?}"))?;
+        let kind = Kind::parse(word).ok_or_else(|| format!("unknown kind {word:?} in {line:?}"))?;
+        if list.insert(normalize(signature), kind).is_some() {
+            return Err(format!("listed twice: {signature}"));
+        }
+    }
+    Ok(list)
+}
+
+struct Function {
+    signature: String,
+    name: String,
+    comment: Option<String>,
+    app: bool,
+    operator: bool,
+}
+
+/// Every function of the schema the database was migrated into.
+async fn catalog(client: &Client) -> Vec<Function> {
+    let rows = client
+        .query(
+            "SELECT p.proname::text,
+                    p.proname || '(' || pg_get_function_arguments(p.oid) || ') -> ' || pg_get_function_result(p.oid),
+                    obj_description(p.oid, 'pg_proc'),
+                    has_function_privilege('ticklease_app', p.oid, 'EXECUTE'),
+                    has_function_privilege('ticklease_operator', p.oid, 'EXECUTE'),
+                    quote_ident(current_schema())
+               FROM pg_proc AS p
+              WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+              ORDER BY 2",
+            &[],
+        )
+        .await
+        .expect("read pg_proc");
+    rows.iter()
+        .map(|r| {
+            let schema: String = r.get(5);
+            Function {
+                name: r.get(0),
+                signature: normalize(&r.get::<_, String>(1).replace(&format!("{schema}."), "")),
+                comment: r.get(2),
+                app: r.get(3),
+                operator: r.get(4),
+            }
+        })
+        .collect()
+}
+
+/// What differs between the reference and the catalog, one line each.
+fn disagreements(doc: &str, functions: &[Function]) -> Vec<String> {
+    let list = match documented(doc) {
+        Ok(list) => list,
+        Err(e) => return vec![format!("docs/sql-api.md: {e}")],
+    };
+    let outside = doc.replace(&doc[doc.find(BEGIN).unwrap_or(0)..doc.find(END).unwrap_or(0)], "");
+    let mut problems = Vec::new();
+    for f in functions {
+        let Some(kind) = list.get(&f.signature) else {
+            problems.push(format!(
+                "not in docs/sql-api.md's list (as client, internal or compatibility): {}",
+                f.signature
+            ));
+            continue;
+        };
+        if *kind == Kind::Client {
+            if !(f.app || f.operator) {
+                problems.push(format!(
+                    "a client function neither role may call: {}",
+                    f.signature
+                ));
+            }
+            if !outside.contains(&format!("`{}", f.name)) && !outside.contains(&format!("## {}", f.name)) {
+                problems.push(format!(
+                    "a client function the reference lists but never describes: {}",
+                    f.name
+                ));
+            }
+        }
+        match &f.comment {
+            None => problems.push(format!(
+                "no COMMENT (definitions/90_comments.sql): {}",
+                f.signature
+            )),
+            Some(c) if !kind.comment_prefixes().iter().any(|p| c.starts_with(p)) => problems.push(format!(
+                "COMMENT of {} does not start with {:?}: {c:?}",
+                f.signature,
+                kind.comment_prefixes()
+            )),
+            Some(_) => {}
+        }
+    }
+    for signature in list.keys() {
+        if !functions.iter().any(|f| &f.signature == signature) {
+            problems.push(format!(
+                "listed in docs/sql-api.md but not in the catalog: {signature}"
+            ));
+        }
+    }
+    problems
+}
+
+async fn owner() -> Client {
+    let db = migrated_db(PgCluster::shared()).await;
+    connect(&direct(&db)).await.expect("connect")
+}
+
+#[tokio::test]
+async fn the_reference_lists_every_function_with_its_signature_kind_and_comment() {
+    let client = owner().await;
+    let functions = catalog(&client).await;
+    assert!(
+        functions.len() > 40,
+        "the catalog is read: {} functions",
+        functions.len()
+    );
+    let problems = disagreements(DOC, &functions);
+    assert!(
+        problems.is_empty(),
+        "docs/sql-api.md disagrees with the catalog:\n{}",
+        problems.join("\n")
+    );
+
+    // The check sees each kind of disagreement.
+    let line = DOC
+        .lines()
+        .find(|l| l.starts_with("client") && l.contains("leader_renew("))
+        .expect("leader_renew is listed");
+    let dropped = DOC.replace(&format!("{line}\n"), "");
+    assert!(
+        disagreements(&dropped, &functions)
+            .iter()
+            .any(|p| p.starts_with("not in docs/sql-api.md's list") && p.contains("leader_renew(p_role")),
+        "a function left out of the list is named"
+    );
+    let renamed = DOC.replace(
+        "p_cooldown_ms bigint, p_outcome text, p_reason text, p_error text, p_output text)",
+        "p_cooldown bigint, p_outcome text, p_reason text, p_error text, p_output text)",
+    );
+    assert_ne!(renamed, DOC);
+    assert!(
+        disagreements(&renamed, &functions).iter().any(|p| p
+            .starts_with("listed in docs/sql-api.md but not in the catalog")
+            && p.contains("leader_release")),
+        "a wrong argument name is named"
+    );
+    let mut uncommented: Vec<Function> = catalog(&client).await;
+    uncommented
+        .iter_mut()
+        .find(|f| f.name == "leader_fence")
+        .expect("the fence")
+        .comment = None;
+    assert!(
+        disagreements(DOC, &uncommented)
+            .iter()
+            .any(|p| p.starts_with("no COMMENT") && p.contains("leader_fence(")),
+        "a missing comment is named"
+    );
+}
+
+/// One row of a query, as text columns.
+async fn row(client: &Client, sql: &str) -> tokio_postgres::Row {
+    client
+        .query_one(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+async fn refused(client: &Client, sql: &str) -> String {
+    let e = client.query(sql, &[]).await.expect_err(sql);
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}"));
+    assert_eq!(db.code().code(), "22023", "{sql}: {}", db.message());
+    db.message().to_string()
+}
+
+#[tokio::test]
+async fn the_answers_are_as_the_reference_documents_them() {
+    let client = owner().await;
+
+    // ACQUIRE: one row; a win is holder_token alone, the rest the row before.
+    let won = row(
+        &client,
+        "SELECT * FROM leader_acquire('doc', 'h1', 10000, 60000, NULL, false)",
+    )
+    .await;
+    let token: i64 = won.get("holder_token");
+    assert!(
+        !won.get::<_, bool>("held"),
+        "a win on a free role says held = false"
+    );
+    assert_eq!(won.get::<_, Option<String>>("holder_id"), None);
+    let refused_row = row(
+        &client,
+        "SELECT * FROM leader_acquire('doc', 'h2', 10000, 60000, NULL, false)",
+    )
+    .await;
+    assert_eq!(refused_row.get::<_, Option<i64>>("holder_token"), None);
+    assert!(refused_row.get::<_, bool>("held"));
+    assert_eq!(
+        refused_row.get::<_, Option<String>>("holder_id").as_deref(),
+        Some("h1")
+    );
+
+    // RENEW: one row whatever happened; renewed = false names the current term.
+    let renewed = row(
+        &client,
+        &format!("SELECT * FROM leader_renew('doc', {token}, 10000, NULL)"),
+    )
+    .await;
+    assert!(renewed.get::<_, bool>("renewed"));
+    let lost = client
+        .query(
+            &format!("SELECT * FROM leader_renew('doc', {}, 10000, NULL)", token - 1),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(lost.len(), 1, "a lost term is one row, not zero");
+    assert!(!lost[0].get::<_, bool>("renewed"));
+    assert_eq!(lost[0].get::<_, Option<i64>>("holder_token"), Some(token));
+
+    // RELEASE: every documented outcome and reason is accepted (an ended term:
+    // false), the ones the history alone uses and a zero cooldown are refused.
+    for outcome in ["completed", "interrupted", "lost", "failed", "panicked"] {
+        for reason in [
+            "NULL",
+            "'taken_over'",
+            "'paused'",
+            "'released'",
+            "'heartbeat_timeout'",
+        ] {
+            let r = row(
+                &client,
+                &format!("SELECT leader_release('doc', 1, false, NULL, '{outcome}', {reason}, NULL, NULL)"),
+            )
+            .await;
+            assert!(!r.get::<_, bool>(0), "{outcome} {reason}");
+            assert!(
+                DOC.contains(&format!("`{outcome}`")),
+                "the reference names {outcome}"
+            );
+            assert!(
+                reason == "NULL" || DOC.contains(&reason.replace('\'', "`")),
+                "the reference names {reason}"
+            );
+        }
+    }
+    for reason in ["expired", "holder_gone"] {
+        let message = refused(
+            &client,
+            &format!("SELECT leader_release('doc', 1, false, NULL, 'lost', '{reason}', NULL, NULL)"),
+        )
+        .await;
+        assert!(
+            message.starts_with("ticklease: leader_release needs p_stamp"),
+            "{message}"
+        );
+    }
+    let message = refused(
+        &client,
+        "SELECT leader_release('doc', 1, true, 0, 'completed', NULL, NULL, NULL)",
+    )
+    .await;
+    assert_eq!(
+        message,
+        "ticklease: cooldown must be within 1 ms .. 24 h, got 0 ms"
+    );
+    let released = row(
+        &client,
+        &format!("SELECT leader_release('doc', {token}, true, NULL, 'completed', NULL, NULL, NULL)"),
+    )
+    .await;
+    assert!(released.get::<_, bool>(0), "a NULL cooldown is none");
+
+    // The documented message texts are the server's.
+    for text in [
+        "ticklease: leader_acquire needs a holder id of at most 200 characters",
+        "ticklease: leader_acquire needs p_long_lived (true or false)",
+        "ticklease: cooldown must be within 1 ms .. 24 h, got N ms",
+    ] {
+        assert!(DOC.contains(text), "the reference quotes {text:?}");
+    }
+    assert_eq!(
+        refused(
+            &client,
+            "SELECT * FROM leader_acquire('doc', NULL, 10000, 60000, NULL, false)"
+        )
+        .await,
+        "ticklease: leader_acquire needs a holder id of at most 200 characters"
+    );
+    assert_eq!(
+        refused(
+            &client,
+            "SELECT * FROM leader_acquire('doc', 'h', 10000, 60000, NULL, NULL)"
+        )
+        .await,
+        "ticklease: leader_acquire needs p_long_lived (true or false)"
+    );
+}
