@@ -368,20 +368,11 @@ const METRICS_ROLES_MAX: usize = 1_000;
 
 async fn cmd_metrics(db: Db, addr: std::net::SocketAddr, prefix: String) -> anyhow::Result<()> {
     let store = db.store().await?;
-    let (rows, total) = store.status_bounded(METRICS_ROLES_MAX).await?;
-    if total > rows.len() as u64 {
-        say(format_args!(
-            "exporting {} of {total} roles (paused, held and most recently ticked first); \
-             the rest: ticklease status --role NAME",
-            rows.len()
-        ));
-    }
-    let roles = rows
-        .into_iter()
-        .map(|s| Role::new(s.role))
-        .collect::<Result<Vec<_>, _>>()?;
+    // The rows as each scrape reads them (paused, held and most recently
+    // ticked first; leader_status_rows_left_out counts the rest): a role
+    // created later is exported too.
     let mut registry = prometheus_client::registry::Registry::with_prefix(prefix);
-    let metrics = ticklease::Metrics::register(&mut registry, roles);
+    let metrics = ticklease::Metrics::register_following_rows(&mut registry, METRICS_ROLES_MAX);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("could not listen on {addr}"))?;

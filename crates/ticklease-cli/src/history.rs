@@ -42,7 +42,7 @@ pub fn table(entries: &[HistoryEntry], now: SystemTime) -> String {
     if outputs.len() > OUTPUTS_SHOWN_MAX {
         let more = outputs.len() - OUTPUTS_SHOWN_MAX;
         out.push_str(&format!(
-            "\n(the output of {more} older terms: --json, or --role and --limit)\n"
+            "\n(the output of {more} older terms: --json, or ticklease history ROLE --limit N)\n"
         ));
     }
     out
@@ -177,7 +177,7 @@ mod tests {
                     outcome: "failed".into(),
                     reason: None,
                     error: Some("boom\u{1b}[31m".into()),
-                    output: Some("exit 3\nstderr: no space left\u{202e}".into()),
+                    output: Some("exit 3\nerr: no space left\u{202e}".into()),
                     manual_by: None,
                 },
             },
@@ -199,7 +199,7 @@ mod tests {
         );
         assert!(t.contains("paused") && t.contains("by alice: <script>"), "{t}");
         assert!(
-            t.contains("billing token 7, ended 1m30s ago:\n  exit 3\n  stderr: no space left\\u{202e}\n"),
+            t.contains("billing token 7, ended 1m30s ago:\n  exit 3\n  err: no space left\\u{202e}\n"),
             "the kept output, line by line, escaped: {t}"
         );
         let j = json(&entries);

@@ -150,6 +150,11 @@ async fn the_shipped_alerts_stay_silent_for_a_healthy_job_of_each_schedule_kind(
         ] {
             assert!(exposition.contains(fact), "{fact} in {exposition}");
         }
+        // A cron role has no interval (the stall alert is for intervals).
+        assert!(
+            !exposition.contains(r#"ticklease_leader_tick_interval_seconds{role="dump"}"#),
+            "{exposition}"
+        );
     }
     let rules = ticklease(&["alerts"]);
     assert_eq!(rules.status.code(), Some(0));

@@ -125,10 +125,57 @@ async fn metrics_serves_cluster_facts_and_healthz() {
         metrics.contains(r#"ticklease_leader_paused{role="dunning"} 1"#),
         "{metrics}"
     );
+    // A replica's own counters are not its to export: it leads no role.
     assert!(
-        metrics.contains(r#"ticklease_leader_lease_lost_total{role="billing",reason="panicked"} 0"#),
+        !metrics.contains("ticklease_leader_lease_lost_total{"),
         "{metrics}"
     );
+}
+
+/// `ticklease metrics` follows the rows (issue 33's review): a role created
+/// after it started is exported from the next scrape, a forgotten one
+/// drops out.
+#[tokio::test]
+async fn metrics_follows_the_roles_created_and_forgotten_after_it_started() {
+    use std::io::{BufRead, BufReader};
+    let (url, client) = migrated_url().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["metrics", "--database-url", &url, "--metrics-addr", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
+    let fact = r#"ticklease_leader_last_tick_state{role="late",state="never_ran"} 1"#;
+    assert!(!http_get(&addr, "/metrics").contains(fact));
+    // Scrapes read the table at most once a second (SCRAPE_REFRESH_MIN).
+    let scraped_until = |done: &dyn Fn(&str) -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let body = http_get(&addr, "/metrics");
+            if done(&body) || std::time::Instant::now() > deadline {
+                return body;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    client
+        .batch_execute("SELECT leader_seed(ARRAY['late'])")
+        .await
+        .unwrap();
+    let created = scraped_until(&|m| m.contains(fact));
+    client
+        .batch_execute("SELECT leader_forget('late')")
+        .await
+        .unwrap();
+    let forgotten = scraped_until(&|m| !m.contains(r#"role="late""#));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(created.contains(fact), "{created}");
+    assert!(!forgotten.contains(r#"role="late""#), "{forgotten}");
 }
 
 async fn migrated_url() -> (String, tokio_postgres::Client) {

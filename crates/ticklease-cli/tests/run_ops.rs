@@ -468,12 +468,12 @@ async fn a_runs_exit_status_and_last_output_lines_are_kept_in_its_history_and_sh
     assert!(shown.contains("dump token "), "{shown}");
     let block = &shown[shown.find("  exit 3\n").expect("the exit status, first")..];
     assert!(
-        block.contains("\n  out 60\n  stderr: err \\u{1b}[31mred\n"),
+        block.contains("\n  out: out 60\n  err: err \\u{1b}[31mred\n"),
         "{shown}"
     );
-    assert!(block.contains("\n  out 22\n"), "the last 40 lines: {shown}");
+    assert!(block.contains("\n  out: out 22\n"), "the last 40 lines: {shown}");
     assert!(
-        !block.contains("\n  out 21\n"),
+        !block.contains("\n  out: out 21\n"),
         "no more than the last 40 lines: {shown}"
     );
 }

@@ -60,7 +60,7 @@ pub struct ChildEnd {
     /// Its last stderr lines.
     pub stderr_tail: Vec<String>,
     /// Its last [`OUTPUT_TAIL_LINES`] lines of output, both streams in the
-    /// order they were read, stderr's marked `stderr: `.
+    /// order they were read, each marked with its stream (`out: `, `err: `).
     pub output_tail: Vec<String>,
 }
 
@@ -260,14 +260,14 @@ impl Watch {
     /// A stderr line: passed on, kept for the error summary and the output.
     fn err_line(&mut self, line: &[u8]) {
         let line = pass_on(Stream::Err, &self.prefix, line);
-        keep(&mut self.output, format!("stderr: {line}"), OUTPUT_TAIL_LINES);
+        keep(&mut self.output, format!("err: {line}"), OUTPUT_TAIL_LINES);
         keep(&mut self.tail, line, STDERR_TAIL_LINES);
     }
 
     /// A stdout line: passed on, kept for the output.
     fn out_line(&mut self, line: &[u8]) {
         let line = pass_on(Stream::Out, &self.prefix, line);
-        keep(&mut self.output, line, OUTPUT_TAIL_LINES);
+        keep(&mut self.output, format!("out: {line}"), OUTPUT_TAIL_LINES);
     }
 
     /// Asks the guard to stop the group: from now (or the deadline, if

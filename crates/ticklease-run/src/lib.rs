@@ -94,8 +94,9 @@
 //! tick), the last lines of its stderr becoming the history's error summary.
 //! **What it said is kept**: both of its streams pass through the runner (it
 //! sees pipes, not a terminal), and each term's history row keeps its exit
-//! status and its last [`OUTPUT_TAIL_LINES`] lines in the order read
-//! (stderr's marked `stderr: `; at most the last 4,000 characters), retained
+//! status and as many of its last [`OUTPUT_TAIL_LINES`] lines, in the order
+//! read and each marked with its stream (`out: `, `err: `), as fit with the
+//! status in 4,000 characters, retained
 //! as the history is: `ticklease history ROLE` shows them, escaped, from any
 //! host after the runner is gone. A job without a schedule is
 //! [`Schedule::long_lived`](ticklease::Schedule::long_lived): each of its

@@ -299,19 +299,28 @@ async fn tick_work(tick: Tick, holder: &str, job: &RunOptions, margin: Duration)
     ended?
 }
 
-/// What a run's history row keeps: how it ended, then its last output lines.
+/// What a run's history row keeps: how it ended, then as many of its last
+/// output lines as fit with it in [`ticklease::OUTPUT_KEPT_MAX`] characters
+/// (the history keeps the end of what it is given: the status must not be
+/// what a long line pushes out).
 fn kept_output(end: &ChildEnd) -> String {
     let how = match end {
         ChildEnd { timed_out: true, .. } => ", stopped after its timeout",
         ChildEnd { stopped: true, .. } => ", stopped",
         _ => "",
     };
-    let mut kept = format!("exit {}{how}", end.code);
-    for line in &end.output_tail {
-        kept.push('\n');
-        kept.push_str(line);
+    let status = format!("exit {}{how}", end.code);
+    let mut room = ticklease::OUTPUT_KEPT_MAX.saturating_sub(status.chars().count());
+    let mut lines: Vec<&str> = Vec::new();
+    for line in end.output_tail.iter().rev() {
+        let size = line.chars().count() + 1;
+        if size > room {
+            break;
+        }
+        room -= size;
+        lines.push(line);
     }
-    kept
+    lines.iter().rev().fold(status, |kept, line| kept + "\n" + line)
 }
 
 /// How a child's end counts: exit 0 completes the tick; a timeout, a stop
@@ -337,4 +346,37 @@ fn outcome(end: ChildEnd) -> Result<(), RunError> {
 /// Whole milliseconds, saturating.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review of issue 33: long lines (a flood without newlines, passed on
+    /// in pieces) must not push the exit status out of what the history
+    /// keeps, which is the end of what it is given.
+    #[test]
+    fn the_kept_output_starts_with_the_exit_status_and_fits_the_history() {
+        let end = ChildEnd {
+            code: 4,
+            stopped: true,
+            timed_out: true,
+            stderr_tail: Vec::new(),
+            output_tail: (0..40)
+                .map(|i| format!("out: {i:03} {}", "y".repeat(395)))
+                .collect(),
+        };
+        let kept = kept_output(&end);
+        assert!(
+            kept.starts_with("exit 4, stopped after its timeout\nout: "),
+            "{kept}"
+        );
+        assert!(
+            kept.chars().count() <= ticklease::OUTPUT_KEPT_MAX,
+            "{}",
+            kept.len()
+        );
+        assert!(kept.ends_with(&end.output_tail[39]), "the last line is kept");
+        assert_eq!(kept.lines().count(), 1 + 9, "as many last lines as fit");
+    }
 }

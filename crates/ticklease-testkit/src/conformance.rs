@@ -601,10 +601,7 @@ pub async fn an_occurrence_starts_once_due_and_never_again_once_completed<S: Lea
         matches!(look.acquire, Acquire::Refused(_)),
         "a look starts nothing: {look:?}"
     );
-    assert!(
-        near(look.after, look.db_now - TTL),
-        "counting starts one lease TTL before the first look"
-    );
+    assert!(near(look.after, look.db_now), "counting starts at the first look");
     assert_eq!(look.started, None, "no term started yet");
     let row = lease_row(store, "billing").await;
     let shown = (row.schedule.as_deref(), row.last_occurrence, row.next_occurrence);
@@ -944,13 +941,13 @@ pub async fn acquire_many_of_an_occurrence_starts_each_key_once_up_to_the_limit<
                 .expect("ACQUIRE many"),
         )
     };
-    // The first ask starts counting one lease TTL before it: an occurrence an hour old never runs.
+    // The first ask starts counting: an occurrence before it never runs.
     let first = many(SystemTime::now() - HOUR, 3).await;
     let db_now = first["fam:a"].db_now;
     for answer in first.values() {
         assert!(
-            near(answer.after, db_now - TTL),
-            "counting starts one lease TTL before the first ask: {answer:?}"
+            near(answer.after, db_now),
+            "counting starts at the first ask: {answer:?}"
         );
         assert!(!matches!(answer.acquire, Acquire::Acquired(_)), "{answer:?}");
     }

@@ -182,22 +182,23 @@
 //!    held to the transaction's end and visible in `pg_locks`. The ACQUIRE
 //!    that takes over a term never released, and a pause, end the backends
 //!    holding both locks of a term that is over, and the `ROW EXCLUSIVE`
-//!    lock on `leader_fence_claims` that the fence's insert takes
+//!    lock on `leader_fence_claims`' primary key index that the fence's
+//!    insert takes when it runs
 //!    (`leader_fence_sweep`, inside their statement): a frozen claimer's rows
 //!    are free when its term is taken over, that is within the takeover
 //!    bound of 5. Its work is one read of the lock table (at most
 //!    `max_locks_per_transaction` × `max_connections` rows, whatever any
 //!    login holds: measured 28 ms with 20,000 locks) and one signal per
 //!    claimer found, at most one per connection slot. Fence keys planted by
-//!    any login are not taken for claimers without that table lock
-//!    (`tests/planted_locks.rs`: 100 planted pairs and 20,000 more locks;
-//!    takeover and pause within the statement timeout, 50–75 ms, no planted
-//!    session ended). Known gap: Postgres takes that table lock while it
-//!    parses a statement, before it checks privileges, so a login with
-//!    CONNECT alone that prepares an insert into the table in an open
-//!    transaction passes as a claimer: its planted sessions are ended (with
-//!    an owner that may end them), each at a cost (measured: 150 such
-//!    sessions slowed a pause to 1.1 s; `REVOKE USAGE` on the schema closes it).
+//!    any login are never taken for claimers: only a login that may write
+//!    the table holds that index lock (a table's own lock is no proof:
+//!    Postgres takes it while it parses, before it checks privileges, so a
+//!    CONNECT-only login's prepared insert in an open transaction holds it;
+//!    an index is locked only by a plan or an executor, after the check or
+//!    given back with the failed statement's transaction). Test
+//!    `tests/planted_locks.rs`: 100 CONNECT-only sessions each holding a
+//!    planted pair and that table lock, and 20,000 more locks: takeover and
+//!    pause within the statement timeout, no planted session ended.
 //!    A login can also hide a live term's later claims from the sweep by
 //!    holding or queueing an exclusive lock on the term's key (below). Over means a newer
 //!    token, a release or a pause, read from the lease row (never from the
@@ -471,11 +472,18 @@
 //!   `an_attempted_occurrence_is_never_counted_as_skipped_and_none_is_counted_twice`).
 //!   Two replicas that raced with answers older than `max_poll` may each
 //!   count a skipped range once more, at most.
-//! - **Counting starts** one lease TTL before a role's first ACQUIRE of an
-//!   occurrence: a new schedule does not run the past, except an occurrence
-//!   at most that old, so a crontab line that starts `ticklease run --once`
-//!   just after its own occurrence runs that occurrence the first time too
-//!   (test: `a_new_roles_first_look_runs_an_occurrence_at_most_one_lease_ttl_old`).
+//! - **Counting starts** at a role's first ACQUIRE of an occurrence: a new
+//!   schedule does not run the past, except its first occurrence, which may
+//!   be up to [`FIRST_OCCURRENCE_GRACE`] (a minute) older than that first
+//!   look: the latest such occurrence runs, alone, whatever the catch-up
+//!   policy (within its starting deadline), and none before it is counted
+//!   as skipped. So a crontab line that starts `ticklease run --once` just
+//!   after its own occurrence runs it the first night too (tests:
+//!   `a_new_roles_first_look_runs_its_latest_occurrence_of_the_last_minute_alone`,
+//!   `once_from_a_crontab_just_after_the_occurrence_runs_it_on_a_new_role`).
+//!   A forgotten role (`leader_forget`) is new again: an occurrence it
+//!   completed at most a minute before may then run once more. Families'
+//!   keys have no such grace.
 //! - **Daylight saving**, by the Vixie rule: a fixed time in the spring gap
 //!   runs once right after it, one in the autumn fold once (its first
 //!   instance); `*/15 * * * *` follows real time through both.
@@ -895,7 +903,7 @@ pub use term::holder::HolderId;
 pub use term::role::{Role, ROLE_NAME_MAX};
 pub use term::schedule::{
     CatchUp, Due, Retry, Schedule, ScheduleError, SkipReason, Skipped, CATCH_UP_MAX, EXPRESSION_MAX,
-    SKIPPED_COUNTED_MAX,
+    FIRST_OCCURRENCE_GRACE, SKIPPED_COUNTED_MAX,
 };
 pub use term::token::Token;
 pub use tls::{PgConnect, PgConnectError};

@@ -12,8 +12,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use ticklease::{
-    Acquire, HistoryKind, HistoryStore, Lead, LeaseStore, Manager, NextChance, OccurrenceAsk, PgStore,
-    PgStoreOptions, Refusal, Release, Retry, Role, Schedule, Scheduler, Token,
+    Acquire, CatchUp, HistoryKind, HistoryStore, Lead, LeaseStore, Manager, NextChance, OccurrenceAsk,
+    PgStore, PgStoreOptions, Refusal, Release, Retry, Role, Schedule, Scheduler, Token,
 };
 use ticklease_testkit::cluster::ClusterOptions;
 use ticklease_testkit::{connect, direct, migrated_db, scalar, test_config, PgCluster};
@@ -148,8 +148,9 @@ async fn the_database_decides_which_occurrence_may_start() {
         Acquire::Refused(Refusal::NotDue { due_at, .. }) => assert_eq!(due_at, future),
         other => panic!("{other:?}"),
     }
-    // Not one from before the role's counting started.
-    let before_counting = since - Duration::from_secs(1);
+    // Not one from over a minute before the role's counting started (a
+    // first occurrence may be up to a minute older than the first look).
+    let before_counting = since - Duration::from_secs(61);
     let answer = store
         .acquire_occurrence(&role(), "h", ttl, &ask(before_counting))
         .await
@@ -368,12 +369,14 @@ async fn after_a_downtime_the_latest_occurrence_runs_once_and_the_rest_are_recor
     let db = migrated_db(PgCluster::shared()).await;
     let m = manager(&db).await;
     let minutely = Schedule::cron("* * * * *").unwrap();
+    // A look alone (a first lead would run the latest minute mark: a role's
+    // first occurrence may be up to a minute older than its first look).
     let look = m
-        .lead(&role(), minutely.clone(), |_| async {
-            Ok::<_, std::io::Error>(())
-        })
-        .await;
-    assert!(matches!(look, Ok(Lead::Refused(_))), "{look:?}");
+        .store()
+        .acquire_occurrence(&role(), "h", test_config().lease_ttl(), &OccurrenceAsk::default())
+        .await
+        .unwrap();
+    assert!(matches!(look.acquire, Acquire::Refused(_)), "{look:?}");
     // Counting from 10½ minutes before the current minute: the ten minute
     // marks before it are skipped, the current one runs.
     let owner = connect(&direct(&db)).await.unwrap();
@@ -810,12 +813,14 @@ async fn occurrences_due_while_the_role_was_paused_are_recorded_as_skipped_for_t
     let db = migrated_db(PgCluster::shared()).await;
     let m = manager(&db).await;
     let minutely = Schedule::cron("* * * * *").unwrap();
+    // A look alone (a first lead would run the latest minute mark: a role's
+    // first occurrence may be up to a minute older than its first look).
     let look = m
-        .lead(&role(), minutely.clone(), |_| async {
-            Ok::<_, std::io::Error>(())
-        })
-        .await;
-    assert!(matches!(look, Ok(Lead::Refused(_))), "{look:?}");
+        .store()
+        .acquire_occurrence(&role(), "h", test_config().lease_ttl(), &OccurrenceAsk::default())
+        .await
+        .unwrap();
+    assert!(matches!(look.acquire, Acquire::Refused(_)), "{look:?}");
     assert!(m
         .store()
         .pause(&role(), "ops", "provider maintenance")
@@ -984,13 +989,18 @@ async fn an_attempted_occurrence_is_never_counted_as_skipped_and_none_is_counted
 
 /// Issue 33, bug 3: a crontab line that starts `ticklease run --once` just
 /// after its own occurrence, on a role never run before, runs that
-/// occurrence: a role's first look counts from one lease TTL before it.
-/// An older occurrence still does not run (a new schedule does not run the past).
+/// occurrence: a role's first occurrence may be up to a minute older than
+/// its first look. Only the latest one runs, whatever the catch-up policy
+/// (`All` here), and none before it is counted as skipped; an occurrence
+/// older than the minute does not run (a new schedule does not run the past).
 #[tokio::test]
-async fn a_new_roles_first_look_runs_an_occurrence_at_most_one_lease_ttl_old() {
+async fn a_new_roles_first_look_runs_its_latest_occurrence_of_the_last_minute_alone() {
     let db = migrated_db(PgCluster::shared()).await;
     let m = manager(&db).await;
-    let every_second = Schedule::cron("* * * * * *").unwrap();
+    let every_second = Schedule::cron("* * * * * *")
+        .unwrap()
+        .catch_up(CatchUp::All { max: 100 })
+        .unwrap();
     let mut ran = None;
     let lead = m
         .lead(&role(), every_second, |tick| {
@@ -1011,10 +1021,19 @@ async fn a_new_roles_first_look_runs_an_occurrence_at_most_one_lease_ttl_old() {
     )
     .await;
     assert!(
-        (0.0..2.0).contains(&age),
-        "the occurrence was {age} s old at its term's start"
+        (0.0..1.0).contains(&age),
+        "the latest occurrence runs, not an older one: {age} s old"
     );
-    // An occurrence older than the lease TTL at the first look is passed over.
+    let skipped: i64 = scalar(
+        &owner,
+        "SELECT count(*) FROM leader_history WHERE kind = 'skipped'",
+    )
+    .await;
+    assert_eq!(
+        skipped, 0,
+        "none before the first occurrence is counted as skipped"
+    );
+    // An occurrence older than the minute at the first look is passed over.
     let other = Role::new("dunning").unwrap();
     let m = Manager::start(m.store().clone(), test_config(), [other.clone()])
         .await

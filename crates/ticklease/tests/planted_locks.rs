@@ -108,8 +108,10 @@ async fn claim_and_freeze(client: &Client, role: &str, token: i64, id: i32) {
 }
 
 /// The hostile login's plant: `PLANTED` backends holding an "earlier" pair
-/// of the role's fence keys (computed from public text alone), one holding
-/// `FILLER` more locks.
+/// of the role's fence keys (computed from public text alone) and, in an
+/// open transaction, the ROW EXCLUSIVE lock on leader_fence_claims that an
+/// INSERT it may not run takes while it is parsed (a PREPAREd INSERT: the
+/// privilege check comes at execution), one holding `FILLER` more locks.
 async fn plant(logins: &Logins, role: &str, token: i64) -> Vec<Client> {
     let key = |which: i32| format!("hashtext('ticklease:{which}:6:public:{role}')");
     let earlier = ((token - 1000) & 0xffff_ffff) as u32 as i32;
@@ -118,7 +120,9 @@ async fn plant(logins: &Logins, role: &str, token: i64) -> Vec<Client> {
         let nobody = logins.login("planted_nobody").await;
         nobody
             .batch_execute(&format!(
-                "SELECT pg_advisory_lock_shared({}, {earlier}), pg_advisory_lock_shared({}, {earlier})",
+                "BEGIN;
+                 PREPARE claim AS INSERT INTO public.leader_fence_claims (xid, role, token) VALUES ('1', 'x', 1);
+                 SELECT pg_advisory_lock_shared({}, {earlier}), pg_advisory_lock_shared({}, {earlier})",
                 key(1),
                 key(2)
             ))

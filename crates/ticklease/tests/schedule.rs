@@ -292,13 +292,13 @@ fn catch_up_latest_runs_the_most_recent_missed_occurrence_once() {
         )]
     );
     assert_eq!(due.next, Some(at("2026-12-02T11:00:00Z")));
-    // Once 10:00 completed, nothing is due until 11:00.
+    // Once 10:00 completed (so it started), nothing is due until 11:00.
     let due = s.due(
         at("2026-12-02T10:00:00Z"),
         at("2026-12-02T10:20:00Z"),
         TTL,
         None,
-        None,
+        Some(at("2026-12-02T10:00:00Z")),
     );
     assert_eq!((due.run, due.skipped.len()), (None, 0));
     assert_eq!(due.next, Some(at("2026-12-02T11:00:00Z")));
@@ -308,7 +308,7 @@ fn catch_up_latest_runs_the_most_recent_missed_occurrence_once() {
         at("2026-12-02T10:59:59.999Z"),
         TTL,
         None,
-        None,
+        Some(at("2026-12-02T10:00:00Z")),
     );
     assert_eq!(due.run, None);
     let due = s.due(
@@ -587,4 +587,43 @@ fn a_crontab_spec_may_name_its_zone_as_cronie_does() {
         Schedule::cron_tz("CRON_TZ=UTC"),
         Err(ScheduleError::InvalidExpression { .. })
     ));
+}
+
+/// A role's first occurrence (none ever started) may be up to a minute
+/// older than where counting started: the latest such one runs alone, none
+/// is counted as skipped, under any catch-up policy; not once an occurrence
+/// started, and not one over the minute.
+#[test]
+fn a_first_occurrence_up_to_a_minute_before_counting_started_runs_alone() {
+    let every_10s = Schedule::cron("*/10 * * * * *")
+        .unwrap()
+        .catch_up(CatchUp::All { max: 100 })
+        .unwrap();
+    let since = at("2026-12-02T10:00:55Z");
+    let now = at("2026-12-02T10:00:57Z");
+    let due = every_10s.due(since, now, TTL, None, None);
+    assert_eq!(
+        (due.run, due.skipped.len()),
+        (Some(at("2026-12-02T10:00:50Z")), 0)
+    );
+    let started = Some(at("2026-12-02T09:00:00Z"));
+    let due = every_10s.due(since, now, TTL, None, started);
+    assert_eq!(due.run, None, "an occurrence started before: no grace");
+    let hourly = Schedule::cron("0 * * * *").unwrap();
+    let due = hourly.due(
+        at("2026-12-02T10:01:01Z"),
+        at("2026-12-02T10:01:02Z"),
+        TTL,
+        None,
+        None,
+    );
+    assert_eq!(due.run, None, "over the minute");
+    let due = hourly.due(
+        at("2026-12-02T10:00:59Z"),
+        at("2026-12-02T10:01:02Z"),
+        TTL,
+        None,
+        None,
+    );
+    assert_eq!(due.run, Some(at("2026-12-02T10:00:00Z")));
 }

@@ -709,7 +709,10 @@ impl<S: LeaseStore> Manager<S> {
         tracing::debug!(%role, %token, holder = %inner.holder_id, "acquired");
         if let Some(m) = &inner.metrics {
             if scope.per_role_metrics() {
-                m.interval(role, interval);
+                // A cron term's wait is no interval: the stall alert is for intervals.
+                if scope.occurrence.is_none() {
+                    m.interval(role, interval);
+                }
                 m.leading(role, true);
             }
             if let Some(family) = &scope.family {

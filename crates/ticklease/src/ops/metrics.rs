@@ -104,6 +104,9 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 struct Inner {
     roles: Vec<Role>,
+    /// Follows the rows instead of declared roles ([`Metrics::register_following_rows`]):
+    /// at most this many, and the roles of the last refresh.
+    following: Option<(usize, std::sync::Mutex<Vec<Role>>)>,
     last_tick_age: Family<RoleLabel, FloatGauge>,
     last_tick_state: Family<StateLabels, Gauge>,
     paused: Family<RoleLabel, Gauge>,
@@ -326,6 +329,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry, roles: impl IntoIterator<Item = Role>) -> Metrics {
         let inner = Inner {
             roles: roles.into_iter().collect(),
+            following: None,
             last_tick_age: Family::default(),
             last_tick_state: Family::default(),
             paused: Family::default(),
@@ -368,11 +372,73 @@ impl Metrics {
         }
     }
 
+    /// Registers the cluster facts of the roles in `leader_leases`, as each
+    /// refresh reads them (at most `roles_max`, capped at
+    /// [`REFRESH_ROWS_MAX`]: paused, held and most recently ticked first;
+    /// `leader_status_rows_left_out` counts the others): a role created
+    /// later is exported from the next refresh, a forgotten one drops out.
+    /// For an exporter that leads no role (`ticklease metrics`).
+    pub fn register_following_rows(registry: &mut Registry, roles_max: usize) -> Metrics {
+        let mut metrics = Metrics::register(registry, []);
+        Arc::get_mut(&mut metrics.inner)
+            .expect("not shared yet")
+            .following = Some((roles_max.min(REFRESH_ROWS_MAX), Default::default()));
+        metrics
+    }
+
+    /// The roles a refresh exports: the declared ones, or the rows read
+    /// (the facts of a role no longer among them are removed).
+    fn roles_of(&self, rows: Option<&[LeaseStatus]>) -> Vec<Role> {
+        let Some((_, following)) = &self.inner.following else {
+            return self.inner.roles.clone();
+        };
+        let mut followed = following.lock().expect("not poisoned");
+        if let Some(rows) = rows {
+            let now: Vec<Role> = rows
+                .iter()
+                .filter_map(|s| Role::new(s.role.as_str()).ok())
+                .collect();
+            for gone in followed.iter().filter(|r| !now.contains(r)) {
+                self.drop_role(gone);
+            }
+            *followed = now;
+        }
+        followed.clone()
+    }
+
+    /// Removes every cluster fact of `role`.
+    fn drop_role(&self, role: &Role) {
+        let inner = &self.inner;
+        for family in [
+            &inner.paused,
+            &inner.held,
+            &inner.long_lived,
+            &inner.last_term_failed,
+        ] {
+            family.remove(&label(role));
+        }
+        for family in [
+            &inner.last_tick_age,
+            &inner.interval,
+            &inner.occurrence_next,
+            &inner.occurrence_late,
+        ] {
+            family.remove(&label(role));
+        }
+        for state in STATES {
+            inner.last_tick_state.remove(&StateLabels {
+                role: role.to_string(),
+                state,
+            });
+        }
+    }
+
     /// Reads the cluster facts from the store. A failure is exported as
     /// `state="error"`, never as a value.
     pub async fn refresh<S: LeaseStore>(&self, store: &S) {
         let inner = &self.inner;
-        match store.status_bounded(REFRESH_ROWS_MAX).await {
+        let limit = self.inner.following.as_ref().map_or(REFRESH_ROWS_MAX, |f| f.0);
+        match store.status_bounded(limit).await {
             Ok((rows, total)) => {
                 let left_out = total.saturating_sub(rows.len() as u64);
                 inner
@@ -383,7 +449,7 @@ impl Metrics {
                 }
                 let by_role: std::collections::HashMap<&str, &LeaseStatus> =
                     rows.iter().map(|s| (s.role.as_str(), s)).collect();
-                for role in &inner.roles {
+                for role in &self.roles_of(Some(&rows)) {
                     let row = by_role.get(role.as_str()).copied();
                     if row.is_none() && left_out > 0 {
                         // Its row may exist among those not read: unknown, not never ran.
@@ -407,7 +473,7 @@ impl Metrics {
                     inner.family_never_ran.remove(&label);
                     inner.family_paused.remove(&label);
                 }
-                for role in &inner.roles {
+                for role in &self.roles_of(None) {
                     self.unknown_role(role);
                 }
             }
@@ -442,11 +508,21 @@ impl Metrics {
         flag(&inner.long_lived, row.is_some_and(|s| s.long_lived));
         let failed = row.is_some_and(|s| matches!(s.last_outcome.as_deref(), Some("failed" | "panicked")));
         flag(&inner.last_term_failed, failed);
-        if let Some(every) = row.and_then(|s| s.tick_interval) {
-            inner
-                .interval
-                .get_or_create(&label(role))
-                .set(every.as_secs_f64());
+        match row {
+            Some(LeaseStatus {
+                tick_interval: Some(every),
+                ..
+            }) => {
+                inner
+                    .interval
+                    .get_or_create(&label(role))
+                    .set(every.as_secs_f64());
+            }
+            // A role on a cron schedule now has no interval.
+            Some(s) if s.schedule.is_some() => {
+                inner.interval.remove(&label(role));
+            }
+            _ => {}
         }
         self.refresh_occurrence(role, row);
     }

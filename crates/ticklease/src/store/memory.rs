@@ -17,7 +17,7 @@ use crate::store::{
     OccurrenceAsk, Refusal, Release, Releasing, Renew, Term, BATCH_MAX, REGISTRATION_TTL_MAX,
 };
 use crate::term::role::Role;
-use crate::term::schedule::SKIPPED_COUNTED_MAX;
+use crate::term::schedule::{FIRST_OCCURRENCE_GRACE, SKIPPED_COUNTED_MAX};
 use crate::term::token::Token;
 
 #[derive(Debug, Clone, Default)]
@@ -297,8 +297,7 @@ fn acquire_occurrence_row(
         ..Row::default()
     });
     if row.occurrences_since.is_none() && row.last_occurrence.is_none() {
-        // As the database: an occurrence at most one lease TTL old runs at the first look.
-        row.occurrences_since = Some(now - lease_ttl);
+        row.occurrences_since = Some(now);
         row.schedule = Some(ask.schedule.clone());
     }
     if ask.occurrence.is_none() {
@@ -306,6 +305,12 @@ fn acquire_occurrence_row(
     }
     let after = row.last_occurrence.or(row.occurrences_since).unwrap_or(now);
     let started = row.occurrence;
+    // As leader_occurrence_floor: a role's first occurrence may be up to a
+    // minute older than its first look.
+    let floor = match (row.last_occurrence, started) {
+        (None, None) => after - FIRST_OCCURRENCE_GRACE,
+        _ => after,
+    };
     let same = row.occurrence == ask.occurrence;
     let failures = if same { row.failures } else { 0 };
     // A requested manual run waits neither for the cooldown nor for the asked occurrence.
@@ -317,7 +322,7 @@ fn acquire_occurrence_row(
     let cooled = row.not_before().is_none_or(|n| n <= now);
     let runnable = ask
         .occurrence
-        .filter(|o| *o <= now && *o > after && ask.before.is_none_or(|b| now < b) && cooled);
+        .filter(|o| *o <= now && *o > floor && ask.before.is_none_or(|b| now < b) && cooled);
     let mut manual_by = None;
     let acquire = match blocked(row, now, due_at) {
         Some(refusal) => Acquire::Refused(refusal),

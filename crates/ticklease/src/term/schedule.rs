@@ -34,6 +34,13 @@ pub const SKIPPED_COUNTED_MAX: u32 = 1_000;
 /// zone, is recorded in the lease row for operators).
 pub const EXPRESSION_MAX: usize = 120;
 
+/// How much older than a role's first look its first occurrence may be
+/// (when no occurrence of it ever started): a crontab line that starts
+/// `ticklease run --once` just after its own occurrence runs that
+/// occurrence. Only the latest such occurrence runs, and none of them is
+/// counted as skipped; `leader_occurrence_floor` lets the database accept it.
+pub const FIRST_OCCURRENCE_GRACE: Duration = Duration::from_secs(60);
+
 /// The most occurrences [`CatchUp::All`] runs after a downtime.
 pub const CATCH_UP_MAX: u32 = 1_000;
 
@@ -505,6 +512,8 @@ impl Schedule {
     /// last pause: from, until) are recorded as [`SkipReason::Paused`].
     /// Occurrences at or before `started` (the last one a term started for)
     /// were attempted or recorded as skipped already: none is counted again.
+    /// While none ever started (`None`), the latest occurrence at most
+    /// [`FIRST_OCCURRENCE_GRACE`] before `after` runs, alone.
     pub fn due(
         &self,
         after: SystemTime,
@@ -514,6 +523,15 @@ impl Schedule {
         started: Option<SystemTime>,
     ) -> Due {
         let next = self.next_after(now);
+        if started.is_none() {
+            if let Some(first) = self.first_occurrence(after, now, lease_ttl) {
+                return Due {
+                    run: Some(first),
+                    skipped: Vec::new(),
+                    next,
+                };
+            }
+        }
         let Some(latest) = self.latest_at_or_before(now).filter(|l| *l > after) else {
             return Due {
                 run: None,
@@ -555,6 +573,29 @@ impl Schedule {
             skipped: merge_by_reason(skipped),
             next,
         }
+    }
+
+    /// A role's first occurrence when none ever started: the latest one, if
+    /// it falls at most [`FIRST_OCCURRENCE_GRACE`] before where counting
+    /// started (`after`, the first look) and is still within the starting
+    /// deadline (under [`CatchUp::Skip`], the lease TTL unless set).
+    fn first_occurrence(
+        &self,
+        after: SystemTime,
+        now: SystemTime,
+        lease_ttl: Duration,
+    ) -> Option<SystemTime> {
+        let latest = self.latest_at_or_before(now)?;
+        let deadline = match self.catch_up {
+            CatchUp::Skip => Some(self.starting_deadline.unwrap_or(lease_ttl)),
+            _ => self.starting_deadline,
+        };
+        let on_time = deadline.is_none_or(|d| now.checked_sub(d).is_none_or(|t| latest >= t));
+        let in_grace = latest <= after
+            && after
+                .checked_sub(FIRST_OCCURRENCE_GRACE)
+                .is_some_and(|g| latest > g);
+        (in_grace && on_time).then_some(latest)
     }
 
     /// Of the occurrences in `(after, latest]`, the oldest of the most recent `max`.

@@ -98,6 +98,22 @@ AS $fn$
            AND (p_not_before IS NULL OR p_not_before <= now())
 $fn$;
 
+CREATE OR REPLACE FUNCTION @schema@.leader_occurrence_floor(p_last timestamptz, p_since timestamptz,
+                                                          p_started timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+AS $fn$
+    -- Occurrences at or before this never run (one role): the last completed
+    -- one; before any, where the role's counting started (its first look),
+    -- less a minute while no occurrence ever started (p_started, the row's
+    -- last asked occurrence, is NULL). So a role's first occurrence may be
+    -- up to a minute older than its first look: a crontab line that starts
+    -- `ticklease run --once` just after its own occurrence runs it. The
+    -- caller asks for at most the latest occurrence of that minute, and
+    -- counts none of it as skipped (Schedule::due).
+    SELECT coalesce(p_last, CASE WHEN p_started IS NULL THEN p_since - interval '1 minute' ELSE p_since END)
+$fn$;
+
 -- Generation 3 added the last pause's window to the answer (a new row type).
 DROP FUNCTION IF EXISTS @schema@.leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint,
                                                           text[], text[], text, timestamptz);
@@ -114,8 +130,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- ACQUIRE of one occurrence of a cron schedule: starts a term for
 -- p_occurrence when the database clock has reached it, it is later than
--- the last completed occurrence (or, before any, than occurrences_since:
--- one lease TTL before the role's first look),
+-- the last completed occurrence (or, before any, than occurrences_since,
+-- less a minute for a role's first occurrence: leader_occurrence_floor),
 -- it is still the latest one when the caller says it must be (p_before:
 -- the occurrence after it, not reached yet), and the role is unheld,
 -- unpaused and out of its cooldown, as ACQUIRE. A NULL occurrence starts
@@ -148,16 +164,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @schema@.leader_require_key(p_key);
-    -- A role's first look: counting starts one lease TTL ago. A new schedule
-    -- does not run the past, except an occurrence at most that old: a
-    -- crontab line that starts `ticklease run --once` just after its own
-    -- occurrence runs it the first time too.
+    -- A role's first look: counting starts now (a new schedule does not run
+    -- the past, but for its first occurrence: leader_occurrence_floor).
     IF NOT EXISTS (SELECT 1 FROM @schema@.leader_leases AS l
                     WHERE l.role = p_role AND (l.occurrences_since IS NOT NULL OR l.last_occurrence IS NOT NULL)) THEN
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
-        VALUES (p_role, @schema@.leader_token_seed(), now() - @schema@.leader_check_ms('lease_ttl', p_ttl_ms), p_schedule)
-        ON CONFLICT (role) DO UPDATE
-           SET occurrences_since = now() - @schema@.leader_check_ms('lease_ttl', p_ttl_ms), schedule = p_schedule
+        VALUES (p_role, @schema@.leader_token_seed(), now(), p_schedule)
+        ON CONFLICT (role) DO UPDATE SET occurrences_since = now(), schedule = p_schedule
          WHERE l.occurrences_since IS NULL AND l.last_occurrence IS NULL;
     END IF;
     -- A look records the caller's schedule when the row shows another or none
@@ -171,9 +184,9 @@ BEGIN
         -- The upsert's conflict path names the key column, so it locks the
         -- row FOR UPDATE and waits for a claim in its commit check
         -- (guarantee 3). Its insert path (a row forgotten since the look
-        -- above) creates an unheld row, counting as a first look does, and starts nothing.
+        -- above) creates an unheld row, counting from now, and starts nothing.
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
-        VALUES (p_role, @schema@.leader_token_seed(), now() - @schema@.leader_check_ms('lease_ttl', p_ttl_ms), p_schedule)
+        VALUES (p_role, @schema@.leader_token_seed(), now(), p_schedule)
         ON CONFLICT (role) DO UPDATE
            SET role = EXCLUDED.role,
                holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
@@ -182,24 +195,24 @@ BEGIN
                expires_at = now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms),
                holder_key = p_key,
                failures = CASE WHEN NOT @schema@.leader_occurrence_runnable(
-                                       p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                       p_occurrence, p_before, @schema@.leader_occurrence_floor(l.last_occurrence, l.occurrences_since, l.occurrence),
                                           greatest(l.not_before, l.pause_wait_until))
                                THEN l.failures
                                WHEN l.occurrence IS NOT DISTINCT FROM p_occurrence THEN l.failures ELSE 0 END,
                occurrence = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          p_occurrence, p_before, @schema@.leader_occurrence_floor(l.last_occurrence, l.occurrences_since, l.occurrence),
                                           greatest(l.not_before, l.pause_wait_until))
                                  THEN p_occurrence ELSE l.occurrence END,
                next_occurrence = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          p_occurrence, p_before, @schema@.leader_occurrence_floor(l.last_occurrence, l.occurrences_since, l.occurrence),
                                           greatest(l.not_before, l.pause_wait_until))
                                  THEN p_next ELSE l.next_occurrence END,
                manual_by = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          p_occurrence, p_before, @schema@.leader_occurrence_floor(l.last_occurrence, l.occurrences_since, l.occurrence),
                                           greatest(l.not_before, l.pause_wait_until))
                                 THEN NULL ELSE l.run_now_by END,
                run_now_by = CASE WHEN @schema@.leader_occurrence_runnable(
-                                          p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+                                          p_occurrence, p_before, @schema@.leader_occurrence_floor(l.last_occurrence, l.occurrences_since, l.occurrence),
                                           greatest(l.not_before, l.pause_wait_until))
                                  THEN l.run_now_by END,
                schedule = p_schedule,
@@ -209,7 +222,7 @@ BEGIN
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
            -- A manual run waits for no cooldown (it is asked for at once), only for a pause's wait.
-           AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, coalesce(l.last_occurrence, l.occurrences_since),
+           AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, @schema@.leader_occurrence_floor(l.last_occurrence, l.occurrences_since, l.occurrence),
                                           greatest(l.not_before, l.pause_wait_until))
                 OR (l.run_now_by IS NOT NULL
                     AND NOT @schema@.leader_pause_waits(l.pause_wait_until, now())))

@@ -105,17 +105,16 @@ BEGIN
         PERFORM @schema@.leader_require_key(p_key);
     END IF;
     IF cron THEN
-        -- Every key counts from one lease TTL before its first ask, as
-        -- leader_acquire_occurrence (a new key does not run the past beyond
-        -- that): rows created or marked in role order, as leader_seed does;
+        -- Every key counts from its first ask (a new key does not run the
+        -- past): rows created or marked in role order, as leader_seed does;
         -- only those not counting yet (an upsert locks every row it meets).
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
-        SELECT r, @schema@.leader_token_seed(), now() - ttl, p_schedule
+        SELECT r, @schema@.leader_token_seed(), now(), p_schedule
           FROM (SELECT DISTINCT u AS r FROM unnest(p_roles) AS u) AS d
          WHERE NOT EXISTS (SELECT 1 FROM @schema@.leader_leases AS x
                             WHERE x.role = d.r AND (x.occurrences_since IS NOT NULL OR x.last_occurrence IS NOT NULL))
          ORDER BY r
-        ON CONFLICT (role) DO UPDATE SET occurrences_since = now() - ttl, schedule = p_schedule
+        ON CONFLICT (role) DO UPDATE SET occurrences_since = now(), schedule = p_schedule
          WHERE l.occurrences_since IS NULL AND l.last_occurrence IS NULL;
     END IF;
     SELECT coalesce(array_agg(c.role ORDER BY c.ord), '{}') INTO picked
