@@ -29,16 +29,13 @@ AS $fn$
     -- read of the lock table, whatever it holds (its size is bounded by
     -- max_locks_per_transaction x max_connections, not by this function):
     -- the advisory keys are public, so a backend counts only if it also
-    -- holds the ROW EXCLUSIVE lock on leader_fence_claims' primary key
-    -- index that the fence's INSERT takes when it runs. Not the table's:
-    -- Postgres locks a table while it parses a statement, before it checks
-    -- privileges, so any login with USAGE on the schema can hold that (a
-    -- PREPAREd INSERT in an open transaction). An index is locked only by a
-    -- plan or an executor: a planned UPDATE or DELETE that fails its
-    -- privilege check gives the lock back with its (sub)transaction, and an
-    -- INSERT locks it at execution only, after the check. So only a login
-    -- that may write the table (the owner; the app role only through the
-    -- fence) is ever found, whatever any other login holds or plants.
+    -- holds the ROW EXCLUSIVE lock on leader_fence_claims that the fence's
+    -- INSERT takes. Pairs planted on the keys alone are never found. The
+    -- table lock is a filter, not a proof: Postgres takes it while parsing,
+    -- before it checks privileges, so a login with USAGE on the schema can
+    -- hold it (a PREPAREd INSERT in an open transaction) and is then found
+    -- and ended like a claimer (crate docs, guarantee 3: the known gap and
+    -- its workaround, REVOKE USAGE on the schema from logins that need none).
     -- The lock table's rows are narrowed to the claimers' first (few: one
     -- per fenced transaction) and only then matched to the roles' hashes, so
     -- the work past the one read grows with the claimers, not the locks.
@@ -50,10 +47,7 @@ AS $fn$
            AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
            AND ((k.locktype = 'advisory' AND k.objsubid = 2)
                 OR (k.locktype = 'relation' AND k.mode = 'RowExclusiveLock'
-                    AND k.relation = (SELECT i.indexrelid FROM pg_catalog.pg_index AS i
-                                       WHERE i.indisprimary
-                                         AND i.indrelid = (SELECT pg_catalog.format('%I.leader_fence_claims',
-                                                                                    @schema_text@)::regclass))))
+                    AND k.relation = (SELECT pg_catalog.format('%I.leader_fence_claims', @schema_text@)::regclass)))
     ),
     claimers AS MATERIALIZED (
         SELECT DISTINCT c.pid FROM locks AS c WHERE c.locktype = 'relation'
