@@ -132,13 +132,19 @@ async fn metrics_serves_cluster_facts_and_healthz() {
     );
 }
 
-/// `ticklease metrics` follows the rows (issue 33's review): a role created
+/// `ticklease metrics` follows the rows (issue 33's reviews): a role created
 /// after it started is exported from the next scrape, a forgotten one
-/// drops out.
+/// drops out, and rows any app login creates beyond its 1,000 roles push no
+/// exported role out (a stalled one would silence its alert): they are
+/// counted as left out instead.
 #[tokio::test]
 async fn metrics_follows_the_roles_created_and_forgotten_after_it_started() {
     use std::io::{BufRead, BufReader};
     let (url, client) = migrated_url().await;
+    client
+        .batch_execute("SELECT leader_seed(ARRAY['stalled'])")
+        .await
+        .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ticklease"))
         .args(["metrics", "--database-url", &url, "--metrics-addr", "127.0.0.1:0"])
         .stdout(std::process::Stdio::piped())
@@ -168,6 +174,11 @@ async fn metrics_follows_the_roles_created_and_forgotten_after_it_started() {
         .unwrap();
     let created = scraped_until(&|m| m.contains(fact));
     client
+        .batch_execute("SELECT leader_seed(ARRAY(SELECT 'spam' || g FROM generate_series(1, 1000) AS g))")
+        .await
+        .unwrap();
+    let spammed = scraped_until(&|m| m.contains("ticklease_leader_status_rows_left_out 2"));
+    client
         .batch_execute("SELECT leader_forget('late')")
         .await
         .unwrap();
@@ -175,7 +186,15 @@ async fn metrics_follows_the_roles_created_and_forgotten_after_it_started() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(created.contains(fact), "{created}");
+    let stalled = r#"ticklease_leader_last_tick_state{role="stalled",state="never_ran"} 1"#;
+    assert!(
+        spammed.contains("ticklease_leader_status_rows_left_out 2")
+            && spammed.contains(stalled)
+            && spammed.contains(fact),
+        "1,002 rows: the two roles exported first stay, two spam rows are left out"
+    );
     assert!(!forgotten.contains(r#"role="late""#), "{forgotten}");
+    assert!(forgotten.contains(stalled));
 }
 
 async fn migrated_url() -> (String, tokio_postgres::Client) {

@@ -367,3 +367,30 @@ async fn the_answers_are_as_the_reference_documents_them() {
         "ticklease: leader_acquire needs p_long_lived (true or false)"
     );
 }
+
+/// Issue 34, item 3: a refusal names the problem, and its CONTEXT (which
+/// clients log with the message) holds no function body: bounds are checked
+/// in statements of their own, before the function's big one.
+#[tokio::test]
+async fn a_refusal_names_the_problem_and_carries_no_function_body() {
+    let client = owner().await;
+    for sql in [
+        "SELECT * FROM leader_acquire('r', 'h', 2000, 0, NULL, false)",
+        "SELECT * FROM leader_acquire('r', 'h', 0, 1000, NULL, false)",
+        "SELECT * FROM leader_acquire(NULL, 'h', 2000, 1000, NULL, false)",
+        "SELECT * FROM leader_acquire_occurrence('r', 'h', 0, NULL, NULL, NULL, NULL, NULL, 's', NULL)",
+        "SELECT * FROM leader_renew('r', 1, 0, NULL)",
+        "SELECT * FROM leader_release('r', 1, false, 0, 'failed', NULL, NULL, NULL)",
+        "SELECT * FROM leader_replica_beat('f', 'h', 0, NULL)",
+    ] {
+        let error = client.query(sql, &[]).await.expect_err(sql);
+        let db = error.as_db_error().unwrap_or_else(|| panic!("{sql}: {error}"));
+        assert_eq!(db.code().code(), "22023", "{sql}: {db:?}");
+        assert!(db.message().starts_with("ticklease: "), "{sql}: {}", db.message());
+        let context = db.where_().unwrap_or_default();
+        assert!(
+            context.lines().count() <= 4 && !context.contains("INSERT") && !context.contains("UPDATE"),
+            "{sql}: a function body in CONTEXT:\n{context}"
+        );
+    }
+}

@@ -34,7 +34,8 @@
 //! Any app login can create role rows (`leader_seed`), so a refresh reads at
 //! most [`REFRESH_ROWS_MAX`] of them (paused, held and most recently ticked
 //! first) and exports `leader_status_rows_left_out` (the rows it did not
-//! read; 0 normally). A declared role whose row was left out shows
+//! read, or an exporter following the rows did not export; 0 normally; the
+//! `TickleaseRolesLeftOut` alert). A declared role whose row was left out shows
 //! `state="error"`, as when the read failed. The status page renders at
 //! most [`PAGE_ROLES_MAX`] roles and says how many it left out.
 
@@ -182,7 +183,8 @@ impl Inner {
     fn register_into(&self, r: &mut Registry) {
         r.register(
             "leader_status_rows_left_out",
-            "Rows of leader_leases the last refresh did not read (it reads at most 10,000; cluster fact)",
+            "Rows of leader_leases the last refresh did not read (it reads at most 10,000), or, for an \
+             exporter following the rows, did not export (cluster fact)",
             self.rows_left_out.clone(),
         );
         r.register(
@@ -372,11 +374,12 @@ impl Metrics {
         }
     }
 
-    /// Registers the cluster facts of the roles in `leader_leases`, as each
-    /// refresh reads them (at most `roles_max`, capped at
-    /// [`REFRESH_ROWS_MAX`]: paused, held and most recently ticked first;
-    /// `leader_status_rows_left_out` counts the others): a role created
-    /// later is exported from the next refresh, a forgotten one drops out.
+    /// Registers the cluster facts of the roles in `leader_leases`, at most
+    /// `roles_max` of them: a role once exported stays exported until its
+    /// row is gone (a forgotten role drops out), and a role created later is
+    /// added at the next refresh while there is room. So rows any app login
+    /// creates never push a stalled role out; `leader_status_rows_left_out`
+    /// counts the roles not exported (the `TickleaseRolesLeftOut` alert).
     /// For an exporter that leads no role (`ticklease metrics`).
     pub fn register_following_rows(registry: &mut Registry, roles_max: usize) -> Metrics {
         let mut metrics = Metrics::register(registry, []);
@@ -386,22 +389,34 @@ impl Metrics {
         metrics
     }
 
-    /// The roles a refresh exports: the declared ones, or the rows read
-    /// (the facts of a role no longer among them are removed).
-    fn roles_of(&self, rows: Option<&[LeaseStatus]>) -> Vec<Role> {
-        let Some((_, following)) = &self.inner.following else {
+    /// The roles a refresh exports: the declared ones, or the followed ones
+    /// ([`Metrics::register_following_rows`]) given the rows read and
+    /// whether they are all the table's (only then is a missing row gone).
+    fn roles_of(&self, rows: Option<(&[LeaseStatus], bool)>) -> Vec<Role> {
+        let Some((roles_max, following)) = &self.inner.following else {
             return self.inner.roles.clone();
         };
         let mut followed = following.lock().expect("not poisoned");
-        if let Some(rows) = rows {
-            let now: Vec<Role> = rows
-                .iter()
-                .filter_map(|s| Role::new(s.role.as_str()).ok())
-                .collect();
-            for gone in followed.iter().filter(|r| !now.contains(r)) {
-                self.drop_role(gone);
+        if let Some((rows, all)) = rows {
+            let names: std::collections::HashSet<&str> = rows.iter().map(|s| s.role.as_str()).collect();
+            if all {
+                for gone in followed.iter().filter(|r| !names.contains(r.as_str())) {
+                    self.drop_role(gone);
+                }
+                followed.retain(|r| names.contains(r.as_str()));
             }
-            *followed = now;
+            let mut have: std::collections::HashSet<String> =
+                followed.iter().map(|r| r.to_string()).collect();
+            for row in rows {
+                if followed.len() >= *roles_max {
+                    break;
+                }
+                if let Ok(role) = Role::new(row.role.as_str()) {
+                    if have.insert(role.to_string()) {
+                        followed.push(role);
+                    }
+                }
+            }
         }
         followed.clone()
     }
@@ -437,19 +452,24 @@ impl Metrics {
     /// `state="error"`, never as a value.
     pub async fn refresh<S: LeaseStore>(&self, store: &S) {
         let inner = &self.inner;
-        let limit = self.inner.following.as_ref().map_or(REFRESH_ROWS_MAX, |f| f.0);
-        match store.status_bounded(limit).await {
+        match store.status_bounded(REFRESH_ROWS_MAX).await {
             Ok((rows, total)) => {
                 let left_out = total.saturating_sub(rows.len() as u64);
+                let roles = self.roles_of(Some((&rows, left_out == 0)));
+                // Following rows, the roles not exported are left out too.
+                let not_exported = match &inner.following {
+                    Some(_) => total.saturating_sub(roles.len() as u64),
+                    None => left_out,
+                };
                 inner
                     .rows_left_out
-                    .set(i64::try_from(left_out).unwrap_or(i64::MAX));
+                    .set(i64::try_from(not_exported).unwrap_or(i64::MAX));
                 if let Some(lead) = token_lead_seconds(&rows) {
                     inner.token_lead.set(lead);
                 }
                 let by_role: std::collections::HashMap<&str, &LeaseStatus> =
                     rows.iter().map(|s| (s.role.as_str(), s)).collect();
-                for role in &self.roles_of(Some(&rows)) {
+                for role in &roles {
                     let row = by_role.get(role.as_str()).copied();
                     if row.is_none() && left_out > 0 {
                         // Its row may exist among those not read: unknown, not never ran.

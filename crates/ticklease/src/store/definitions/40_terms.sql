@@ -21,6 +21,10 @@ AS $fn$
 -- and its interval, for readers (metrics: the stall alert's threshold).
 #variable_conflict use_column
 BEGIN
+    IF p_role IS NULL THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire needs a role'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF p_holder IS NULL OR length(p_holder) > 200 THEN
         RAISE EXCEPTION 'ticklease: leader_acquire needs a holder id of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
@@ -29,6 +33,9 @@ BEGIN
         RAISE EXCEPTION 'ticklease: leader_acquire needs p_long_lived (true or false)'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Bounds first, in a statement of their own: a refusal from inside the
+    -- statement below would carry its whole text in the error's CONTEXT.
+    PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms), @schema@.leader_check_ms('interval', p_interval_ms);
     PERFORM @schema@.leader_require_key(p_key);
     RETURN QUERY
     WITH acquired AS (
@@ -154,6 +161,12 @@ BEGIN
         RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs a holder id of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF p_role IS NULL THEN
+        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs a role'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- In a statement of its own, as leader_acquire's bounds.
+    PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
     IF NOT isfinite(p_occurrence) OR NOT isfinite(p_before) OR NOT isfinite(p_next)
        OR p_next <= p_occurrence OR p_next > now() + interval '100 years'
        OR p_occurrence < '1970-01-01' OR length(p_schedule) > 200
@@ -277,7 +290,8 @@ AS $fn$
 -- RENEW: extends the term while (role, token) still holds it; it records the holder's current coordination key (a
 -- replica whose session reconnected has a new one; NULL: none now).
 BEGIN
-    PERFORM @schema@.leader_require_key(p_key);
+    -- In a statement of its own, as leader_acquire's bounds.
+    PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms), @schema@.leader_require_key(p_key);
     UPDATE @schema@.leader_leases AS l
        SET expires_at = now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms),
            holder_key = p_key

@@ -335,7 +335,8 @@ AS $fn$
 -- minute are deleted, at most 1,000 a beat.
 #variable_conflict use_column
 BEGIN
-    PERFORM @schema@.leader_require_key(p_key);
+    -- In a statement of its own, as leader_acquire's bounds.
+    PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms), @schema@.leader_require_key(p_key);
     INSERT INTO @schema@.leader_replicas AS x (family, holder_id, holder_key, seen_at, expires_at)
     VALUES (p_family, p_holder, p_key, now(),
             now() + least(@schema@.leader_check_ms('lease_ttl', p_ttl_ms), interval '1 minute'))
