@@ -156,30 +156,43 @@ async fn the_shipped_alerts_stay_silent_for_a_healthy_job_of_each_schedule_kind(
             "{exposition}"
         );
     }
-    let rules = ticklease(&["alerts"]);
+    every_shipped_alert_stays_silent(
+        dir.path(),
+        &[(&from_runner, "runner"), (&from_metrics, "metrics")],
+    );
+}
+
+/// Feeds promtool the expositions' samples, held for three hours (one a
+/// minute, each labelled with its exporter), and expects no shipped alert
+/// (`ticklease alerts`) to fire.
+fn every_shipped_alert_stays_silent(dir: &std::path::Path, expositions: &[(&str, &str)]) {
+    let rules = Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .arg("alerts")
+        .output()
+        .unwrap();
     assert_eq!(rules.status.code(), Some(0));
-    std::fs::write(dir.path().join("ticklease-alerts.yml"), &rules.stdout).unwrap();
+    std::fs::write(dir.join("ticklease-alerts.yml"), &rules.stdout).unwrap();
     let names: Vec<String> = String::from_utf8(rules.stdout)
         .unwrap()
         .lines()
         .filter_map(|l| Some(l.trim().strip_prefix("- alert: ")?.to_string()))
         .collect();
     assert!(names.len() >= 12, "{names:?}");
-    // Three hours of these values, one sample a minute, from both exporters.
     let mut test = String::from("rule_files:\n  - ticklease-alerts.yml\nevaluation_interval: 1m\ntests:\n");
     test.push_str("  - interval: 1m\n    input_series:\n");
-    test.push_str(&held_series(&from_runner, "runner", 180));
-    test.push_str(&held_series(&from_metrics, "metrics", 180));
+    for (exposition, instance) in expositions {
+        test.push_str(&held_series(exposition, instance, 180));
+    }
     test.push_str("    alert_rule_test:\n");
     for name in &names {
         test.push_str(&format!(
             "      - eval_time: 3h\n        alertname: {name}\n        exp_alerts: []\n"
         ));
     }
-    std::fs::write(dir.path().join("healthy.test.yml"), test).unwrap();
+    std::fs::write(dir.join("healthy.test.yml"), test).unwrap();
     let o = Command::new("promtool")
         .args(["test", "rules", "healthy.test.yml"])
-        .current_dir(dir.path())
+        .current_dir(dir)
         .output()
         .expect("promtool runs (scripts/test installs it)");
     assert!(
