@@ -26,6 +26,18 @@ async fn acquired<S: LeaseStore>(store: &S, role: &Role, holder: &str, interval:
     }
 }
 
+/// A term of `role` for `holder` with a lease of `lease` (an interval of 1 ms).
+async fn acquired_for<S: LeaseStore>(store: &S, role: &Role, holder: &str, lease: Duration) -> Token {
+    match store
+        .acquire(role, holder, lease, Duration::from_millis(1))
+        .await
+        .expect("ACQUIRE")
+    {
+        Acquire::Acquired(term) => term.token,
+        other => panic!("expected {holder} to acquire {role}, got {other:?}"),
+    }
+}
+
 /// The `leader_status` row of `role`.
 pub async fn lease_row<S: LeaseStore>(store: &S, role: &str) -> LeaseStatus {
     let all = store.status().await.expect("status");
@@ -247,7 +259,9 @@ pub async fn a_pause_makes_the_next_term_wait_for_the_ended_terms_lease_unless_i
     store: &S,
 ) {
     let r = role("relay");
-    let t = acquired(store, &r, "a", Duration::from_millis(1)).await;
+    // A lease of seconds: the wait it sets must outlast the three statements
+    // below on a loaded machine (the suite's TTL of 400 ms did not, in CI).
+    let t = acquired_for(store, &r, "a", Duration::from_secs(5)).await;
     assert!(store.pause(&r, "ops", "").await.expect("PAUSE"));
     assert!(store.unpause(&r).await.expect("UNPAUSE"));
     store.run_now(&r).await.expect("RUN NOW");
@@ -265,8 +279,9 @@ pub async fn a_pause_makes_the_next_term_wait_for_the_ended_terms_lease_unless_i
         !store.release(&r, t, Release::Lost, HOUR).await.expect("RELEASE"),
         "the paused term was over already"
     );
-    let t2 = acquired(store, &r, "b", Duration::from_millis(1)).await;
-    // Without a release, the wait ends with the lease.
+    // Without a release, the wait ends with the lease (again seconds long).
+    let lease = Duration::from_secs(2);
+    let t2 = acquired_for(store, &r, "b", lease).await;
     assert!(store.pause(&r, "ops", "").await.expect("PAUSE"));
     assert!(store.unpause(&r).await.expect("UNPAUSE"));
     match store
@@ -276,13 +291,13 @@ pub async fn a_pause_makes_the_next_term_wait_for_the_ended_terms_lease_unless_i
     {
         Acquire::Refused(Refusal::NotDue { remaining, .. }) => {
             assert!(
-                remaining <= TTL,
+                remaining <= lease,
                 "waits at most the ended term's lease: {remaining:?}"
             )
         }
         other => panic!("expected NotDue, got {other:?}"),
     }
-    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
     let t3 = acquired(store, &r, "c", Duration::from_millis(1)).await;
     assert!(t3 > t2);
 }
