@@ -30,6 +30,19 @@ async fn manager(db: &tokio_postgres::Config) -> Manager<PgStore> {
     Manager::start(store, config, [role()]).await.unwrap()
 }
 
+/// The role's first look alone, starting nothing: a first lead would run an
+/// occurrence at most a minute old (a role's first occurrence may be up to a
+/// minute older than its first look), so a test of an hourly schedule that
+/// ran in an hour's first minute would see it run.
+async fn look(m: &Manager<PgStore>) {
+    let look = m
+        .store()
+        .acquire_occurrence(&role(), "h", test_config().lease_ttl(), &OccurrenceAsk::default())
+        .await
+        .unwrap();
+    assert!(matches!(look.acquire, Acquire::Refused(_)), "{look:?}");
+}
+
 /// Moves the role's counting back, as if it had been declared `ago`.
 async fn counting_since(db: &tokio_postgres::Config, ago: Duration) {
     let owner = connect(&direct(db)).await.unwrap();
@@ -222,13 +235,7 @@ async fn a_failed_occurrence_is_retried_as_the_same_occurrence_then_completes() 
         })
         .unwrap();
     // The role is first looked at, then its counting moved back past the last hour.
-    let first = m
-        .lead(&role(), hourly.clone(), |_| async { Ok::<_, std::io::Error>(()) })
-        .await;
-    assert!(
-        matches!(first, Ok(Lead::Refused(Refusal::NotDue { .. }))),
-        "{first:?}"
-    );
+    look(&m).await;
     counting_since(&db, Duration::from_secs(3700)).await;
     let fresh = manager(&db).await; // forgets what the first manager knew
     let mut occurrences = Vec::new();
@@ -288,10 +295,7 @@ async fn a_failed_occurrence_without_retries_waits_exactly_for_the_next_one() {
             ..Retry::default()
         })
         .unwrap();
-    let look = m
-        .lead(&role(), hourly.clone(), |_| async { Ok::<_, std::io::Error>(()) })
-        .await;
-    assert!(matches!(look, Ok(Lead::Refused(_))), "{look:?}");
+    look(&m).await;
     counting_since(&db, Duration::from_secs(3700)).await;
     let fresh = manager(&db).await;
     let mut ran = None;
@@ -369,14 +373,7 @@ async fn after_a_downtime_the_latest_occurrence_runs_once_and_the_rest_are_recor
     let db = migrated_db(PgCluster::shared()).await;
     let m = manager(&db).await;
     let minutely = Schedule::cron("* * * * *").unwrap();
-    // A look alone (a first lead would run the latest minute mark: a role's
-    // first occurrence may be up to a minute older than its first look).
-    let look = m
-        .store()
-        .acquire_occurrence(&role(), "h", test_config().lease_ttl(), &OccurrenceAsk::default())
-        .await
-        .unwrap();
-    assert!(matches!(look.acquire, Acquire::Refused(_)), "{look:?}");
+    look(&m).await;
     // Counting from 10½ minutes before the current minute: the ten minute
     // marks before it are skipped, the current one runs.
     let owner = connect(&direct(&db)).await.unwrap();
@@ -605,8 +602,20 @@ async fn the_metrics_show_a_late_occurrence_and_count_the_skipped_ones() {
 async fn run_now_of_a_cron_role_runs_once_at_once_and_consumes_no_occurrence() {
     let db = migrated_db(PgCluster::shared()).await;
     let m = manager(&db).await;
-    // The occurrence of the top of the hour after next: far off.
+    // The occurrence of the top of the hour after next: far off. An
+    // occurrence of the role started yesterday, so no first occurrence runs
+    // in this hour's first minute either.
     let hourly = Schedule::cron("0 * * * *").unwrap();
+    look(&m).await;
+    connect(&direct(&db))
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE leader_leases SET occurrence = now() - interval '1 day' WHERE role = 'billing'",
+            &[],
+        )
+        .await
+        .unwrap();
     let first = m
         .lead(&role(), hourly.clone(), |_| async { Ok::<_, std::io::Error>(()) })
         .await;
@@ -813,14 +822,7 @@ async fn occurrences_due_while_the_role_was_paused_are_recorded_as_skipped_for_t
     let db = migrated_db(PgCluster::shared()).await;
     let m = manager(&db).await;
     let minutely = Schedule::cron("* * * * *").unwrap();
-    // A look alone (a first lead would run the latest minute mark: a role's
-    // first occurrence may be up to a minute older than its first look).
-    let look = m
-        .store()
-        .acquire_occurrence(&role(), "h", test_config().lease_ttl(), &OccurrenceAsk::default())
-        .await
-        .unwrap();
-    assert!(matches!(look.acquire, Acquire::Refused(_)), "{look:?}");
+    look(&m).await;
     assert!(m
         .store()
         .pause(&role(), "ops", "provider maintenance")
