@@ -10,18 +10,7 @@ use std::time::{Duration, Instant};
 
 use ticklease_testkit::PgCluster;
 
-const TIMINGS: [&str; 10] = [
-    "--lease-ttl",
-    "2s",
-    "--heartbeat-every",
-    "300ms",
-    "--statement-timeout",
-    "500ms",
-    "--abandon-after",
-    "1200ms",
-    "--max-poll",
-    "200ms",
-];
+use ticklease_testkit::TEST_TIMING_FLAGS as TIMINGS;
 
 const JOBS: &str = r#"
 [job.report]

@@ -14,18 +14,7 @@ use tokio::process::{Child, Command};
 
 use ticklease_testkit::PgCluster;
 
-const TIMINGS: [&str; 10] = [
-    "--lease-ttl",
-    "2s",
-    "--heartbeat-every",
-    "300ms",
-    "--statement-timeout",
-    "500ms",
-    "--abandon-after",
-    "1200ms",
-    "--max-poll",
-    "200ms",
-];
+use ticklease_testkit::TEST_TIMING_FLAGS as TIMINGS;
 const TTL: Duration = Duration::from_secs(2);
 
 /// A child that records its start and end (uptime, token, runner) and keeps

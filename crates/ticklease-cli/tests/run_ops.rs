@@ -14,18 +14,7 @@ use tokio::process::Command;
 
 use ticklease_testkit::PgCluster;
 
-const TIMINGS: [&str; 10] = [
-    "--lease-ttl",
-    "2s",
-    "--heartbeat-every",
-    "300ms",
-    "--statement-timeout",
-    "500ms",
-    "--abandon-after",
-    "1200ms",
-    "--max-poll",
-    "200ms",
-];
+use ticklease_testkit::TEST_TIMING_FLAGS as TIMINGS;
 
 async fn migrated_url() -> String {
     let cluster = PgCluster::shared();

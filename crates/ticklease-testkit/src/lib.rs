@@ -28,6 +28,20 @@ pub use tls::{TestCa, TlsCluster};
 
 use ticklease::{Config, PgStore, PgStoreOptions};
 
+/// [`test_config`]'s timings as the CLI's flags (`ticklease run`, `worker`).
+pub const TEST_TIMING_FLAGS: [&str; 10] = [
+    "--lease-ttl",
+    "2s",
+    "--heartbeat-every",
+    "300ms",
+    "--statement-timeout",
+    "500ms",
+    "--abandon-after",
+    "1200ms",
+    "--max-poll",
+    "200ms",
+];
+
 /// Scaled-down timings for tests against real Postgres: TTL 2 s, heartbeat
 /// 300 ms, statement timeout 500 ms, abandon 1.2 s, poll 200 ms. Generous
 /// enough for a loaded 2-core machine.
