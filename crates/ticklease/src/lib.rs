@@ -100,7 +100,7 @@
 //!    │    lease_ttl), or no session │                │
 //!    │    holds the holder's key:   │                │
 //!    │    acquirable ◄──────────────┤                │
-//!    │                              │ leader_pause   └─ RENEW 0 rows (at once on a pause notify), or no ack
+//!    │                              │ leader_pause   └─ RENEW not renewed (at once on a pause notify), or no ack
 //!    └── leader_unpause ── paused ◄─┘                   within abandon_after: work cancelled ─► RELEASE(Lost)
 //!
 //!  coordination session (optional, per replica, direct connection)

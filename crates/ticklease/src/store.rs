@@ -91,7 +91,7 @@ pub enum Renew {
         /// The database clock at the RENEW.
         db_now: SystemTime,
     },
-    /// 0 rows: the term is over, definitively.
+    /// Not renewed (`renewed = false`): the term is over, definitively.
     Lost(LossReason),
 }
 

@@ -11,9 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 
-use ticklease_testkit::{connect, direct, migrated_db, PgCluster};
+use ticklease_testkit::{connect, direct, migrated_db, scalar, PgCluster};
 
 const DOC: &str = include_str!("../../../docs/sql-api.md");
 const BEGIN: &str = "<!-- sql-api:signatures -->";
@@ -229,7 +229,7 @@ async fn the_reference_lists_every_function_with_its_signature_kind_and_comment(
 }
 
 /// One row of a query, as text columns.
-async fn row(client: &Client, sql: &str) -> tokio_postgres::Row {
+async fn row(client: &impl GenericClient, sql: &str) -> tokio_postgres::Row {
     client
         .query_one(sql, &[])
         .await
@@ -328,13 +328,26 @@ async fn the_answers_are_as_the_reference_documents_them() {
     }
     let message = refused(
         &client,
-        "SELECT leader_release('doc', 1, true, 0, 'completed', NULL, NULL, NULL)",
+        "SELECT leader_release('doc', 1, true, -1, 'completed', NULL, NULL, NULL)",
     )
     .await;
     assert_eq!(
         message,
-        "ticklease: cooldown must be within 1 ms .. 24 h, got 0 ms"
+        "ticklease: cooldown must be within 1 ms .. 24 h, got -1 ms"
     );
+    let released = row(
+        &client,
+        &format!("SELECT leader_release('doc', {token}, false, 0, 'failed', NULL, NULL, NULL)"),
+    )
+    .await;
+    assert!(released.get::<_, bool>(0), "a zero cooldown is accepted");
+    let again = row(
+        &client,
+        "SELECT * FROM leader_acquire('doc', 'h1', 10000, 60000, NULL, false)",
+    )
+    .await;
+    assert!(again.get::<_, bool>("acquired"), "a zero cooldown is none");
+    let token: i64 = again.get("holder_token");
     let released = row(
         &client,
         &format!("SELECT leader_release('doc', {token}, true, NULL, 'completed', NULL, NULL, NULL)"),
@@ -380,8 +393,20 @@ async fn a_refusal_names_the_problem_and_carries_no_function_body() {
         "SELECT * FROM leader_acquire(NULL, 'h', 2000, 1000, NULL, false)",
         "SELECT * FROM leader_acquire_occurrence('r', 'h', 0, NULL, NULL, NULL, NULL, NULL, 's', NULL)",
         "SELECT * FROM leader_renew('r', 1, 0, NULL)",
-        "SELECT * FROM leader_release('r', 1, false, 0, 'failed', NULL, NULL, NULL)",
         "SELECT * FROM leader_replica_beat('f', 'h', 0, NULL)",
+        "SELECT * FROM leader_acquire_occurrence('r', 'h', 2000, 'infinity', NULL, NULL, NULL, NULL, 's', NULL)",
+        "SELECT * FROM leader_acquire_occurrence(NULL, 'h', 2000, NULL, NULL, NULL, NULL, NULL, 's', NULL)",
+        "SELECT * FROM leader_acquire_many(ARRAY['r'], 'h', 0, 1000, NULL, 1, NULL, NULL, NULL, NULL, NULL)",
+        "SELECT * FROM leader_acquire_many(ARRAY['r'], 'h', 2000, 1000, NULL, -1, NULL, NULL, NULL, NULL, NULL)",
+        "SELECT * FROM leader_acquire_many(ARRAY[NULL::text], 'h', 2000, 1000, NULL, 1, NULL, NULL, NULL, NULL, NULL)",
+        "SELECT * FROM leader_acquire_many(ARRAY['r'], 'h', 2000, NULL, NULL, 1, now(), NULL, 's', now() + interval '1h', NULL)",
+        "SELECT * FROM leader_renew_many(ARRAY['r'], ARRAY[1], 0, NULL)",
+        "SELECT * FROM leader_renew_many(ARRAY['r'], ARRAY[]::bigint[], 2000, NULL)",
+        "SELECT * FROM leader_release_many(ARRAY['r'], ARRAY[1], ARRAY[false], ARRAY[0], ARRAY['x'], ARRAY[NULL], ARRAY[NULL])",
+        "SELECT * FROM leader_release('r', 1, false, NULL, 'x', NULL, NULL, NULL)",
+        "SELECT * FROM leader_release('r', 1, false, -5, 'failed', NULL, NULL, NULL)",
+        "SELECT leader_pause('r', '', 'why')",
+        "SELECT leader_fence_sweep(NULL)",
     ] {
         let error = client.query(sql, &[]).await.expect_err(sql);
         let db = error.as_db_error().unwrap_or_else(|| panic!("{sql}: {error}"));
@@ -389,8 +414,141 @@ async fn a_refusal_names_the_problem_and_carries_no_function_body() {
         assert!(db.message().starts_with("ticklease: "), "{sql}: {}", db.message());
         let context = db.where_().unwrap_or_default();
         assert!(
-            context.lines().count() <= 4 && !context.contains("INSERT") && !context.contains("UPDATE"),
+            context.lines().count() <= 6
+                && context.len() <= 600
+                && !["INSERT", "UPDATE", "WITH "].iter().any(|w| context.contains(w)),
             "{sql}: a function body in CONTEXT:\n{context}"
         );
     }
+}
+
+/// `(acquired, reason)` of an ACQUIRE as text, `reason` "-" when NULL.
+async fn acquire_answer(client: &impl GenericClient, sql: &str) -> (bool, String) {
+    let r = row(client, sql).await;
+    let reason: Option<String> = r.get("reason");
+    (r.get("acquired"), reason.unwrap_or_else(|| "-".into()))
+}
+
+/// Issue 34, item 2: every ACQUIRE answer says whether it started a term
+/// and, when not, why, in the order a client acts on; a lost RENEW says why,
+/// in the words RELEASE takes.
+#[tokio::test]
+async fn every_answer_says_whether_it_acquired_or_renewed_and_why_not() {
+    let client = owner().await;
+    let acquire =
+        |holder: &str| format!("SELECT * FROM leader_acquire('r', '{holder}', 60000, 60000, NULL, false)");
+    assert_eq!(acquire_answer(&client, &acquire("h1")).await, (true, "-".into()));
+    let first: i64 = scalar(&client, "SELECT holder_token FROM leader_leases WHERE role = 'r'").await;
+    assert_eq!(
+        acquire_answer(&client, &acquire("h2")).await,
+        (false, "held".into())
+    );
+    let renew = |token: i64| format!("SELECT * FROM leader_renew('r', {token}, 60000, NULL)");
+    let renewed = row(&client, &renew(first)).await;
+    assert_eq!(renewed.get::<_, Option<String>>("reason"), None);
+    row(
+        &client,
+        &format!("SELECT leader_release('r', {first}, true, NULL, 'completed', NULL, NULL, NULL)"),
+    )
+    .await;
+    assert_eq!(
+        row(&client, &renew(first))
+            .await
+            .get::<_, Option<String>>("reason")
+            .as_deref(),
+        Some("released")
+    );
+    assert_eq!(
+        acquire_answer(&client, &acquire("h2")).await,
+        (false, "not_due".into())
+    );
+
+    // A term whose lease ran out, taken over: its RENEW says taken_over.
+    let short = "SELECT * FROM leader_acquire('t', 'h1', 1, 1, NULL, false)";
+    assert!(acquire_answer(&client, short).await.0);
+    let old: i64 = scalar(&client, "SELECT holder_token FROM leader_leases WHERE role = 't'").await;
+    client.batch_execute("SELECT pg_sleep(0.01)").await.unwrap();
+    assert_eq!(acquire_answer(&client, short).await, (true, "-".into()));
+    let lost = row(
+        &client,
+        &format!("SELECT * FROM leader_renew('t', {old}, 1000, NULL)"),
+    )
+    .await;
+    assert_eq!(
+        lost.get::<_, Option<String>>("reason").as_deref(),
+        Some("taken_over")
+    );
+    let current: i64 = scalar(&client, "SELECT holder_token FROM leader_leases WHERE role = 't'").await;
+    client
+        .batch_execute("SELECT leader_pause('t', 'ops', 'answers')")
+        .await
+        .unwrap();
+    let paused = row(
+        &client,
+        &format!("SELECT * FROM leader_renew('t', {current}, 1000, NULL)"),
+    )
+    .await;
+    assert_eq!(
+        paused.get::<_, Option<String>>("reason").as_deref(),
+        Some("paused")
+    );
+    assert_eq!(acquire_answer(&client, short).await, (false, "paused".into()));
+
+    // An occurrence: one ahead is not due, one completed is not runnable.
+    let occurrence = |at: &str| {
+        format!(
+            "SELECT * FROM leader_acquire_occurrence('c', 'h1', 60000, {at}, NULL, NULL, NULL, NULL, 's', ({at})::timestamptz + interval '1 hour')"
+        )
+    };
+    assert_eq!(
+        acquire_answer(&client, &occurrence("NULL::timestamptz")).await,
+        (false, "not_runnable".into())
+    );
+    assert_eq!(
+        acquire_answer(&client, &occurrence("now() + interval '1 hour'")).await,
+        (false, "not_due".into())
+    );
+    assert_eq!(
+        acquire_answer(&client, &occurrence("now() - interval '1 day'")).await,
+        (false, "not_runnable".into())
+    );
+    assert_eq!(
+        acquire_answer(&client, &occurrence("now()")).await,
+        (true, "-".into())
+    );
+    assert_eq!(
+        acquire_answer(&client, &occurrence("now()")).await,
+        (false, "held".into())
+    );
+}
+
+/// An ACQUIRE that waited for another one's row lock, which then started a
+/// term, says `contended`: the row it read said the role was free.
+#[tokio::test]
+async fn an_acquire_that_lost_a_race_for_the_row_says_contended() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let mut first = connect(&direct(&db)).await.unwrap();
+    let second = connect(&direct(&db)).await.unwrap();
+    let observer = connect(&direct(&db)).await.unwrap();
+    let acquire =
+        |holder: &str| format!("SELECT * FROM leader_acquire('race', '{holder}', 60000, 60000, NULL, false)");
+    second
+        .batch_execute("SELECT leader_seed(ARRAY['race'])")
+        .await
+        .unwrap();
+    let winner = first.transaction().await.unwrap();
+    assert!(acquire_answer(&winner, &acquire("h1")).await.0);
+    let loser = tokio::spawn(async move { acquire_answer(&second, &acquire("h2")).await });
+    let blocked = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while scalar::<i64>(&observer, blocked).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second ACQUIRE never waited for the row"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    winner.commit().await.unwrap();
+    assert_eq!(loser.await.unwrap(), (false, "contended".into()));
 }

@@ -7,8 +7,8 @@
 //! real expiry. Before each RENEW the heartbeat checks `abandon_after`; past
 //! it, it reports `HeartbeatTimeout` and starts nothing more. A RENEW that
 //! fails or does not answer is a missed beat, retried after half a beat (so
-//! with the defaults one missed beat is not yet an abandon); 0 rows is a
-//! definitive loss. Every wait is capped at the abandon instant, and a RENEW
+//! with the defaults one missed beat is not yet an abandon); `renewed =
+//! false` is a definitive loss. Every wait is capped at the abandon instant, and a RENEW
 //! in flight is cut there. Told of a pause by the coordination session, it
 //! renews at once: the RENEW reports the loss and the work is cancelled.
 

@@ -870,7 +870,7 @@ impl<T> Settled<T> {
 enum Released {
     /// It ended the term.
     Yes,
-    /// The term was over already (0 rows): a later term, a pause, or none.
+    /// The term was over already (it answered false): a later term, a pause, or none.
     TermOver,
     /// It failed or did not answer: the lease expires on its own.
     Unknown,

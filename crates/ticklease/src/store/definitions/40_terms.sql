@@ -1,10 +1,16 @@
 -- The lease statements of one role: ACQUIRE, RENEW, RELEASE, each
 -- term-scoped by (role, token), and the seeding of declared roles.
 
-CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint, p_key bigint,
-                                                 p_long_lived boolean)
+-- Generation 5 added the explicit answer (acquired, reason) at the end of
+-- the row: a new row type. Callers that name their columns, or read the
+-- first nine by position, read what they read before.
+DROP FUNCTION IF EXISTS @schema@.leader_acquire(text, text, bigint, bigint, bigint, boolean);
+
+CREATE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint, p_key bigint,
+                                        p_long_lived boolean)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
-               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint)
+               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
+               acquired boolean, reason text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- ACQUIRE: starts a term when the role is unheld (or its term expired, or
@@ -19,6 +25,9 @@ AS $fn$
 -- A started term records whether the role is long-lived (p_long_lived: its
 -- work runs for the whole term, so its health is being held, not ticking)
 -- and its interval, for readers (metrics: the stall alert's threshold).
+-- `acquired` says whether a term started; `reason` why not, in the order a
+-- client acts on: paused, held (a live term), not_due (due_at ahead), or
+-- contended (another statement changed the row meanwhile: ask again soon).
 #variable_conflict use_column
 BEGIN
     IF p_role IS NULL THEN
@@ -38,7 +47,7 @@ BEGIN
     PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms), @schema@.leader_check_ms('interval', p_interval_ms);
     PERFORM @schema@.leader_require_key(p_key);
     RETURN QUERY
-    WITH acquired AS (
+    WITH started AS (
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, holder_id, acquired_at, expires_at, holder_key,
                                                  long_lived, tick_interval_ms)
         VALUES (p_role, @schema@.leader_token_seed(), p_holder, now(),
@@ -70,7 +79,7 @@ BEGIN
         SELECT @schema@.leader_history_add(p_role, 'term', s.holder_token, s.holder_id, s.acquired_at, 'lost',
                    CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, s.manual_by, NULL),
                @schema@.leader_fence_sweep(ARRAY[p_role])
-          FROM acquired AS a
+          FROM started AS a
           JOIN @schema@.leader_leases AS s ON s.role = p_role AND s.holder_id IS NOT NULL
     )
     SELECT a.holder_token,
@@ -82,9 +91,16 @@ BEGIN
            s.pause_reason,
            greatest(s.last_tick_ended_at + @schema@.leader_check_ms('interval', p_interval_ms), s.not_before,
                     s.pause_wait_until),
-           s.holder_key
+           s.holder_key,
+           a.holder_token IS NOT NULL,
+           CASE WHEN a.holder_token IS NOT NULL THEN NULL
+                WHEN s.paused_at IS NOT NULL THEN 'paused'
+                WHEN @schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now()) THEN 'held'
+                WHEN greatest(s.last_tick_ended_at + @schema@.leader_check_ms('interval', p_interval_ms),
+                              s.not_before, s.pause_wait_until) > now() THEN 'not_due'
+                ELSE 'contended' END
       FROM (SELECT 1) AS one
-      LEFT JOIN acquired AS a ON true
+      LEFT JOIN started AS a ON true
       LEFT JOIN @schema@.leader_leases AS s ON s.role = p_role
       -- Referenced, so the planner cannot drop the join and the row with it.
       JOIN (SELECT count(*) AS n FROM taken_over) AS recorded ON recorded.n IS NOT NULL;
@@ -121,7 +137,8 @@ AS $fn$
     SELECT coalesce(p_last, CASE WHEN p_started IS NULL THEN p_since - interval '1 minute' ELSE p_since END)
 $fn$;
 
--- Generation 3 added the last pause's window to the answer (a new row type).
+-- Generation 3 added the last pause's window to the answer (a new row type),
+-- generation 5 the explicit answer (acquired, reason) after it.
 DROP FUNCTION IF EXISTS @schema@.leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint,
                                                           text[], text[], text, timestamptz);
 
@@ -132,7 +149,7 @@ CREATE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_holder text, p
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
                after_occurrence timestamptz, failures integer, manual_by text, run_now_pending boolean,
-               last_paused_at timestamptz, last_unpaused_at timestamptz)
+               last_paused_at timestamptz, last_unpaused_at timestamptz, acquired boolean, reason text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- ACQUIRE of one occurrence of a cron schedule: starts a term for
@@ -155,6 +172,9 @@ AS $fn$
 -- A term it takes over is recorded and swept as in leader_acquire. The
 -- answer carries the role's last pause (when paused and unpaused), so the
 -- caller can name the occurrences that fell due while it was paused.
+-- `acquired` and `reason` as in leader_acquire, with one more reason:
+-- not_runnable (no occurrence asked, or the asked one completed already,
+-- is not after after_occurrence, or is no longer the latest).
 #variable_conflict use_column
 BEGIN
     IF p_holder IS NULL OR length(p_holder) > 200 THEN
@@ -241,19 +261,19 @@ BEGIN
                     AND NOT @schema@.leader_pause_waits(l.pause_wait_until, now())))
         RETURNING l.holder_token, l.holder_id, l.manual_by
     ),
-    acquired AS (
+    began AS (
         SELECT u.holder_token, u.manual_by FROM upserted AS u WHERE u.holder_id IS NOT NULL
     ),
     taken_over AS (
         SELECT @schema@.leader_history_add(p_role, 'term', s.holder_token, s.holder_id, s.acquired_at, 'lost',
                    CASE WHEN s.expires_at <= now() THEN 'expired' ELSE 'holder_gone' END, s.manual_by, NULL),
                @schema@.leader_fence_sweep(ARRAY[p_role])
-          FROM acquired AS a
+          FROM began AS a
           JOIN @schema@.leader_leases AS s ON s.role = p_role AND s.holder_id IS NOT NULL
     ),
     skipped AS (
         SELECT @schema@.leader_history_add(p_role, 'skipped', NULL, NULL, NULL, NULL, k.reason, NULL, k.summary)
-          FROM acquired AS a
+          FROM began AS a
           CROSS JOIN unnest(p_skipped_reasons, p_skipped_summaries) AS k (reason, summary)
          WHERE a.manual_by IS NULL
     )
@@ -273,9 +293,21 @@ BEGIN
            -- The row as it was before this statement: a run-now this did not start still waits.
            s.run_now_by IS NOT NULL AND a.manual_by IS NULL,
            s.last_paused_at,
-           s.last_unpaused_at
+           s.last_unpaused_at,
+           a.holder_token IS NOT NULL,
+           CASE WHEN a.holder_token IS NOT NULL THEN NULL
+                WHEN s.paused_at IS NOT NULL THEN 'paused'
+                WHEN @schema@.leader_term_live(s.holder_id, s.expires_at, s.holder_key, now()) THEN 'held'
+                WHEN greatest(s.not_before, s.pause_wait_until) > now() OR p_occurrence > now() THEN 'not_due'
+                -- Startable as the row was before: another statement won it meanwhile.
+                WHEN @schema@.leader_occurrence_runnable(p_occurrence, p_before,
+                         @schema@.leader_occurrence_floor(s.last_occurrence, s.occurrences_since, s.occurrence),
+                         greatest(s.not_before, s.pause_wait_until))
+                     OR (s.run_now_by IS NOT NULL AND NOT @schema@.leader_pause_waits(s.pause_wait_until, now()))
+                     THEN 'contended'
+                ELSE 'not_runnable' END
       FROM (SELECT 1) AS one
-      LEFT JOIN acquired AS a ON true
+      LEFT JOIN began AS a ON true
       LEFT JOIN @schema@.leader_leases AS s ON s.role = p_role
       -- Referenced, so the planner cannot drop the joins and the rows with them.
       JOIN (SELECT count(*) AS n FROM taken_over) AS recorded ON recorded.n IS NOT NULL
@@ -283,12 +315,18 @@ BEGIN
 END
 $fn$;
 
-CREATE OR REPLACE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint, p_key bigint)
-RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_id text, paused boolean)
+-- Generation 5 added the loss's reason at the end of the row (a new row type).
+DROP FUNCTION IF EXISTS @schema@.leader_renew(text, bigint, bigint, bigint);
+
+CREATE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint, p_key bigint)
+RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_id text, paused boolean,
+               reason text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- RENEW: extends the term while (role, token) still holds it; it records the holder's current coordination key (a
--- replica whose session reconnected has a new one; NULL: none now).
+-- replica whose session reconnected has a new one; NULL: none now). A lost
+-- term's reason is the one its RELEASE passes on: paused, taken_over (a later
+-- term started), or released (ended before, or the row forgotten).
 BEGIN
     -- In a statement of its own, as leader_acquire's bounds.
     PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms), @schema@.leader_require_key(p_key);
@@ -297,13 +335,37 @@ BEGIN
            holder_key = p_key
      WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NOT NULL;
     IF FOUND THEN
-        RETURN QUERY SELECT true, now(), p_token, NULL::text, false;
+        RETURN QUERY SELECT true, now(), p_token, NULL::text, false, NULL::text;
         RETURN;
     END IF;
     RETURN QUERY
-        SELECT false, now(), s.holder_token, s.holder_id, s.paused_at IS NOT NULL
+        SELECT false, now(), s.holder_token, s.holder_id, s.paused_at IS NOT NULL,
+               CASE WHEN s.paused_at IS NOT NULL THEN 'paused'
+                    WHEN s.holder_token <> p_token THEN 'taken_over'
+                    ELSE 'released' END
           FROM (SELECT 1) AS one
           LEFT JOIN @schema@.leader_leases AS s ON s.role = p_role;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_check_release(p_stamp boolean, p_cooldown_ms bigint, p_outcome text,
+                                                         p_reason text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $fn$
+-- The values a RELEASE takes, checked before it looks at the term (so a
+-- refused call ends nothing), one entry at a time by the batched RELEASE too.
+BEGIN
+    IF p_stamp IS NULL OR p_outcome IS NULL
+       OR p_outcome NOT IN ('completed', 'interrupted', 'lost', 'failed', 'panicked')
+       OR p_reason NOT IN ('taken_over', 'paused', 'released', 'heartbeat_timeout') THEN
+        RAISE EXCEPTION 'ticklease: leader_release needs p_stamp, an outcome and a known loss reason, got % / % / %',
+                        p_stamp, p_outcome, left(p_reason, 40)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_cooldown_ms <> 0 THEN
+        PERFORM @schema@.leader_check_ms('cooldown', p_cooldown_ms);
+    END IF;
 END
 $fn$;
 
@@ -321,17 +383,12 @@ AS $fn$
 -- wait the pause set for it (leader_pause) and returns false: its holder's
 -- work has stopped, so the next term need not wait for its lease.
 DECLARE
-    cooldown interval := CASE WHEN p_cooldown_ms IS NOT NULL
-                              THEN @schema@.leader_check_ms('cooldown', p_cooldown_ms) END;
+    cooldown interval;
     ended @schema@.leader_leases;
 BEGIN
-    IF p_stamp IS NULL OR p_outcome IS NULL
-       OR p_outcome NOT IN ('completed', 'interrupted', 'lost', 'failed', 'panicked')
-       OR p_reason NOT IN ('taken_over', 'paused', 'released', 'heartbeat_timeout') THEN
-        RAISE EXCEPTION 'ticklease: leader_release needs p_stamp, an outcome and a known loss reason, got % / % / %',
-                        p_stamp, p_outcome, left(p_reason, 40)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM @schema@.leader_check_release(p_stamp, p_cooldown_ms, p_outcome, p_reason);
+    -- NULL and 0 are no cooldown (generation 5 accepts 0, once refused).
+    cooldown := CASE WHEN p_cooldown_ms <> 0 THEN @schema@.leader_check_ms('cooldown', p_cooldown_ms) END;
     -- The lock RELEASE's UPDATE takes anyway (no key column changes), so it
     -- still never waits for a claim's commit check.
     SELECT * INTO ended FROM @schema@.leader_leases AS l

@@ -316,6 +316,11 @@ BEGIN
         RAISE EXCEPTION 'ticklease: leader_release_many needs one entry per role in every array'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Every entry's values before any term ends, each in a statement of its
+    -- own: a refusal from inside the loop's query would carry its text.
+    FOR i IN 1 .. n LOOP
+        PERFORM @schema@.leader_check_release(p_stamps[i], p_cooldowns_ms[i], p_outcomes[i], p_reasons[i]);
+    END LOOP;
     FOR i IN SELECT o.i FROM generate_subscripts(p_roles, 1) AS o(i) ORDER BY p_roles[o.i], p_tokens[o.i] LOOP
         RETURN QUERY SELECT p_roles[i], p_tokens[i],
                             @schema@.leader_release(p_roles[i], p_tokens[i], p_stamps[i], p_cooldowns_ms[i],

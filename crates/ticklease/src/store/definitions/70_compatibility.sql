@@ -28,7 +28,9 @@ RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint)
 LANGUAGE sql VOLATILE SECURITY DEFINER
 AS $fn$
-    SELECT * FROM @schema@.leader_acquire(p_role, p_holder, p_ttl_ms, p_interval_ms, p_key, false)
+    SELECT a.holder_token, a.db_now, a.holder_id, a.expires_at, a.held, a.paused_by, a.pause_reason, a.due_at,
+           a.holder_key
+      FROM @schema@.leader_acquire(p_role, p_holder, p_ttl_ms, p_interval_ms, p_key, false) AS a
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint)
@@ -45,7 +47,8 @@ CREATE OR REPLACE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_
 RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_id text, paused boolean)
 LANGUAGE sql VOLATILE SECURITY DEFINER
 AS $fn$
-    SELECT * FROM @schema@.leader_renew(p_role, p_token, p_ttl_ms, NULL)
+    SELECT r.renewed, r.db_now, r.holder_token, r.holder_id, r.paused
+      FROM @schema@.leader_renew(p_role, p_token, p_ttl_ms, NULL) AS r
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, p_stamp boolean, p_cooldown_ms bigint)

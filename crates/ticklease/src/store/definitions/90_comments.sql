@@ -8,16 +8,16 @@
 
 -- Client functions (docs/sql-api.md).
 COMMENT ON FUNCTION @schema@.leader_acquire(text, text, bigint, bigint, bigint, boolean) IS
-'ticklease client: ACQUIRE a role on an interval (or a long-lived role). Args: role, holder id (<= 200 chars), lease TTL ms, interval ms (1 ms..24 h each), coordination key or NULL, long-lived. Always one row: a term started iff holder_token is not NULL; the other columns describe the row before this call (paused_by set: paused; held: live term until expires_at; due_at > db_now: not due). App role. See docs/sql-api.md.';
+'ticklease client: ACQUIRE a role on an interval (or a long-lived role). Args: role, holder id (<= 200 chars), lease TTL ms, interval ms (1 ms..24 h each), coordination key or NULL, long-lived. Always one row: acquired says whether a term started (its token: holder_token), reason why not (paused, held, not_due, contended); the other columns describe the row before this call. App role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[], text, timestamptz) IS
-'ticklease client: ACQUIRE one occurrence of a cron schedule the caller computed. Args: role, holder id, lease TTL ms, occurrence (NULL: only look), the next occurrence if the asked one must still be the latest (else NULL), key, skipped reasons and summaries (<= 3), schedule text, next occurrence. Always one row: a term started iff holder_token is not NULL (a manual run iff manual_by too); after_occurrence: occurrences at or before it never run. App role. See docs/sql-api.md.';
+'ticklease client: ACQUIRE one occurrence of a cron schedule the caller computed. Args: role, holder id, lease TTL ms, occurrence (NULL: only look), the next occurrence if the asked one must still be the latest (else NULL), key, skipped reasons and summaries (<= 3), schedule text, next occurrence. Always one row: acquired says whether a term started (a manual run iff manual_by too), reason why not (paused, held, not_due, contended, not_runnable); after_occurrence: occurrences at or before it never run. App role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_renew(text, bigint, bigint, bigint) IS
-'ticklease client: RENEW the term (role, token) to now() + lease TTL ms and record the holder''s current key (or NULL). Always one row: renewed = false means the term is over for good (paused: paused; holder_token <> token: taken over; else released). App role. See docs/sql-api.md.';
+'ticklease client: RENEW the term (role, token) to now() + lease TTL ms and record the holder''s current key (or NULL). Always one row: renewed = false means the term is over for good, reason says why (paused, taken_over, released: pass it to RELEASE). App role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_release(text, bigint, boolean, bigint, text, text, text, text) IS
-'ticklease client: RELEASE the term (role, token). Args: role, token, stamp (a completed tick), cooldown ms (NULL: none; 0 is refused), outcome (completed, interrupted, lost, failed, panicked), loss reason (NULL, taken_over, paused, released, heartbeat_timeout), error summary, output. true: this call ended the term; false: it was over already. Notifies no one. App role. See docs/sql-api.md.';
+'ticklease client: RELEASE the term (role, token). Args: role, token, stamp (a completed tick), cooldown ms (NULL or 0: none), outcome (completed, interrupted, lost, failed, panicked), loss reason (NULL, taken_over, paused, released, heartbeat_timeout), error summary, output. true: this call ended the term; false: it was over already. Notifies no one. App role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_fence(text, bigint) IS
 'ticklease client: the fence. true while (role, token) is the live, unpaused term at clock_timestamp(). Use as (SELECT leader_fence($role, $token)) in the claim statement of a READ COMMITTED read-write transaction; its COMMIT fails with 40001 if the term ended meanwhile. App role. See docs/sql-api.md.';
@@ -61,6 +61,7 @@ COMMENT ON FUNCTION @schema@.leader_forget(text) IS
 -- Internal: the functions'', the view''s, the status page''s and the migration runner''s own.
 COMMENT ON FUNCTION @schema@.leader_check_batch(text, text[]) IS 'ticklease internal: checks a batched statement''s role list. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_check_ms(text, bigint) IS 'ticklease internal: checks a duration in ms (1 ms .. 24 h). Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_check_release(boolean, bigint, text, text) IS 'ticklease internal: checks the values a RELEASE takes. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_family_due(@schema@.leader_leases, interval, timestamptz, timestamptz) IS 'ticklease internal: whether a family key''s row is due. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_family_skipped(timestamptz[], boolean) IS 'ticklease internal: the history summary of skipped occurrences. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_fence_commit() IS 'ticklease internal: the fence''s commit check (a deferred constraint trigger). Not for clients.';
