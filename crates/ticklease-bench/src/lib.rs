@@ -4,6 +4,7 @@
 //! database's own record (`lease_history`, written by a trigger on
 //! `leader_leases`, and the journals written by fenced claims).
 
+pub mod black_box;
 pub mod chaos;
 pub mod drill;
 pub mod endpoint;

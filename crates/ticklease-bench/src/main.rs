@@ -160,6 +160,23 @@ enum Cmd {
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
+    /// The black-box check (docs/black-box.md) of the Rust Scheduler, `ticklease run` and the Python
+    /// client, `rounds` times each: the figures per fault go to black-box.md.
+    BlackBox {
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// The ticklease binary (build it with `cargo build --release -p ticklease-cli`).
+        #[arg(long, default_value = "target/release/ticklease")]
+        ticklease: PathBuf,
+        /// Only the clients of these names (rust-scheduler, ticklease-run, python).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+    },
+    /// (child process) The Rust client of the black-box check.
+    #[command(hide = true)]
+    BlackBoxClient,
     /// The advisory-lock baseline's holder (internal to run-failover).
     #[command(hide = true)]
     AdvisoryHolder {
@@ -350,6 +367,22 @@ async fn main() -> anyhow::Result<()> {
                 ticklease_bench::run_failover::write(&out, &results)?.display()
             );
         }
+        Cmd::BlackBox { rounds, ticklease, only, out } => {
+            use ticklease_bench::black_box::bench;
+            let paths = bench::Paths {
+                bench: std::env::current_exe()?,
+                ticklease: std::fs::canonicalize(&ticklease)?,
+                root: std::env::current_dir()?,
+            };
+            let clients: Vec<_> = bench::repository_clients(&paths)
+                .into_iter()
+                .filter(|c| only.is_empty() || only.contains(&c.name))
+                .collect();
+            let reports = bench::run(&clients, rounds, &out).await?;
+            let violations: usize = reports.iter().map(|r| r.violations.len()).sum();
+            anyhow::ensure!(violations == 0, "{violations} violation(s)");
+        }
+        Cmd::BlackBoxClient => ticklease_bench::black_box::client::run().await?,
         Cmd::AdvisoryHolder { url, key, command } => {
             ticklease_bench::run_failover::advisory_holder(&url, key, &command).await?;
         }

@@ -1,0 +1,85 @@
+//! The clients of the repository as the harness starts them, and the
+//! benchmark: several checks of each, figures per fault written to
+//! `docs/benchmarks/black-box.md`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::{check, ClientUnderCheck, Report, Timings};
+use crate::stats::summarize;
+
+/// Where the executables and the repository are.
+pub struct Paths {
+    /// `ticklease-bench` itself (the Rust client is its `black-box-client`).
+    pub bench: PathBuf,
+    /// The `ticklease` binary (`ticklease run`).
+    pub ticklease: PathBuf,
+    /// The repository's root (the client scripts).
+    pub root: PathBuf,
+}
+
+/// The Rust `Scheduler`, `ticklease run` and the Python client.
+pub fn repository_clients(paths: &Paths) -> Vec<ClientUnderCheck> {
+    let quoted = |p: &Path| format!("'{}'", p.display());
+    vec![
+        ClientUnderCheck {
+            name: "rust-scheduler".into(),
+            command: format!("{} black-box-client", quoted(&paths.bench)),
+            env: Vec::new(),
+        },
+        ClientUnderCheck {
+            name: "ticklease-run".into(),
+            command: format!("sh {}", quoted(&paths.root.join("clients/run/blackbox.sh"))),
+            env: vec![("TICKLEASE_BIN".into(), paths.ticklease.display().to_string())],
+        },
+        ClientUnderCheck {
+            name: "python".into(),
+            command: format!("python3 {}", quoted(&paths.root.join("clients/python/blackbox.py"))),
+            env: Vec::new(),
+        },
+    ]
+}
+
+/// Checks each client `rounds` times; writes the figures; returns every report.
+pub async fn run(clients: &[ClientUnderCheck], rounds: usize, out: &Path) -> anyhow::Result<Vec<Report>> {
+    let mut reports = Vec::new();
+    for client in clients {
+        for round in 0..rounds {
+            let report = check(client, Timings::SCALED).await?;
+            eprintln!("round {round}: {}", report.summary());
+            for v in &report.violations {
+                eprintln!("  VIOLATION {v}");
+            }
+            reports.push(report);
+        }
+    }
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("black-box.md"), markdown(&reports, rounds))?;
+    Ok(reports)
+}
+
+fn markdown(reports: &[Report], rounds: usize) -> String {
+    let t = Timings::SCALED;
+    let mut md = format!(
+        "# The black-box check: figures per client\n\n`ticklease-bench black-box --rounds {rounds}` (docs/black-box.md): three replicas per client, \
+         timings T {:?}, H {:?}, S {:?}, A {:?}, P {:?}, work {:?}. Milliseconds from the fault (the unpause, the server's start, \
+         the run-now) to the next term's first claim, on the database clock.\n\n",
+        t.lease_ttl, t.heartbeat, t.statement_timeout, t.abandon, t.max_poll, t.work
+    );
+    md.push_str("| client | fault | n | p50 | p99 | max | bound | violations |\n|---|---|---|---|---|---|---|---|\n");
+    let mut clients: Vec<&str> = reports.iter().map(|r| r.client.as_str()).collect();
+    clients.dedup();
+    for client in clients {
+        let of: Vec<&Report> = reports.iter().filter(|r| r.client == client).collect();
+        let violations: usize = of.iter().map(|r| r.violations.len()).sum();
+        let faults: Vec<&str> = of.first().map(|r| r.outcomes.iter().map(|o| o.fault).collect()).unwrap_or_default();
+        for fault in faults {
+            let samples: Vec<f64> = of.iter().flat_map(|r| &r.outcomes).filter(|o| o.fault == fault).filter_map(|o| o.to_claim_ms).collect();
+            let bound = of.iter().flat_map(|r| &r.outcomes).find(|o| o.fault == fault).map_or(0.0, |o| o.bound_ms);
+            if let Some(s) = summarize(&samples) {
+                let _ = writeln!(md, "| {client} | {fault} | {} | {:.0} | {:.0} | {:.0} | {bound:.0} | {violations} |", s.n, s.p50, s.p99, s.max);
+            }
+        }
+    }
+    md
+}

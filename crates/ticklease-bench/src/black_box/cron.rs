@@ -1,0 +1,94 @@
+//! The cron scenario: replicas lead a role on a schedule with an
+//! occurrence every few seconds; an operator's run-now falls between two
+//! occurrences. Every occurrence must run once, the run-now once more.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::contract::Timings;
+use super::db::{ms_between, Db};
+use super::faults::Outcome;
+
+/// Seconds between two occurrences (divides a minute).
+pub const EVERY_S: u64 = 4;
+
+/// The schedule, six fields, seconds first.
+pub fn expression() -> String {
+    format!("*/{EVERY_S} * * * * *")
+}
+
+/// How many occurrences the scenario watches after the run-now.
+const OCCURRENCES_AFTER: u64 = 2;
+
+/// The occurrence at or before `at`.
+fn occurrence_of(at: SystemTime) -> u64 {
+    let s = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    s - s % EVERY_S
+}
+
+/// Runs the scenario on replicas already started; returns the run-now's outcome.
+pub async fn run(db: &Db, role: &str, timings: Timings) -> anyhow::Result<Outcome> {
+    let first = db.settle(role, UNIX_EPOCH, 1, Duration::from_secs(EVERY_S * 3 + 10)).await?;
+    // After the first occurrence's work, before the next occurrence.
+    let run_now_at = UNIX_EPOCH + Duration::from_secs(occurrence_of(first)) + timings.work + Duration::from_millis(400);
+    let wait = run_now_at.duration_since(db.now().await?).unwrap_or_default();
+    tokio::time::sleep(wait).await;
+    let owner = db.owner().await?;
+    let before: i64 = owner
+        .query_one("SELECT coalesce(max(token), 0) FROM blackbox_claims WHERE role = $1", &[&role])
+        .await?
+        .get(0);
+    let at: SystemTime = owner.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
+    owner.execute("SELECT leader_run_now($1)", &[&role]).await?;
+    owner.execute("SELECT pg_notify('ticklease', 'run_now ' || $1)", &[&role]).await?;
+    let bound = timings.max_poll + Duration::from_secs(1);
+    let claim = db.wait_claim_after(role, before, at, bound * 2).await?;
+    let end = UNIX_EPOCH + Duration::from_secs(occurrence_of(at) + EVERY_S * (OCCURRENCES_AFTER + 1)) + timings.work;
+    tokio::time::sleep(end.duration_since(db.now().await?).unwrap_or_default() + Duration::from_millis(500)).await;
+    Ok(Outcome {
+        fault: "run-now",
+        to_claim_ms: claim.map(|c| ms_between(c, at)),
+        bound_ms: bound.as_secs_f64() * 1000.0,
+    })
+}
+
+/// After the replicas stopped: exactly one manual term, and every
+/// occurrence from the first to the last ran in exactly one term that
+/// claimed within `late` of it.
+pub async fn check(db: &Db, role: &str, late: Duration) -> anyhow::Result<Vec<String>> {
+    let owner = db.owner().await?;
+    let manual: i64 = owner
+        .query_one(
+            "SELECT count(*) FROM leader_history WHERE role = $1 AND kind = 'term' AND by IS NOT NULL",
+            &[&role],
+        )
+        .await?
+        .get(0);
+    let mut out = Vec::new();
+    if manual != 1 {
+        out.push(format!("{role}: {manual} manual terms for one run-now"));
+    }
+    let rows = owner
+        .query(
+            "SELECT min(c.at) FROM blackbox_claims AS c
+               JOIN leader_history AS h ON h.role = c.role AND h.token = c.token AND h.kind = 'term'
+              WHERE c.role = $1 AND h.by IS NULL GROUP BY c.token ORDER BY 1",
+            &[&role],
+        )
+        .await?;
+    let firsts: Vec<SystemTime> = rows.iter().map(|r| r.get(0)).collect();
+    let mut expected = firsts.first().map(|&f| occurrence_of(f));
+    for f in &firsts {
+        let o = occurrence_of(*f);
+        let after = ms_between(*f, UNIX_EPOCH + Duration::from_secs(o));
+        match expected {
+            Some(e) if e == o && after <= late.as_secs_f64() * 1000.0 => {}
+            Some(e) => out.push(format!("{role}: occurrence {e} expected, a term claimed {after:.0} ms after {o}")),
+            None => {}
+        }
+        expected = Some(o + EVERY_S);
+    }
+    if firsts.len() < 3 {
+        out.push(format!("{role}: only {} occurrence(s) ran", firsts.len()));
+    }
+    Ok(out)
+}
