@@ -367,7 +367,12 @@ async fn main() -> anyhow::Result<()> {
                 ticklease_bench::run_failover::write(&out, &results)?.display()
             );
         }
-        Cmd::BlackBox { rounds, ticklease, only, out } => {
+        Cmd::BlackBox {
+            rounds,
+            ticklease,
+            only,
+            out,
+        } => {
             use ticklease_bench::black_box::bench;
             let paths = bench::Paths {
                 bench: std::env::current_exe()?,

@@ -13,13 +13,24 @@ fn paths() -> Paths {
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_ticklease-bench"));
     // `cargo test --workspace` builds the CLI beside this crate's binary (its own tests need it).
     let ticklease = bench.with_file_name("ticklease");
-    assert!(ticklease.exists(), "{} is not built: cargo build -p ticklease-cli", ticklease.display());
+    assert!(
+        ticklease.exists(),
+        "{} is not built: cargo build -p ticklease-cli",
+        ticklease.display()
+    );
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    Paths { bench, ticklease, root }
+    Paths {
+        bench,
+        ticklease,
+        root,
+    }
 }
 
 async fn passes(name: &str) {
-    let client = repository_clients(&paths()).into_iter().find(|c| c.name == name).expect("a client of that name");
+    let client = repository_clients(&paths())
+        .into_iter()
+        .find(|c| c.name == name)
+        .expect("a client of that name");
     let report = check(&client, Timings::SCALED).await.expect("the check ran");
     println!("{}", report.summary());
     assert!(
@@ -43,4 +54,111 @@ async fn ticklease_run_passes_the_black_box_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_passes_the_black_box_check() {
     passes("python").await;
+}
+
+/// One statement, committed on its own (the checks read commit order).
+async fn commit(owner: &tokio_postgres::Client, sql: &str) {
+    owner
+        .batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+fn term(role: &str, token: i64) -> String {
+    format!(
+        "INSERT INTO leader_history (role, kind, token, holder_id, acquired_at, outcome)
+         VALUES ('{role}', 'term', {token}, 'h', clock_timestamp(), 'completed')"
+    )
+}
+
+fn claim(role: &str, token: i64, seq: i64) -> String {
+    format!("INSERT INTO blackbox_claims VALUES ('{role}', {token}, 'r1', {seq}, clock_timestamp())")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_check_finds_the_violation_it_names() {
+    let db = ticklease_bench::black_box::db::Db::start().await.unwrap();
+    let owner = db.owner().await.unwrap();
+    // A clean record: two terms, each claiming inside itself.
+    for sql in [
+        claim("clean", 1, 1),
+        term("clean", 1),
+        claim("clean", 2, 2),
+        term("clean", 2),
+    ] {
+        commit(&owner, &sql).await;
+    }
+    // A claim committed after its term ended; a claim of no term.
+    for sql in [term("late", 1), claim("late", 1, 1), claim("late", 7, 2)] {
+        commit(&owner, &sql).await;
+    }
+    // Term 2 claimed before term 1 ended.
+    for sql in [
+        claim("overlap", 1, 1),
+        claim("overlap", 2, 2),
+        term("overlap", 1),
+        term("overlap", 2),
+    ] {
+        commit(&owner, &sql).await;
+    }
+    // One seq committed by two terms.
+    for sql in [
+        claim("twice", 1, 1),
+        term("twice", 1),
+        claim("twice", 2, 1),
+        term("twice", 2),
+    ] {
+        commit(&owner, &sql).await;
+    }
+    // A claim between a pause and its unpause.
+    let history = |kind: &str| {
+        format!("INSERT INTO leader_history (role, kind, by) VALUES ('paused', '{kind}', 'ops')")
+    };
+    for sql in [
+        history("pause"),
+        claim("paused", 1, 1),
+        term("paused", 1),
+        history("unpause"),
+    ] {
+        commit(&owner, &sql).await;
+    }
+    let found = |role: &'static str| {
+        let owner = &owner;
+        async move { checks::invariants(owner, role).await.unwrap() }
+    };
+    assert_eq!(found("clean").await, Vec::<String>::new());
+    let late = found("late").await;
+    assert!(late.iter().any(|v| v.contains("after it ended")), "{late:?}");
+    assert!(late.iter().any(|v| v.contains("no such term")), "{late:?}");
+    let overlap = found("overlap").await;
+    assert!(
+        overlap.iter().any(|v| v.contains("before term 1 ended")),
+        "{overlap:?}"
+    );
+    let twice = found("twice").await;
+    assert!(
+        twice
+            .iter()
+            .any(|v| v.starts_with("twice: seq 1 committed 2 times")),
+        "{twice:?}"
+    );
+    let paused = found("paused").await;
+    assert!(paused.iter().any(|v| v.contains("while paused")), "{paused:?}");
+
+    // A steady window with a gap longer than allowed.
+    let now = db.now().await.unwrap();
+    let window = [(now - std::time::Duration::from_secs(10), now)];
+    let gaps = checks::gaps(&owner, "clean", &window, std::time::Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(
+        !gaps.is_empty(),
+        "claims a second apart in a 10 s window leave gaps"
+    );
+    assert!(
+        checks::gaps(&owner, "clean", &window, std::time::Duration::from_secs(20))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

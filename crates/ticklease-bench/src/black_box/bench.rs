@@ -34,7 +34,10 @@ pub fn repository_clients(paths: &Paths) -> Vec<ClientUnderCheck> {
         },
         ClientUnderCheck {
             name: "python".into(),
-            command: format!("python3 {}", quoted(&paths.root.join("clients/python/blackbox.py"))),
+            command: format!(
+                "python3 {}",
+                quoted(&paths.root.join("clients/python/blackbox.py"))
+            ),
             env: Vec::new(),
         },
     ]
@@ -66,18 +69,36 @@ fn markdown(reports: &[Report], rounds: usize) -> String {
          the run-now) to the next term's first claim, on the database clock.\n\n",
         t.lease_ttl, t.heartbeat, t.statement_timeout, t.abandon, t.max_poll, t.work
     );
-    md.push_str("| client | fault | n | p50 | p99 | max | bound | violations |\n|---|---|---|---|---|---|---|---|\n");
+    md.push_str(
+        "| client | fault | n | p50 | p99 | max | bound | violations |\n|---|---|---|---|---|---|---|---|\n",
+    );
     let mut clients: Vec<&str> = reports.iter().map(|r| r.client.as_str()).collect();
     clients.dedup();
     for client in clients {
         let of: Vec<&Report> = reports.iter().filter(|r| r.client == client).collect();
         let violations: usize = of.iter().map(|r| r.violations.len()).sum();
-        let faults: Vec<&str> = of.first().map(|r| r.outcomes.iter().map(|o| o.fault).collect()).unwrap_or_default();
+        let faults: Vec<&str> = of
+            .first()
+            .map(|r| r.outcomes.iter().map(|o| o.fault).collect())
+            .unwrap_or_default();
         for fault in faults {
-            let samples: Vec<f64> = of.iter().flat_map(|r| &r.outcomes).filter(|o| o.fault == fault).filter_map(|o| o.to_claim_ms).collect();
-            let bound = of.iter().flat_map(|r| &r.outcomes).find(|o| o.fault == fault).map_or(0.0, |o| o.bound_ms);
+            let samples: Vec<f64> = of
+                .iter()
+                .flat_map(|r| &r.outcomes)
+                .filter(|o| o.fault == fault)
+                .filter_map(|o| o.to_claim_ms)
+                .collect();
+            let bound = of
+                .iter()
+                .flat_map(|r| &r.outcomes)
+                .find(|o| o.fault == fault)
+                .map_or(0.0, |o| o.bound_ms);
             if let Some(s) = summarize(&samples) {
-                let _ = writeln!(md, "| {client} | {fault} | {} | {:.0} | {:.0} | {:.0} | {bound:.0} | {violations} |", s.n, s.p50, s.p99, s.max);
+                let _ = writeln!(
+                    md,
+                    "| {client} | {fault} | {} | {:.0} | {:.0} | {:.0} | {bound:.0} | {violations} |",
+                    s.n, s.p50, s.p99, s.max
+                );
             }
         }
     }

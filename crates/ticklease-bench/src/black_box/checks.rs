@@ -65,7 +65,12 @@ SELECT format('claim %s of term %s committed at %s, while paused from %s to %s',
 pub async fn invariants(owner: &Client, role: &str) -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
     let terms = |check: &str| format!("{TERMS} {check} LIMIT 20");
-    for sql in [terms(OUTSIDE), terms(OVERLAPS), format!("{TWICE} LIMIT 20"), format!("{PAUSED} LIMIT 20")] {
+    for sql in [
+        terms(OUTSIDE),
+        terms(OVERLAPS),
+        format!("{TWICE} LIMIT 20"),
+        format!("{PAUSED} LIMIT 20"),
+    ] {
         for row in owner.query(&sql, &[&role]).await? {
             out.push(format!("{role}: {}", row.get::<_, String>(0)));
         }
@@ -95,7 +100,9 @@ pub async fn gaps(
         for pair in edges.windows(2) {
             let gap = ms_between(pair[1], pair[0]);
             if gap > longest.as_secs_f64() * 1000.0 {
-                out.push(format!("{role}: no claim for {gap:.0} ms between faults (longest allowed {longest:?})"));
+                out.push(format!(
+                    "{role}: no claim for {gap:.0} ms between faults (longest allowed {longest:?})"
+                ));
             }
         }
     }

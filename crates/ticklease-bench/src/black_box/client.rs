@@ -37,7 +37,10 @@ pub async fn run() -> anyhow::Result<()> {
         ScheduleSpec::Cron(expr) => Schedule::cron(expr)?,
     };
     let manager = Manager::start(store, config, [role.clone()]).await?;
-    let claims = Arc::new(Claims { pg, replica: env.replica.clone() });
+    let claims = Arc::new(Claims {
+        pg,
+        replica: env.replica.clone(),
+    });
     let work_for = t.work;
     let work = move |tick: Tick| {
         let claims = claims.clone();
@@ -48,7 +51,10 @@ pub async fn run() -> anyhow::Result<()> {
     };
     let shutdown = CancellationToken::new();
     ticklease::cancel_on_signals(shutdown.clone())?;
-    let stopped = Scheduler::new(manager).job(&role, schedule, work)?.run(shutdown).await;
+    let stopped = Scheduler::new(manager)
+        .job(&role, schedule, work)?
+        .run(shutdown)
+        .await;
     if !stopped.all_released() {
         eprintln!("black-box client: {stopped}");
     }

@@ -39,7 +39,9 @@ impl ScheduleSpec {
         if let Some(ms) = s.strip_prefix("every ") {
             return Ok(ScheduleSpec::Every(Duration::from_millis(ms.trim().parse()?)));
         }
-        let expr = s.strip_prefix("cron ").context("TICKLEASE_SCHEDULE: `every <ms>` or `cron <expr>`")?;
+        let expr = s
+            .strip_prefix("cron ")
+            .context("TICKLEASE_SCHEDULE: `every <ms>` or `cron <expr>`")?;
         Ok(ScheduleSpec::Cron(expr.trim().to_owned()))
     }
 }
@@ -96,7 +98,9 @@ impl ClientEnv {
         let var = |name: &str| std::env::var(name).with_context(|| format!("{name} is not set"));
         let ms = |name: &str| -> anyhow::Result<Duration> {
             let v = var(name)?;
-            let n = v.parse().with_context(|| format!("{name}: {v:?} is no number of ms"))?;
+            let n = v
+                .parse()
+                .with_context(|| format!("{name}: {v:?} is no number of ms"))?;
             Ok(Duration::from_millis(n))
         };
         Ok(ClientEnv {

@@ -8,8 +8,9 @@ use super::contract::Timings;
 use super::db::{ms_between, Db};
 use super::faults::Outcome;
 
-/// Seconds between two occurrences (divides a minute).
-pub const EVERY_S: u64 = 4;
+/// Seconds between two occurrences (divides a minute): room for an
+/// occurrence's work and a manual run's between two.
+pub const EVERY_S: u64 = 5;
 
 /// The schedule, six fields, seconds first.
 pub fn expression() -> String {
@@ -25,36 +26,55 @@ fn occurrence_of(at: SystemTime) -> u64 {
     s - s % EVERY_S
 }
 
-/// Runs the scenario on replicas already started; returns the run-now's outcome.
-pub async fn run(db: &Db, role: &str, timings: Timings) -> anyhow::Result<Outcome> {
-    let first = db.settle(role, UNIX_EPOCH, 1, Duration::from_secs(EVERY_S * 3 + 10)).await?;
-    // After the first occurrence's work, before the next occurrence.
-    let run_now_at = UNIX_EPOCH + Duration::from_secs(occurrence_of(first)) + timings.work + Duration::from_millis(400);
-    let wait = run_now_at.duration_since(db.now().await?).unwrap_or_default();
-    tokio::time::sleep(wait).await;
+/// Runs the scenario on replicas already started; returns the run-now's
+/// outcome and the first occurrence checked. A new role's first look runs
+/// the latest occurrence of the last minute at once (late, by design), and
+/// the next may wait for it: the check starts two occurrences later.
+pub async fn run(db: &Db, role: &str, timings: Timings) -> anyhow::Result<(Outcome, u64)> {
+    let first = db
+        .settle(role, UNIX_EPOCH, 1, Duration::from_secs(EVERY_S * 3 + 10))
+        .await?;
+    let checked_from = occurrence_of(first) + 2 * EVERY_S;
+    // After that occurrence's work, before the next occurrence.
+    let run_now_at =
+        UNIX_EPOCH + Duration::from_secs(checked_from) + timings.work + Duration::from_millis(500);
+    sleep_until(db, run_now_at).await?;
     let owner = db.owner().await?;
     let before: i64 = owner
-        .query_one("SELECT coalesce(max(token), 0) FROM blackbox_claims WHERE role = $1", &[&role])
+        .query_one(
+            "SELECT coalesce(max(token), 0) FROM blackbox_claims WHERE role = $1",
+            &[&role],
+        )
         .await?
         .get(0);
     let at: SystemTime = owner.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
     owner.execute("SELECT leader_run_now($1)", &[&role]).await?;
-    owner.execute("SELECT pg_notify('ticklease', 'run_now ' || $1)", &[&role]).await?;
+    owner
+        .execute("SELECT pg_notify('ticklease', 'run_now ' || $1)", &[&role])
+        .await?;
     let bound = timings.max_poll + Duration::from_secs(1);
     let claim = db.wait_claim_after(role, before, at, bound * 2).await?;
-    let end = UNIX_EPOCH + Duration::from_secs(occurrence_of(at) + EVERY_S * (OCCURRENCES_AFTER + 1)) + timings.work;
-    tokio::time::sleep(end.duration_since(db.now().await?).unwrap_or_default() + Duration::from_millis(500)).await;
-    Ok(Outcome {
+    let end =
+        UNIX_EPOCH + Duration::from_secs(checked_from + EVERY_S * (OCCURRENCES_AFTER + 1)) + timings.work;
+    sleep_until(db, end + Duration::from_millis(500)).await?;
+    let outcome = Outcome {
         fault: "run-now",
         to_claim_ms: claim.map(|c| ms_between(c, at)),
         bound_ms: bound.as_secs_f64() * 1000.0,
-    })
+    };
+    Ok((outcome, checked_from))
+}
+
+/// Sleeps until `at` on the database clock.
+async fn sleep_until(db: &Db, at: SystemTime) -> anyhow::Result<()> {
+    tokio::time::sleep(at.duration_since(db.now().await?).unwrap_or_default()).await;
+    Ok(())
 }
 
 /// After the replicas stopped: exactly one manual term, and every
-/// occurrence from the first to the last ran in exactly one term that
-/// claimed within `late` of it.
-pub async fn check(db: &Db, role: &str, late: Duration) -> anyhow::Result<Vec<String>> {
+/// occurrence from `from` to the last ran in exactly one term that claimed
+/// within `late` of it.
+pub async fn check(db: &Db, role: &str, from: u64, late: Duration) -> anyhow::Result<Vec<String>> {
     let owner = db.owner().await?;
     let manual: i64 = owner
         .query_one(
@@ -75,19 +95,23 @@ pub async fn check(db: &Db, role: &str, late: Duration) -> anyhow::Result<Vec<St
             &[&role],
         )
         .await?;
-    let firsts: Vec<SystemTime> = rows.iter().map(|r| r.get(0)).collect();
-    let mut expected = firsts.first().map(|&f| occurrence_of(f));
+    let firsts: Vec<SystemTime> = rows
+        .iter()
+        .map(|r| r.get(0))
+        .filter(|&f| occurrence_of(f) >= from)
+        .collect();
+    let mut expected = from;
     for f in &firsts {
         let o = occurrence_of(*f);
         let after = ms_between(*f, UNIX_EPOCH + Duration::from_secs(o));
-        match expected {
-            Some(e) if e == o && after <= late.as_secs_f64() * 1000.0 => {}
-            Some(e) => out.push(format!("{role}: occurrence {e} expected, a term claimed {after:.0} ms after {o}")),
-            None => {}
+        if expected != o || after > late.as_secs_f64() * 1000.0 {
+            out.push(format!(
+                "{role}: occurrence {expected} expected, a term claimed {after:.0} ms after {o}"
+            ));
         }
-        expected = Some(o + EVERY_S);
+        expected = o + EVERY_S;
     }
-    if firsts.len() < 3 {
+    if firsts.len() < OCCURRENCES_AFTER as usize + 1 {
         out.push(format!("{role}: only {} occurrence(s) ran", firsts.len()));
     }
     Ok(out)

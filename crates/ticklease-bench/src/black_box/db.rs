@@ -23,7 +23,10 @@ impl Db {
     pub async fn start() -> anyhow::Result<Db> {
         let cluster = PgCluster::start_with(&ClusterOptions::default())?;
         // The checks order claims and term ends by their commits.
-        connect(&cluster.config("postgres")).await?.batch_execute("ALTER SYSTEM SET track_commit_timestamp = on").await?;
+        connect(&cluster.config("postgres"))
+            .await?
+            .batch_execute("ALTER SYSTEM SET track_commit_timestamp = on")
+            .await?;
         tokio::task::block_in_place(|| cluster.restart())?;
         let name = cluster.create_database().await?;
         let mut owner = connect(&cluster.config(&name)).await?;
@@ -50,7 +53,12 @@ impl Db {
     }
 
     pub async fn now(&self) -> anyhow::Result<SystemTime> {
-        Ok(self.owner().await?.query_one("SELECT clock_timestamp()", &[]).await?.get(0))
+        Ok(self
+            .owner()
+            .await?
+            .query_one("SELECT clock_timestamp()", &[])
+            .await?
+            .get(0))
     }
 
     /// The replica that holds `role` now and has claimed in its term, with its token.
@@ -75,13 +83,21 @@ impl Db {
             if let Some(h) = self.holder(role).await? {
                 return Ok(h);
             }
-            anyhow::ensure!(tokio::time::Instant::now() < deadline, "no replica held {role} and claimed within {within:?}");
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "no replica held {role} and claimed within {within:?}"
+            );
             tokio::time::sleep(LOOK_EVERY).await;
         }
     }
 
     /// The first claim of a term after `token`, at or after `after`.
-    pub async fn first_claim_after(&self, role: &str, token: i64, after: SystemTime) -> anyhow::Result<Option<SystemTime>> {
+    pub async fn first_claim_after(
+        &self,
+        role: &str,
+        token: i64,
+        after: SystemTime,
+    ) -> anyhow::Result<Option<SystemTime>> {
         let row = self
             .owner()
             .await?
@@ -115,7 +131,13 @@ impl Db {
 
     /// Waits until `n` claims of `role` were committed after `after`, and
     /// returns the last one's instant: the role runs again.
-    pub async fn settle(&self, role: &str, after: SystemTime, n: i64, within: Duration) -> anyhow::Result<SystemTime> {
+    pub async fn settle(
+        &self,
+        role: &str,
+        after: SystemTime,
+        n: i64,
+        within: Duration,
+    ) -> anyhow::Result<SystemTime> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let row = self
@@ -127,7 +149,9 @@ impl Db {
                 )
                 .await?;
             if row.get::<_, i64>(0) >= n {
-                return row.get::<_, Option<SystemTime>>(1).context("a count without a max");
+                return row
+                    .get::<_, Option<SystemTime>>(1)
+                    .context("a count without a max");
             }
             anyhow::ensure!(
                 tokio::time::Instant::now() < deadline,

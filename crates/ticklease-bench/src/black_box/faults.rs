@@ -8,9 +8,9 @@ use nix::sys::signal::Signal;
 
 use ticklease_testkit::proxy::Fault;
 
+use super::contract::Timings;
 use super::db::{ms_between, Db};
 use super::replicas::Replicas;
-use super::contract::Timings;
 
 /// Attempts to catch the holder inside its term (a fault that lands
 /// between two terms is tried again).
@@ -40,7 +40,15 @@ pub struct Run<'a> {
 
 impl<'a> Run<'a> {
     pub fn new(db: &'a Db, replicas: Replicas, role: &str, timings: Timings) -> Run<'a> {
-        Run { db, replicas, role: role.to_owned(), timings, steady: Vec::new(), steady_from: None, outcomes: Vec::new() }
+        Run {
+            db,
+            replicas,
+            role: role.to_owned(),
+            timings,
+            steady: Vec::new(),
+            steady_from: None,
+            outcomes: Vec::new(),
+        }
     }
 
     /// The lease alone bounds a takeover: its TTL, a follower's poll, and a second of slack.
@@ -50,7 +58,10 @@ impl<'a> Run<'a> {
 
     /// Waits until the role claimed twice since `after`: a steady window starts.
     pub async fn settle(&mut self, after: SystemTime) -> anyhow::Result<()> {
-        let at = self.db.settle(&self.role, after, 2, Duration::from_secs(30)).await?;
+        let at = self
+            .db
+            .settle(&self.role, after, 2, Duration::from_secs(30))
+            .await?;
         self.steady_from = Some(at);
         Ok(())
     }
@@ -76,10 +87,15 @@ impl<'a> Run<'a> {
 
     /// Whether the term `token` was cut by the fault (not completed before it).
     async fn cut_short(&self, token: i64) -> anyhow::Result<bool> {
-        let row = self.db.owner().await?.query_opt(
-            "SELECT outcome FROM leader_history WHERE role = $1 AND token = $2 AND kind = 'term'",
-            &[&self.role, &token],
-        ).await?;
+        let row = self
+            .db
+            .owner()
+            .await?
+            .query_opt(
+                "SELECT outcome FROM leader_history WHERE role = $1 AND token = $2 AND kind = 'term'",
+                &[&self.role, &token],
+            )
+            .await?;
         Ok(row.is_none_or(|r| r.get::<_, String>(0) != "completed"))
     }
 
@@ -152,14 +168,22 @@ impl<'a> Run<'a> {
         let at = self.db.now().await?;
         self.fault_at(at);
         let notify = "SELECT pg_notify('ticklease', $1 || ' ' || $2)";
-        owner.execute("SELECT leader_pause($1, 'blackbox', 'the black-box check')", &[&self.role]).await?;
+        owner
+            .execute(
+                "SELECT leader_pause($1, 'blackbox', 'the black-box check')",
+                &[&self.role],
+            )
+            .await?;
         owner.execute(notify, &[&"pause", &self.role]).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let unpaused: SystemTime = owner.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
         owner.execute("SELECT leader_unpause($1)", &[&self.role]).await?;
         owner.execute(notify, &[&"unpause", &self.role]).await?;
         let bound = self.timings.max_poll + Duration::from_secs(1);
-        let claim = self.db.wait_claim_after(&self.role, 0, unpaused, bound * 2).await?;
+        let claim = self
+            .db
+            .wait_claim_after(&self.role, 0, unpaused, bound * 2)
+            .await?;
         self.record("pause → unpause", unpaused, claim, bound);
         self.settle(claim.unwrap_or(unpaused)).await
     }
@@ -169,9 +193,18 @@ impl<'a> Run<'a> {
         let at = self.db.now().await?;
         self.fault_at(at);
         tokio::task::block_in_place(|| self.db.cluster.restart())?;
-        let started: SystemTime = self.db.owner().await?.query_one("SELECT pg_postmaster_start_time()", &[]).await?.get(0);
+        let started: SystemTime = self
+            .db
+            .owner()
+            .await?
+            .query_one("SELECT pg_postmaster_start_time()", &[])
+            .await?
+            .get(0);
         let bound = self.takeover_bound() + Duration::from_secs(1);
-        let claim = self.db.wait_claim_after(&self.role, 0, started, bound * 2).await?;
+        let claim = self
+            .db
+            .wait_claim_after(&self.role, 0, started, bound * 2)
+            .await?;
         self.record("Postgres restart", started, claim, bound);
         self.settle(claim.unwrap_or(started)).await
     }

@@ -57,7 +57,10 @@ impl Report {
         let mut out = format!("{}:", self.client);
         for o in &self.outcomes {
             let took = o.to_claim_ms.map_or("never".into(), |ms| format!("{ms:.0} ms"));
-            out.push_str(&format!(" {} → claim {took} (bound {:.0} ms);", o.fault, o.bound_ms));
+            out.push_str(&format!(
+                " {} → claim {took} (bound {:.0} ms);",
+                o.fault, o.bound_ms
+            ));
         }
         out
     }
@@ -67,19 +70,36 @@ impl Report {
 pub async fn check(client: &ClientUnderCheck, timings: Timings) -> anyhow::Result<Report> {
     let db = Db::start().await?;
     let dir = tempfile::tempdir()?;
-    let mut report = Report { client: client.name.clone(), outcomes: Vec::new(), violations: Vec::new(), tails: String::new() };
+    let mut report = Report {
+        client: client.name.clone(),
+        outcomes: Vec::new(),
+        violations: Vec::new(),
+        tails: String::new(),
+    };
     interval(&db, client, timings, dir.path(), &mut report).await?;
     cron_role(&db, client, timings, dir.path(), &mut report).await?;
     for o in &report.outcomes {
         if o.to_claim_ms.is_none_or(|ms| ms > o.bound_ms) {
-            report.violations.push(format!("{}: {} → next claim {:?} ms, bound {:.0} ms", client.name, o.fault, o.to_claim_ms, o.bound_ms));
+            report.violations.push(format!(
+                "{}: {} → next claim {:?} ms, bound {:.0} ms",
+                client.name, o.fault, o.to_claim_ms, o.bound_ms
+            ));
         }
     }
     Ok(report)
 }
 
-fn replica_env(client: &ClientUnderCheck, role: &str, schedule: &ScheduleSpec, timings: Timings) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = timings.to_env().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+fn replica_env(
+    client: &ClientUnderCheck,
+    role: &str,
+    schedule: &ScheduleSpec,
+    timings: Timings,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = timings
+        .to_env()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
     env.push(("TICKLEASE_ROLE".into(), role.into()));
     env.push(("TICKLEASE_SCHEDULE".into(), schedule.to_env()));
     env.extend(client.env.iter().cloned());
@@ -96,7 +116,15 @@ async fn interval(
 ) -> anyhow::Result<()> {
     let role = "outbox";
     let env = replica_env(client, role, &ScheduleSpec::Every(INTERVAL), timings);
-    let replicas = Replicas::start(REPLICAS, &client.command, env, db.cluster.port(), &db.name, &dir.join("interval")).await?;
+    let replicas = Replicas::start(
+        REPLICAS,
+        &client.command,
+        env,
+        db.cluster.port(),
+        &db.name,
+        &dir.join("interval"),
+    )
+    .await?;
     let mut run = Run::new(db, replicas, role, timings);
     let faults = async {
         run.settle(UNIX_EPOCH).await?;
@@ -110,11 +138,15 @@ async fn interval(
     let tails = run.replicas.tails();
     faults.with_context(|| format!("{} (interval role): {tails}", client.name))?;
     run.end(db.now().await?);
-    report.violations.extend(run.replicas.stop(Duration::from_secs(10)).await);
+    report
+        .violations
+        .extend(run.replicas.stop(Duration::from_secs(10)).await);
     let owner = db.owner().await?;
     report.violations.extend(checks::invariants(&owner, role).await?);
     let longest = INTERVAL + timings.work + timings.lease_ttl;
-    report.violations.extend(checks::gaps(&owner, role, &run.steady, longest).await?);
+    report
+        .violations
+        .extend(checks::gaps(&owner, role, &run.steady, longest).await?);
     report.outcomes.append(&mut run.outcomes);
     report.tails.push_str(&tails);
     Ok(())
@@ -130,14 +162,26 @@ async fn cron_role(
 ) -> anyhow::Result<()> {
     let role = "billing";
     let env = replica_env(client, role, &ScheduleSpec::Cron(cron::expression()), timings);
-    let mut replicas = Replicas::start(REPLICAS, &client.command, env, db.cluster.port(), &db.name, &dir.join("cron")).await?;
+    let mut replicas = Replicas::start(
+        REPLICAS,
+        &client.command,
+        env,
+        db.cluster.port(),
+        &db.name,
+        &dir.join("cron"),
+    )
+    .await?;
     let outcome = cron::run(db, role, timings).await;
     let tails = replicas.tails();
-    let outcome = outcome.with_context(|| format!("{} (cron role): {tails}", client.name))?;
-    report.violations.extend(replicas.stop(Duration::from_secs(10)).await);
+    let (outcome, from) = outcome.with_context(|| format!("{} (cron role): {tails}", client.name))?;
+    report
+        .violations
+        .extend(replicas.stop(Duration::from_secs(10)).await);
     let owner = db.owner().await?;
     report.violations.extend(checks::invariants(&owner, role).await?);
-    report.violations.extend(cron::check(db, role, timings.max_poll + Duration::from_millis(1500)).await?);
+    report
+        .violations
+        .extend(cron::check(db, role, from, timings.max_poll + Duration::from_millis(1500)).await?);
     report.outcomes.push(outcome);
     report.tails.push_str(&tails);
     Ok(())

@@ -69,8 +69,15 @@ impl Replicas {
     /// Starts replica `i`'s process (again).
     pub fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
         let replica = &mut self.list[i];
-        let url = format!("postgres://blackbox_app@127.0.0.1:{}/{}", replica.proxy.port(), self.db);
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&replica.log)?;
+        let url = format!(
+            "postgres://blackbox_app@127.0.0.1:{}/{}",
+            replica.proxy.port(),
+            self.db
+        );
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&replica.log)?;
         let child = Command::new("sh")
             .arg("-c")
             .arg(format!("exec {}", self.command))
@@ -89,12 +96,19 @@ impl Replicas {
     }
 
     pub fn index(&self, name: &str) -> anyhow::Result<usize> {
-        self.list.iter().position(|r| r.name == name).with_context(|| format!("no replica {name}"))
+        self.list
+            .iter()
+            .position(|r| r.name == name)
+            .with_context(|| format!("no replica {name}"))
     }
 
     /// Sends `signal` to replica `i`'s process alone (not its children).
     pub fn signal(&self, i: usize, signal: Signal) -> anyhow::Result<()> {
-        let pid = self.list[i].child.as_ref().and_then(Child::id).context("the replica is not running")?;
+        let pid = self.list[i]
+            .child
+            .as_ref()
+            .and_then(Child::id)
+            .context("the replica is not running")?;
         kill(Pid::from_raw(pid as i32), signal)?;
         Ok(())
     }
@@ -119,7 +133,9 @@ impl Replicas {
         let mut unclean = Vec::new();
         for replica in &mut self.list {
             replica.proxy.set(Fault::Pass);
-            let Some(mut child) = replica.child.take() else { continue };
+            let Some(mut child) = replica.child.take() else {
+                continue;
+            };
             let pgid = child.id().map(|id| Pid::from_raw(id as i32));
             if let Some(pgid) = pgid {
                 let _ = kill(pgid, Signal::SIGCONT);
