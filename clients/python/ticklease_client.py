@@ -112,7 +112,7 @@ class Cron:
         return len(self.expr.split()) == 6
 
     def _it(self, start: datetime) -> croniter:
-        return croniter(self.expr, start, second_at_beginning=self.six)
+        return croniter(self.expr, start.astimezone(UTC), second_at_beginning=self.six)  # UTC, whatever TimeZone
 
     def next_after(self, t: datetime) -> datetime:  # strictly after t
         return self._it(t).get_next(datetime)

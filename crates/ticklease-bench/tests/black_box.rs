@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use ticklease_bench::black_box::bench::{repository_clients, Paths};
-use ticklease_bench::black_box::{check, checks, Timings};
+use ticklease_bench::black_box::{check, checks, stop_fault_alone, Timings};
 
 fn paths() -> Paths {
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_ticklease-bench"));
@@ -54,6 +54,32 @@ async fn ticklease_run_passes_the_black_box_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_passes_the_black_box_check() {
     passes("python").await;
+}
+
+/// A client whose work claims again after its wait even when its term was
+/// lost meanwhile: the fence refuses that claim; without the fence the check
+/// finds it committed after its term ended (the mutation check of the
+/// harness: a client that breaks the contract does not pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_claim_is_refused_by_the_fence_and_caught_without_it() {
+    let rust = repository_clients(&paths())
+        .into_iter()
+        .find(|c| c.name == "rust-scheduler")
+        .unwrap();
+    let broken = |how: &str| {
+        let mut c = rust.clone();
+        c.env.push(("BLACKBOX_BROKEN".into(), how.into()));
+        c
+    };
+    let fenced = stop_fault_alone(&broken("stale"), Timings::SCALED).await.unwrap();
+    assert_eq!(fenced, Vec::<String>::new(), "the fence refused the stale claim");
+    let unfenced = stop_fault_alone(&broken("unfenced"), Timings::SCALED)
+        .await
+        .unwrap();
+    assert!(
+        unfenced.iter().any(|v| v.contains("after it ended")),
+        "a stale claim without the fence is found: {unfenced:?}"
+    );
 }
 
 /// One statement, committed on its own (the checks read commit order).

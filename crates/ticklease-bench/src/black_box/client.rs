@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use ticklease::{Manager, PgStore, PgStoreOptions, Role, Schedule, Scheduler, Tick};
 
-use super::contract::{ClientEnv, ScheduleSpec, CLAIM_SQL};
+use super::contract::{ClientEnv, ScheduleSpec, CLAIM_SQL, UNFENCED_CLAIM_SQL};
 
 /// Runs until SIGTERM or SIGINT (every term released as interrupted).
 pub async fn run() -> anyhow::Result<()> {
@@ -40,12 +40,13 @@ pub async fn run() -> anyhow::Result<()> {
     let claims = Arc::new(Claims {
         pg,
         replica: env.replica.clone(),
+        broken: Broken::from_env()?,
     });
     let work_for = t.work;
     let work = move |tick: Tick| {
         let claims = claims.clone();
         async move {
-            claims.work(&tick, work_for).await;
+            claims.work(tick, work_for).await;
             Ok::<(), Infallible>(())
         }
     };
@@ -61,17 +62,52 @@ pub async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How the client breaks the contract on purpose (`BLACKBOX_BROKEN`), so a
+/// test can show what the check then finds: `stale` claims again after its
+/// wait even when the term was lost meanwhile (the fence must refuse it);
+/// `unfenced` does that with a claim that has no fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Broken {
+    No,
+    Stale,
+    Unfenced,
+}
+
+impl Broken {
+    fn from_env() -> anyhow::Result<Broken> {
+        match std::env::var("BLACKBOX_BROKEN").as_deref() {
+            Err(_) => Ok(Broken::No),
+            Ok("stale") => Ok(Broken::Stale),
+            Ok("unfenced") => Ok(Broken::Unfenced),
+            Ok(other) => anyhow::bail!("BLACKBOX_BROKEN: stale or unfenced, not {other:?}"),
+        }
+    }
+}
+
 /// The claims of one replica, each on a connection of its own (opened per
 /// claim: a Postgres restart or a cut link leaves nothing to repair).
 struct Claims {
     pg: ticklease::PgConnect,
     replica: String,
+    broken: Broken,
 }
 
 impl Claims {
     /// The contract's work: claim, wait (cut short by a loss), claim again.
     /// A refused claim ends the work: the heartbeat reports the loss.
-    async fn work(&self, tick: &Tick, wait: Duration) {
+    async fn work(self: Arc<Self>, tick: Tick, wait: Duration) {
+        if self.broken != Broken::No {
+            // Detached, as work that ignores its cancellation runs on after the
+            // library stops waiting for it.
+            let stale = tokio::spawn(async move {
+                self.claim(&tick).await;
+                tokio::time::sleep(wait).await;
+                self.claim(&tick).await;
+            });
+            let _ = stale.await;
+            return;
+        }
+        let tick = &tick;
         if !self.claim(tick).await {
             tick.cancelled().await;
             return;
@@ -102,8 +138,13 @@ impl Claims {
         tokio::spawn(connection);
         let tx = client.transaction().await?;
         let [role, token] = tick.fence().params();
+        let sql = if self.broken == Broken::Unfenced {
+            UNFENCED_CLAIM_SQL
+        } else {
+            CLAIM_SQL
+        };
         let n = tx
-            .execute_typed(CLAIM_SQL, &[role, token, (&self.replica, Type::TEXT)])
+            .execute_typed(sql, &[role, token, (&self.replica, Type::TEXT)])
             .await?;
         tx.commit().await?;
         Ok(n == 1)

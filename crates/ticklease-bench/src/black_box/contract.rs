@@ -13,6 +13,13 @@ SELECT $1, $2, $3, n.seq, clock_timestamp()
   FROM (SELECT coalesce(max(c.seq), 0) + 1 AS seq FROM blackbox_claims AS c WHERE c.role = $1) AS n
  WHERE (SELECT leader_fence($1, $2))";
 
+/// The claim without its fence: only a client broken on purpose sends it
+/// (the test that shows the check catches a stale claim).
+pub const UNFENCED_CLAIM_SQL: &str = "INSERT INTO blackbox_claims (role, token, replica, seq, at)
+SELECT $1, $2, $3, n.seq, clock_timestamp()
+  FROM (SELECT coalesce(max(c.seq), 0) + 1 AS seq FROM blackbox_claims AS c WHERE c.role = $1) AS n
+ WHERE $2::bigint IS NOT NULL";
+
 /// The claims table, created by the schema owner; the app role may insert and read.
 pub const CLAIMS_TABLE: &str = "CREATE TABLE blackbox_claims (
     role text NOT NULL, token bigint NOT NULL, replica text NOT NULL, seq bigint NOT NULL, at timestamptz NOT NULL);

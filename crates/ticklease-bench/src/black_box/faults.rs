@@ -119,10 +119,12 @@ impl<'a> Run<'a> {
         anyhow::bail!("SIGKILL: the holder's term completed before the signal {ATTEMPTS} times")
     }
 
-    /// SIGSTOP of the holder past its lease, then SIGCONT.
+    /// SIGSTOP of the holder's process group past its lease, then SIGCONT:
+    /// its work wakes with its wait over and claims at once, after its term
+    /// ended, unless it learns of the loss first; only the fence stops that claim.
     pub async fn stop(&mut self) -> anyhow::Result<()> {
         self.cut_off("SIGSTOP", |replicas, i, on| {
-            replicas.signal(i, if on { Signal::SIGSTOP } else { Signal::SIGCONT })
+            replicas.signal_group(i, if on { Signal::SIGSTOP } else { Signal::SIGCONT })
         })
         .await
     }

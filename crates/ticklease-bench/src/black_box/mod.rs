@@ -89,6 +89,31 @@ pub async fn check(client: &ClientUnderCheck, timings: Timings) -> anyhow::Resul
     Ok(report)
 }
 
+/// The SIGSTOP fault alone on the interval role, and the invariants'
+/// violations: how the tests show that a client breaking the contract is caught.
+pub async fn stop_fault_alone(client: &ClientUnderCheck, timings: Timings) -> anyhow::Result<Vec<String>> {
+    let db = Db::start().await?;
+    let dir = tempfile::tempdir()?;
+    let role = "outbox";
+    let env = replica_env(client, role, &ScheduleSpec::Every(INTERVAL), timings);
+    let replicas = Replicas::start(
+        REPLICAS,
+        &client.command,
+        env,
+        db.cluster.port(),
+        &db.name,
+        dir.path(),
+    )
+    .await?;
+    let mut run = Run::new(&db, replicas, role, timings);
+    run.settle(UNIX_EPOCH).await?;
+    run.stop().await?;
+    // The stopped holder's work goes on once it resumes: give it its wait.
+    tokio::time::sleep(timings.work * 2).await;
+    run.replicas.stop(Duration::from_secs(10)).await;
+    checks::invariants(&db.owner().await?, role).await
+}
+
 fn replica_env(
     client: &ClientUnderCheck,
     role: &str,

@@ -113,6 +113,18 @@ impl Replicas {
         Ok(())
     }
 
+    /// Sends `signal` to replica `i`'s process group: the process and what
+    /// it started (a runner's child), as a terminal's ^Z or a frozen host would.
+    pub fn signal_group(&self, i: usize, signal: Signal) -> anyhow::Result<()> {
+        let pid = self.list[i]
+            .child
+            .as_ref()
+            .and_then(Child::id)
+            .context("the replica is not running")?;
+        killpg(Pid::from_raw(pid as i32), signal)?;
+        Ok(())
+    }
+
     /// SIGKILLs replica `i`'s process, reaps it, and starts it again.
     pub async fn kill_and_restart(&mut self, i: usize) -> anyhow::Result<()> {
         self.signal(i, Signal::SIGKILL)?;
