@@ -69,11 +69,13 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: signalled.append(signum))
     logging.info("replica start role=%s schedule=%s holder=%s", role, os.environ["TICKLEASE_SCHEDULE"], leader.holder)
+    parent = os.getppid()
     runner.start()
-    while runner.is_alive() and not signalled:
+    # Under `sh -c` (dash does not exec) a signal may reach only the shell; never outlive it as an orphan.
+    while runner.is_alive() and not signalled and os.getppid() == parent:
         runner.join(0.05)
-    if signalled:
-        logging.info("signal %s: stopping", signalled[0])
+    if runner.is_alive():
+        logging.info("%s: stopping", f"signal {signalled[0]}" if signalled else "parent gone")
         leader.stop()
         runner.join()
     logging.info("replica exit")

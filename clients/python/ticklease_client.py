@@ -302,7 +302,11 @@ class Term:
 
         try:
             return self._leader._claims.call(txn, timeout, term=self)
+        except TermLost:
+            self._lose(None)  # the term knows, even if the work swallows the exception
+            raise
         except (pgerr.SerializationFailure, pgerr.AdminShutdown) as exc:
+            self._lose(None)
             raise TermLost(None) from exc
 
     # -- used by the leader --
@@ -332,10 +336,12 @@ class Leader:
     """Leads one role: follows, ACQUIREs, runs `work(term)` under the heartbeat, RELEASEs by outcome.
 
     `work` returns on success, raises WorkFailed for `failed`, TermLost when a claim found the term over; any
-    other exception is `panicked`. Call `run()` from the thread that should run the work, `stop()` from any."""
+    other exception is `panicked`. Call `run()` from the thread that should run the work, `stop()` from any.
+    `url` may go through a transaction-mode pooler; LISTEN needs a direct session: `listen_url` (default `url`)."""
 
     def __init__(self, url: str, role: str, schedule: Union[Every, Cron], work: Callable[[Term], None],
-                 config: Config = Config(), *, holder: Optional[str] = None, listen: bool = True):
+                 config: Config = Config(), *, holder: Optional[str] = None, listen: bool = True,
+                 listen_url: Optional[str] = None):
         self.url, self.role, self.schedule, self.work, self.config = url, role, schedule, work, config
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"[-200:]
         if not role:
@@ -349,7 +355,7 @@ class Leader:
         self._wake = threading.Event()  # a follower's sleep ends early (notification, stop)
         self._term: Optional[Term] = None
         self._hint_lock, self._last_hint, self._hint_timer = threading.Lock(), 0.0, None
-        self._listener = _Listener(self) if listen else None
+        self._listener = _Listener(self, listen_url or url) if listen else None
         self._errors = 0
         self._refused: Optional[datetime] = None  # the occurrence last refused as not_runnable
 
@@ -600,10 +606,10 @@ class Leader:
 class _Listener(threading.Thread):
     """LISTEN ticklease on a connection of its own; pings it so that a dead link is noticed and reconnected."""
 
-    def __init__(self, leader: Leader):
+    def __init__(self, leader: Leader, url: str):
         super().__init__(name="ticklease-listen", daemon=True)
         self.leader, self.connected = leader, False
-        self.link = _Link(leader.url, "listen", setup=lambda c: c.execute(f"LISTEN {CHANNEL}"))
+        self.link = _Link(url, "listen", setup=lambda c: c.execute(f"LISTEN {CHANNEL}"))
 
     def run(self) -> None:
         leader, errors = self.leader, 0

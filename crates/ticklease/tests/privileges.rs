@@ -390,7 +390,7 @@ async fn lease_functions_refuse_out_of_range_durations_and_outcomes() {
         "SELECT * FROM leader_acquire('billing', 'x', 1000, -1)",
         "SELECT * FROM leader_acquire('billing', 'x', 86400001, 1000)",
         "SELECT * FROM leader_renew('billing', 1, 9223372036854775807)",
-        "SELECT leader_release('billing', 1, false, 0)",
+        "SELECT leader_release('billing', 1, false, -1)",
         "SELECT leader_release('billing', 1, NULL, 1000)",
         "SELECT * FROM leader_acquire_many(ARRAY['billing'], 'x', 1000, 1000, NULL, -1)",
         "SELECT * FROM leader_acquire_many(ARRAY['billing'], 'x', 1000, 1000, NULL, NULL)",
