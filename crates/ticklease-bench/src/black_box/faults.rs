@@ -101,67 +101,45 @@ impl<'a> Run<'a> {
 
     /// SIGKILL of the holder, then started again.
     pub async fn kill(&mut self) -> anyhow::Result<()> {
-        let bound = self.takeover_bound();
-        for _ in 0..ATTEMPTS {
-            let (name, token) = self.db.wait_holder(&self.role, Duration::from_secs(10)).await?;
-            let i = self.replicas.index(&name)?;
-            let at = self.db.now().await?;
-            self.fault_at(at);
-            self.replicas.signal(i, Signal::SIGKILL)?;
-            let claim = self.db.wait_claim_after(&self.role, token, at, bound * 2).await?;
-            self.replicas.kill_and_restart(i).await?;
-            if self.cut_short(token).await? || claim.is_none() {
-                self.record("SIGKILL", at, claim, bound);
-                return self.settle(claim.unwrap_or(at)).await;
-            }
-            self.settle(at).await?;
-        }
-        anyhow::bail!("SIGKILL: the holder's term completed before the signal {ATTEMPTS} times")
+        self.on_holder(HolderFault::Kill).await
     }
 
     /// SIGSTOP of the holder's process group past its lease, then SIGCONT:
     /// its work wakes with its wait over and claims at once, after its term
     /// ended, unless it learns of the loss first; only the fence stops that claim.
     pub async fn stop(&mut self) -> anyhow::Result<()> {
-        self.cut_off("SIGSTOP", |replicas, i, on| {
-            replicas.signal_group(i, if on { Signal::SIGSTOP } else { Signal::SIGCONT })
-        })
-        .await
+        self.on_holder(HolderFault::Stop).await
     }
 
     /// The holder's link blackholed past its lease, then passing again.
     pub async fn cut(&mut self) -> anyhow::Result<()> {
-        self.cut_off("cut link", |replicas, i, on| {
-            replicas.link(i, if on { Fault::Blackhole } else { Fault::Pass });
-            Ok(())
-        })
-        .await
+        self.on_holder(HolderFault::Cut).await
     }
 
-    /// Cuts the holder off (`apply(.., true)`) for the lease TTL and a second, then lets it go on.
-    async fn cut_off(
-        &mut self,
-        fault: &'static str,
-        apply: impl Fn(&Replicas, usize, bool) -> anyhow::Result<()>,
-    ) -> anyhow::Result<()> {
+    /// Injects `fault` into the replica that holds the role and has claimed,
+    /// measures the next term's first claim, and recovers the replica.
+    async fn on_holder(&mut self, fault: HolderFault) -> anyhow::Result<()> {
         let bound = self.takeover_bound();
         for _ in 0..ATTEMPTS {
             let (name, token) = self.db.wait_holder(&self.role, Duration::from_secs(10)).await?;
             let i = self.replicas.index(&name)?;
             let at = self.db.now().await?;
             self.fault_at(at);
-            apply(&self.replicas, i, true)?;
-            // The fault lasts past the lease, whatever the takeover does meanwhile.
-            tokio::time::sleep(self.timings.lease_ttl + Duration::from_secs(1)).await;
+            fault.inject(&self.replicas, i)?;
+            // A stop or a cut lasts past the lease, whatever the takeover does meanwhile.
+            tokio::time::sleep(fault.lasts(self.timings)).await;
             let claim = self.db.wait_claim_after(&self.role, token, at, bound).await?;
-            apply(&self.replicas, i, false)?;
+            fault.recover(&mut self.replicas, i).await?;
             if self.cut_short(token).await? || claim.is_none() {
-                self.record(fault, at, claim, bound);
+                self.record(fault.name(), at, claim, bound);
                 return self.settle(claim.unwrap_or(at)).await;
             }
             self.settle(at).await?;
         }
-        anyhow::bail!("{fault}: the holder's term completed before the fault {ATTEMPTS} times")
+        anyhow::bail!(
+            "{}: the holder's term completed before the fault {ATTEMPTS} times",
+            fault.name()
+        )
     }
 
     /// A pause by the operator for two seconds, notified, then an unpause, notified.
@@ -209,5 +187,53 @@ impl<'a> Run<'a> {
             .await?;
         self.record("Postgres restart", started, claim, bound);
         self.settle(claim.unwrap_or(started)).await
+    }
+}
+
+/// A fault aimed at the replica that holds the role.
+#[derive(Debug, Clone, Copy)]
+enum HolderFault {
+    Kill,
+    Stop,
+    Cut,
+}
+
+impl HolderFault {
+    fn name(self) -> &'static str {
+        match self {
+            HolderFault::Kill => "SIGKILL",
+            HolderFault::Stop => "SIGSTOP",
+            HolderFault::Cut => "cut link",
+        }
+    }
+
+    fn inject(self, replicas: &Replicas, i: usize) -> anyhow::Result<()> {
+        match self {
+            HolderFault::Kill => replicas.signal(i, Signal::SIGKILL),
+            HolderFault::Stop => replicas.signal_group(i, Signal::SIGSTOP),
+            HolderFault::Cut => {
+                replicas.link(i, Fault::Blackhole);
+                Ok(())
+            }
+        }
+    }
+
+    /// How long the fault lasts before [`HolderFault::recover`].
+    fn lasts(self, timings: Timings) -> Duration {
+        match self {
+            HolderFault::Kill => Duration::ZERO,
+            HolderFault::Stop | HolderFault::Cut => timings.lease_ttl + Duration::from_secs(1),
+        }
+    }
+
+    async fn recover(self, replicas: &mut Replicas, i: usize) -> anyhow::Result<()> {
+        match self {
+            HolderFault::Kill => replicas.kill_and_restart(i).await,
+            HolderFault::Stop => replicas.signal_group(i, Signal::SIGCONT),
+            HolderFault::Cut => {
+                replicas.link(i, Fault::Pass);
+                Ok(())
+            }
+        }
     }
 }

@@ -95,16 +95,8 @@ pub async fn stop_fault_alone(client: &ClientUnderCheck, timings: Timings) -> an
     let db = Db::start().await?;
     let dir = tempfile::tempdir()?;
     let role = "outbox";
-    let env = replica_env(client, role, &ScheduleSpec::Every(INTERVAL), timings);
-    let replicas = Replicas::start(
-        REPLICAS,
-        &client.command,
-        env,
-        db.cluster.port(),
-        &db.name,
-        dir.path(),
-    )
-    .await?;
+    let schedule = ScheduleSpec::Every(INTERVAL);
+    let replicas = start_replicas(&db, client, role, &schedule, timings, dir.path()).await?;
     let mut run = Run::new(&db, replicas, role, timings);
     run.settle(UNIX_EPOCH).await?;
     run.stop().await?;
@@ -112,6 +104,20 @@ pub async fn stop_fault_alone(client: &ClientUnderCheck, timings: Timings) -> an
     tokio::time::sleep(timings.work * 2).await;
     run.replicas.stop(Duration::from_secs(10)).await;
     checks::invariants(&db.owner().await?, role).await
+}
+
+/// Starts the replicas of `client` leading `role` on `schedule`.
+async fn start_replicas(
+    db: &Db,
+    client: &ClientUnderCheck,
+    role: &str,
+    schedule: &ScheduleSpec,
+    timings: Timings,
+    dir: &std::path::Path,
+) -> anyhow::Result<Replicas> {
+    let env = replica_env(client, role, schedule, timings);
+    let port = db.cluster.port();
+    Replicas::start(REPLICAS, &client.command, env, port, &db.name, dir).await
 }
 
 fn replica_env(
@@ -140,16 +146,8 @@ async fn interval(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let role = "outbox";
-    let env = replica_env(client, role, &ScheduleSpec::Every(INTERVAL), timings);
-    let replicas = Replicas::start(
-        REPLICAS,
-        &client.command,
-        env,
-        db.cluster.port(),
-        &db.name,
-        &dir.join("interval"),
-    )
-    .await?;
+    let schedule = ScheduleSpec::Every(INTERVAL);
+    let replicas = start_replicas(db, client, role, &schedule, timings, &dir.join("interval")).await?;
     let mut run = Run::new(db, replicas, role, timings);
     let faults = async {
         run.settle(UNIX_EPOCH).await?;
@@ -186,16 +184,8 @@ async fn cron_role(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let role = "billing";
-    let env = replica_env(client, role, &ScheduleSpec::Cron(cron::expression()), timings);
-    let mut replicas = Replicas::start(
-        REPLICAS,
-        &client.command,
-        env,
-        db.cluster.port(),
-        &db.name,
-        &dir.join("cron"),
-    )
-    .await?;
+    let schedule = ScheduleSpec::Cron(cron::expression());
+    let mut replicas = start_replicas(db, client, role, &schedule, timings, &dir.join("cron")).await?;
     let outcome = cron::run(db, role, timings).await;
     let tails = replicas.tails();
     let (outcome, from) = outcome.with_context(|| format!("{} (cron role): {tails}", client.name))?;
