@@ -151,6 +151,9 @@
 //!    and the host that answered last is tried first: a first host that
 //!    drops packets, or accepts TCP and never answers, costs a new
 //!    connection at most S / hosts, and nothing once another host answered.
+//!    A statement that outlives S is cancelled on every host of the URL (a
+//!    cancel names its backend by pid and secret key, so only the server
+//!    that runs it acts), whichever host the connection reached.
 //!    The coordination session and its waiters connect the same way. Every
 //!    connection of ours shows in `pg_stat_activity` as `ticklease store
 //!    <host>:<pid>` (`coordination`, `migrate`; holder ids of the process

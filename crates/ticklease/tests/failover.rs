@@ -157,3 +157,65 @@ async fn a_black_holed_first_host_costs_a_share_of_the_deadline_not_a_stop() {
     stop.cancel();
     assert!(run.await.unwrap().all_released());
 }
+
+/// Issue 35, item 1: with `host=A,B` and the statements on B, a statement
+/// that outlived its timeout was cancelled on A (the URL's first host) and
+/// kept running on B: an ACQUIRE waiting on a row lock later committed a
+/// term its caller never learned of. The cancel now goes to every host, and
+/// only the server whose backend it names acts on it.
+#[tokio::test]
+async fn a_timed_out_statement_is_cancelled_on_the_host_that_runs_it_not_the_urls_first() {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    let mut owner = connect(&cluster.config(&db)).await.unwrap();
+    ticklease::migrate(&mut owner).await.unwrap();
+    // A: a port nothing listens on (connections are refused, so B runs every statement).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{closed},127.0.0.1:{}/{db}",
+        cluster.port()
+    );
+    let options = PgStoreOptions {
+        pool_size: 2,
+        statement_timeout: Duration::from_millis(500),
+    };
+    let store = PgStore::connect(url.parse::<PgConnect>().unwrap(), options)
+        .await
+        .unwrap();
+    let lock = owner.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE leader_leases IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let err = store
+        .acquire(&billing(), "h", Duration::from_secs(10), Duration::from_secs(60))
+        .await;
+    assert!(
+        matches!(err, Err(ticklease::StoreError::Timeout { .. })),
+        "{err:?}"
+    );
+
+    let observer = connect(&cluster.config(&db)).await.unwrap();
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while scalar::<i64>(&observer, waiting).await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the timed-out ACQUIRE still waits on B: its cancel went elsewhere"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lock.rollback().await.unwrap();
+    let held: Option<String> = observer
+        .query_one(
+            "SELECT max(holder_id) FROM leader_leases WHERE role = 'billing'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, None, "the cancelled ACQUIRE started no term");
+}

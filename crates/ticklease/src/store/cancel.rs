@@ -24,13 +24,24 @@ use tokio_postgres::tls::MakeTlsConnect;
 
 use crate::connect::tls::{PgConnect, PgTls};
 
+/// Where a cancel goes: every host of the URL. The pool connects to
+/// whichever host answers (the last good one first), so the server that
+/// runs a statement may be any of them; a cancel request names its backend
+/// by pid and secret key, and a server that has no such backend ignores it,
+/// so sending it to each host reaches the one that runs the statement and
+/// acts nowhere else.
 #[derive(Debug, Clone)]
 pub(super) struct CancelTarget {
-    address: Option<Address>,
-    /// The name the server certificate is checked against.
-    host_name: String,
+    hosts: Vec<HostTarget>,
     tls: PgTls,
     linger: Duration,
+}
+
+#[derive(Debug, Clone)]
+struct HostTarget {
+    address: Address,
+    /// The name the server certificate is checked against.
+    host_name: String,
 }
 
 #[derive(Debug, Clone)]
@@ -42,29 +53,36 @@ enum Address {
 impl CancelTarget {
     pub(super) fn from_config(pg: &PgConnect, linger: Duration) -> Self {
         let config = pg.config();
-        let port = config.get_ports().first().copied().unwrap_or(5432);
-        let host = config.get_hosts().first();
-        // As tokio-postgres connects: to `hostaddr` when given, TLS checked against `host`.
-        let address = match (config.get_hostaddrs().first(), host) {
-            (Some(addr), _) => Some(Address::Tcp(addr.to_string(), port)),
-            (None, Some(Host::Tcp(host))) => Some(Address::Tcp(host.clone(), port)),
-            (None, Some(Host::Unix(dir))) => Some(Address::Unix(dir.join(format!(".s.PGSQL.{port}")))),
-            (None, None) => None,
-        };
-        let host_name = match host {
-            Some(Host::Tcp(host)) => host.clone(),
-            _ => String::new(),
-        };
+        let ports = config.get_ports();
+        // As libpq reads a URL: one port for every host, or one per host.
+        let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        let hosts = config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                // As tokio-postgres connects: to `hostaddr` when given, TLS checked against `host`.
+                let address = match (config.get_hostaddrs().get(i), host) {
+                    (Some(addr), _) => Address::Tcp(addr.to_string(), port(i)),
+                    (None, Host::Tcp(host)) => Address::Tcp(host.clone(), port(i)),
+                    (None, Host::Unix(dir)) => Address::Unix(dir.join(format!(".s.PGSQL.{}", port(i)))),
+                };
+                let host_name = match host {
+                    Host::Tcp(host) => host.clone(),
+                    Host::Unix(_) => String::new(),
+                };
+                HostTarget { address, host_name }
+            })
+            .collect();
         CancelTarget {
-            address,
-            host_name,
+            hosts,
             tls: pg.tls(),
             linger,
         }
     }
 
-    /// Sends a cancel for the client's running statement, then drops the
-    /// client, on a task of its own so the caller does not wait.
+    /// Sends a cancel for the client's running statement to every host,
+    /// then drops the client, on a task of its own so the caller does not wait.
     pub(super) fn cancel_and_close(&self, client: ClientWrapper) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -72,40 +90,46 @@ impl CancelTarget {
         let target = self.clone();
         runtime.spawn(async move {
             let token = client.cancel_token();
-            let sent = tokio::time::timeout(target.linger, async {
-                match &target.address {
-                    Some(Address::Tcp(host, port)) => {
-                        let stream = TcpStream::connect((host.as_str(), *port)).await?;
-                        let (send, keep) = duplicate_tcp(stream)?;
-                        send_and_linger(&token, &target, send, keep).await
-                    }
-                    Some(Address::Unix(path)) => {
-                        let stream = UnixStream::connect(path).await?;
-                        let (send, keep) = duplicate_unix(stream)?;
-                        send_and_linger(&token, &target, send, keep).await
-                    }
-                    None => Ok(()),
+            let each = target.hosts.iter().map(|host| async {
+                let sent = tokio::time::timeout(target.linger, host.cancel(&token, &target)).await;
+                if !matches!(sent, Ok(Ok(()))) {
+                    tracing::debug!(?sent, ?host.address, "cancel of a timed-out statement did not complete");
                 }
-            })
-            .await;
-            if !matches!(sent, Ok(Ok(()))) {
-                tracing::debug!(?sent, "cancel of a timed-out statement did not complete");
-            }
+            });
+            futures::future::join_all(each).await;
             drop(client);
         });
     }
 }
 
+impl HostTarget {
+    async fn cancel(&self, token: &tokio_postgres::CancelToken, target: &CancelTarget) -> io::Result<()> {
+        match &self.address {
+            Address::Tcp(host, port) => {
+                let stream = TcpStream::connect((host.as_str(), *port)).await?;
+                let (send, keep) = duplicate_tcp(stream)?;
+                send_and_linger(token, &target.tls, &self.host_name, send, keep).await
+            }
+            Address::Unix(path) => {
+                let stream = UnixStream::connect(path).await?;
+                let (send, keep) = duplicate_unix(stream)?;
+                send_and_linger(token, &target.tls, &self.host_name, send, keep).await
+            }
+        }
+    }
+}
+
 async fn send_and_linger<S>(
     token: &tokio_postgres::CancelToken,
-    target: &CancelTarget,
+    tls: &PgTls,
+    host_name: &str,
     send: S,
     mut keep: S,
 ) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let tls = MakeTlsConnect::<NoHalfClose<S>>::make_tls_connect(&mut target.tls.clone(), &target.host_name)
+    let tls = MakeTlsConnect::<NoHalfClose<S>>::make_tls_connect(&mut tls.clone(), host_name)
         .map_err(io::Error::other)?;
     token
         .cancel_query_raw(NoHalfClose(send), tls)
