@@ -415,7 +415,7 @@ class Leader:
         sch = self.schedule
         self._wake.clear()
         sent = time.monotonic()
-        row = self._one("SELECT * FROM leader_acquire(%s::text, %s::text, %s::bigint, %s::bigint, NULL::bigint,"
+        row = self._one("SELECT * FROM leader_acquire_v2(%s::text, %s::text, %s::bigint, %s::bigint, NULL::bigint,"
                         " %s::boolean)", (self.role, self.holder, self.config.lease_ttl_ms, sch.interval_ms,
                                           sch.long_lived))
         answered, self._errors = time.monotonic(), 0
@@ -424,7 +424,7 @@ class Leader:
         else:
             self._follow(row, answered)
 
-    _OCCURRENCE = ("SELECT a.*, l.occurrence AS started_occurrence FROM leader_acquire_occurrence(%(role)s::text,"
+    _OCCURRENCE = ("SELECT a.*, l.occurrence AS started_occurrence FROM leader_acquire_occurrence_v2(%(role)s::text,"
                    " %(holder)s::text, %(ttl)s::bigint, %(occ)s::timestamptz, %(before)s::timestamptz, NULL::bigint,"
                    " %(reasons)s::text[], %(summaries)s::text[], %(schedule)s::text, %(next)s::timestamptz) AS a"
                    " LEFT JOIN leader_leases AS l ON l.role = %(role)s::text")
@@ -526,7 +526,7 @@ class Leader:
                 continue
             try:
                 row = self._lease.call(lambda conn: conn.execute(
-                    "SELECT * FROM leader_renew(%s::text, %s::bigint, %s::bigint, NULL::bigint)",
+                    "SELECT * FROM leader_renew_v2(%s::text, %s::bigint, %s::bigint, NULL::bigint)",
                     (term.role, term.token, c.lease_ttl_ms)).fetchone(), min(self.S, term.last_ack + a - sent))
             except Exception as exc:
                 log.warning("missed beat role=%s token=%s (%s)", term.role, term.token, type(exc).__name__)

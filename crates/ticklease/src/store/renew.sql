@@ -3,5 +3,5 @@
 -- definitive loss; the other columns are the row after the statement, to
 -- name the reason. A SECURITY DEFINER function (migrations 0003, 0004): the
 -- application role has no direct write on leader_leases.
--- Calls: leader_renew(text, bigint, bigint, bigint)
-SELECT renewed, db_now, holder_token, holder_id, paused FROM leader_renew($1, $2, $3, $4)
+-- Calls: leader_renew_v2(text, bigint, bigint, bigint)
+SELECT renewed, db_now, holder_token, holder_id, paused FROM leader_renew_v2($1, $2, $3, $4)

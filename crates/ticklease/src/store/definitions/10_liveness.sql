@@ -45,6 +45,23 @@ BEGIN
     IF array_position(p_roles, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'ticklease: % got a NULL role', p_name USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM @schema@.leader_check_role(p_name, r) FROM unnest(p_roles) AS r;
+END
+$fn$;
+
+-- A role name as the lease table's constraint (leader_leases_role_name,
+-- migration 0001) and ticklease::Role::new have it, checked before a
+-- function's main statement: the constraint's own refusal would carry that
+-- statement's whole text in its CONTEXT.
+CREATE OR REPLACE FUNCTION @schema@.leader_check_role(p_name text, p_role text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $fn$
+BEGIN
+    IF p_role IS NULL OR length(p_role) > 63 OR p_role !~ '^[a-z][a-z0-9_]*(:[a-z0-9][a-z0-9_.-]*)?$' THEN
+        RAISE EXCEPTION 'ticklease: % needs a role name ([a-z][a-z0-9_]*, optionally :key of [a-z0-9][a-z0-9_.-]*, at most 63 characters), got %',
+                        p_name, coalesce(quote_literal(left(p_role, 64)), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 END
 $fn$;
 

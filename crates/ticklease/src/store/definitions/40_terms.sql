@@ -1,12 +1,12 @@
 -- The lease statements of one role: ACQUIRE, RENEW, RELEASE, each
 -- term-scoped by (role, token), and the seeding of declared roles.
 
--- Generation 5 added the explicit answer (acquired, reason) at the end of
--- the row: a new row type. Callers that name their columns, or read the
--- first nine by position, read what they read before.
-DROP FUNCTION IF EXISTS @schema@.leader_acquire(text, text, bigint, bigint, bigint, boolean);
-
-CREATE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint, p_key bigint,
+-- Generation 5 added the explicit answer (acquired, reason) under a new
+-- name: a new row type under the old name would break every caller that
+-- prepared `SELECT * FROM leader_acquire(...)` ("cached plan must not
+-- change result type"). The old name keeps its row, delegating here
+-- (70_compatibility.sql); so do RENEW and the occurrence ACQUIRE.
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire_v2(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint, p_key bigint,
                                         p_long_lived boolean)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
                held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
@@ -30,10 +30,7 @@ AS $fn$
 -- contended (another statement changed the row meanwhile: ask again soon).
 #variable_conflict use_column
 BEGIN
-    IF p_role IS NULL THEN
-        RAISE EXCEPTION 'ticklease: leader_acquire needs a role'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM @schema@.leader_check_role('leader_acquire', p_role);
     IF p_holder IS NULL OR length(p_holder) > 200 THEN
         RAISE EXCEPTION 'ticklease: leader_acquire needs a holder id of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
@@ -137,12 +134,8 @@ AS $fn$
     SELECT coalesce(p_last, CASE WHEN p_started IS NULL THEN p_since - interval '1 minute' ELSE p_since END)
 $fn$;
 
--- Generation 3 added the last pause's window to the answer (a new row type),
--- generation 5 the explicit answer (acquired, reason) after it.
-DROP FUNCTION IF EXISTS @schema@.leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint,
-                                                          text[], text[], text, timestamptz);
-
-CREATE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_holder text, p_ttl_ms bigint,
+-- Generation 5: the explicit answer under a new name, as leader_acquire_v2.
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire_occurrence_v2(p_role text, p_holder text, p_ttl_ms bigint,
                                                     p_occurrence timestamptz, p_before timestamptz, p_key bigint,
                                                     p_skipped_reasons text[], p_skipped_summaries text[],
                                                     p_schedule text, p_next timestamptz)
@@ -181,10 +174,7 @@ BEGIN
         RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs a holder id of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF p_role IS NULL THEN
-        RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs a role'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM @schema@.leader_check_role('leader_acquire_occurrence', p_role);
     -- In a statement of its own, as leader_acquire's bounds.
     PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms);
     IF NOT isfinite(p_occurrence) OR NOT isfinite(p_before) OR NOT isfinite(p_next)
@@ -315,10 +305,8 @@ BEGIN
 END
 $fn$;
 
--- Generation 5 added the loss's reason at the end of the row (a new row type).
-DROP FUNCTION IF EXISTS @schema@.leader_renew(text, bigint, bigint, bigint);
-
-CREATE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint, p_key bigint)
+-- Generation 5: the loss's reason under a new name, as leader_acquire_v2.
+CREATE OR REPLACE FUNCTION @schema@.leader_renew_v2(p_role text, p_token bigint, p_ttl_ms bigint, p_key bigint)
 RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_id text, paused boolean,
                reason text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

@@ -3,6 +3,13 @@
 -- logic of its own. One goes by a versioned migration that drops it (and its
 -- name leaves leader_grant in 80_privileges.sql) once no caller remains:
 --
+-- * leader_acquire(text, text, bigint, bigint, bigint, boolean),
+--   leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz,
+--   bigint, text[], text[], text, timestamptz), leader_renew(text, bigint,
+--   bigint, bigint): the client functions up to generation 4, their rows as
+--   they were (a caller may have prepared `SELECT *` of them); generation 5's
+--   _v2 add the explicit answer. Can go at the next major version, announced
+--   one release before.
 -- * leader_release(text, bigint, boolean, bigint, text, text, text):
 --   replicas before migration 0011 (no output kept). Can go when no replica
 --   older than 0011 runs.
@@ -30,7 +37,7 @@ LANGUAGE sql VOLATILE SECURITY DEFINER
 AS $fn$
     SELECT a.holder_token, a.db_now, a.holder_id, a.expires_at, a.held, a.paused_by, a.pause_reason, a.due_at,
            a.holder_key
-      FROM @schema@.leader_acquire(p_role, p_holder, p_ttl_ms, p_interval_ms, p_key, false) AS a
+      FROM @schema@.leader_acquire_v2(p_role, p_holder, p_ttl_ms, p_interval_ms, p_key, false) AS a
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint)
@@ -40,7 +47,7 @@ LANGUAGE sql VOLATILE SECURITY DEFINER
 AS $fn$
     -- A replica of 0003 has no coordination session.
     SELECT a.holder_token, a.db_now, a.holder_id, a.expires_at, a.held, a.paused_by, a.pause_reason, a.due_at
-      FROM @schema@.leader_acquire(p_role, p_holder, p_ttl_ms, p_interval_ms, NULL, false) AS a
+      FROM @schema@.leader_acquire_v2(p_role, p_holder, p_ttl_ms, p_interval_ms, NULL, false) AS a
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint)
@@ -48,7 +55,7 @@ RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_
 LANGUAGE sql VOLATILE SECURITY DEFINER
 AS $fn$
     SELECT r.renewed, r.db_now, r.holder_token, r.holder_id, r.paused
-      FROM @schema@.leader_renew(p_role, p_token, p_ttl_ms, NULL) AS r
+      FROM @schema@.leader_renew_v2(p_role, p_token, p_ttl_ms, NULL) AS r
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_release(p_role text, p_token bigint, p_stamp boolean, p_cooldown_ms bigint)
@@ -88,4 +95,40 @@ RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY DEFINER
 AS $fn$
     SELECT @schema@.leader_release(p_role, p_token, p_stamp, p_cooldown_ms, p_outcome, p_reason, p_error, NULL)
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint,
+                                                 p_key bigint, p_long_lived boolean)
+RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
+               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $fn$
+    SELECT a.holder_token, a.db_now, a.holder_id, a.expires_at, a.held, a.paused_by, a.pause_reason, a.due_at,
+           a.holder_key
+      FROM @schema@.leader_acquire_v2(p_role, p_holder, p_ttl_ms, p_interval_ms, p_key, p_long_lived) AS a
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_acquire_occurrence(p_role text, p_holder text, p_ttl_ms bigint,
+                                                    p_occurrence timestamptz, p_before timestamptz, p_key bigint,
+                                                    p_skipped_reasons text[], p_skipped_summaries text[],
+                                                    p_schedule text, p_next timestamptz)
+RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
+               held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
+               after_occurrence timestamptz, failures integer, manual_by text, run_now_pending boolean,
+               last_paused_at timestamptz, last_unpaused_at timestamptz)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $fn$
+    SELECT a.holder_token, a.db_now, a.holder_id, a.expires_at, a.held, a.paused_by, a.pause_reason, a.due_at,
+           a.holder_key, a.after_occurrence, a.failures, a.manual_by, a.run_now_pending, a.last_paused_at,
+           a.last_unpaused_at
+      FROM @schema@.leader_acquire_occurrence_v2(p_role, p_holder, p_ttl_ms, p_occurrence, p_before, p_key,
+                                                 p_skipped_reasons, p_skipped_summaries, p_schedule, p_next) AS a
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_renew(p_role text, p_token bigint, p_ttl_ms bigint, p_key bigint)
+RETURNS TABLE (renewed boolean, db_now timestamptz, holder_token bigint, holder_id text, paused boolean)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $fn$
+    SELECT r.renewed, r.db_now, r.holder_token, r.holder_id, r.paused
+      FROM @schema@.leader_renew_v2(p_role, p_token, p_ttl_ms, p_key) AS r
 $fn$;

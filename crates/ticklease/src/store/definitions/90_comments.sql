@@ -7,13 +7,13 @@
 -- function has a comment).
 
 -- Client functions (docs/sql-api.md).
-COMMENT ON FUNCTION @schema@.leader_acquire(text, text, bigint, bigint, bigint, boolean) IS
+COMMENT ON FUNCTION @schema@.leader_acquire_v2(text, text, bigint, bigint, bigint, boolean) IS
 'ticklease client: ACQUIRE a role on an interval (or a long-lived role). Args: role, holder id (<= 200 chars), lease TTL ms, interval ms (1 ms..24 h each), coordination key or NULL, long-lived. Always one row: acquired says whether a term started (its token: holder_token), reason why not (paused, held, not_due, contended); the other columns describe the row before this call. App role. See docs/sql-api.md.';
 
-COMMENT ON FUNCTION @schema@.leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[], text, timestamptz) IS
+COMMENT ON FUNCTION @schema@.leader_acquire_occurrence_v2(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[], text, timestamptz) IS
 'ticklease client: ACQUIRE one occurrence of a cron schedule the caller computed. Args: role, holder id, lease TTL ms, occurrence (NULL: only look), the next occurrence if the asked one must still be the latest (else NULL), key, skipped reasons and summaries (<= 3), schedule text, next occurrence. Always one row: acquired says whether a term started (a manual run iff manual_by too), reason why not (paused, held, not_due, contended, not_runnable); after_occurrence: occurrences at or before it never run. App role. See docs/sql-api.md.';
 
-COMMENT ON FUNCTION @schema@.leader_renew(text, bigint, bigint, bigint) IS
+COMMENT ON FUNCTION @schema@.leader_renew_v2(text, bigint, bigint, bigint) IS
 'ticklease client: RENEW the term (role, token) to now() + lease TTL ms and record the holder''s current key (or NULL). Always one row: renewed = false means the term is over for good, reason says why (paused, taken_over, released: pass it to RELEASE). App role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_release(text, bigint, boolean, bigint, text, text, text, text) IS
@@ -60,6 +60,7 @@ COMMENT ON FUNCTION @schema@.leader_forget(text) IS
 
 -- Internal: the functions'', the view''s, the status page''s and the migration runner''s own.
 COMMENT ON FUNCTION @schema@.leader_check_batch(text, text[]) IS 'ticklease internal: checks a batched statement''s role list. Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_check_role(text, text) IS 'ticklease internal: checks a role name. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_check_ms(text, bigint) IS 'ticklease internal: checks a duration in ms (1 ms .. 24 h). Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_check_release(boolean, bigint, text, text) IS 'ticklease internal: checks the values a RELEASE takes. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_family_due(@schema@.leader_leases, interval, timestamptz, timestamptz) IS 'ticklease internal: whether a family key''s row is due. Not for clients.';
@@ -85,10 +86,13 @@ COMMENT ON FUNCTION @schema@.leader_token_low(bigint) IS 'ticklease internal: a 
 COMMENT ON FUNCTION @schema@.leader_token_seed() IS 'ticklease internal: a new role''s first token (the clock in epoch ms). Not for clients.';
 
 -- Compatibility: kept for replicas of older releases (definitions/70_compatibility.sql).
-COMMENT ON FUNCTION @schema@.leader_acquire(text, text, bigint, bigint) IS 'ticklease compatibility: for replicas up to migration 0003; clients call leader_acquire(text, text, bigint, bigint, bigint, boolean).';
-COMMENT ON FUNCTION @schema@.leader_acquire(text, text, bigint, bigint, bigint) IS 'ticklease compatibility: for replicas before migration 0011; clients call leader_acquire(text, text, bigint, bigint, bigint, boolean).';
+COMMENT ON FUNCTION @schema@.leader_acquire(text, text, bigint, bigint) IS 'ticklease compatibility: for replicas up to migration 0003; clients call leader_acquire_v2(text, text, bigint, bigint, bigint, boolean).';
+COMMENT ON FUNCTION @schema@.leader_acquire(text, text, bigint, bigint, bigint) IS 'ticklease compatibility: for replicas before migration 0011; clients call leader_acquire_v2(text, text, bigint, bigint, bigint, boolean).';
 COMMENT ON FUNCTION @schema@.leader_acquire_many(text[], text, bigint, bigint, bigint, integer) IS 'ticklease compatibility: for replicas of definitions generations 1-2; clients call the 11-argument leader_acquire_many.';
 COMMENT ON FUNCTION @schema@.leader_fence_lock(text, bigint) IS 'ticklease compatibility: the fence under the name claims written against migration 0002 use; clients call leader_fence(text, bigint).';
 COMMENT ON FUNCTION @schema@.leader_release(text, bigint, boolean, bigint) IS 'ticklease compatibility: for replicas of migration 0004; clients call the 8-argument leader_release.';
 COMMENT ON FUNCTION @schema@.leader_release(text, bigint, boolean, bigint, text, text, text) IS 'ticklease compatibility: for replicas before migration 0011; clients call the 8-argument leader_release.';
-COMMENT ON FUNCTION @schema@.leader_renew(text, bigint, bigint) IS 'ticklease compatibility: for replicas up to migration 0003; clients call leader_renew(text, bigint, bigint, bigint).';
+COMMENT ON FUNCTION @schema@.leader_renew(text, bigint, bigint) IS 'ticklease compatibility: for replicas up to migration 0003; clients call leader_renew_v2(text, bigint, bigint, bigint).';
+COMMENT ON FUNCTION @schema@.leader_acquire(text, text, bigint, bigint, bigint, boolean) IS 'ticklease compatibility: the ACQUIRE of generation 4, its row as it was (no acquired, reason); clients call leader_acquire_v2(text, text, bigint, bigint, bigint, boolean).';
+COMMENT ON FUNCTION @schema@.leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[], text[], text, timestamptz) IS 'ticklease compatibility: the occurrence ACQUIRE of generation 4, its row as it was (no acquired, reason); clients call leader_acquire_occurrence_v2.';
+COMMENT ON FUNCTION @schema@.leader_renew(text, bigint, bigint, bigint) IS 'ticklease compatibility: the RENEW of generation 4, its row as it was (no reason); clients call leader_renew_v2(text, bigint, bigint, bigint).';
