@@ -17,8 +17,9 @@ import psycopg
 
 from ticklease_client import Config, Leader, StatementTimeout, Term, TermLost, WorkFailed, parse_schedule
 
-CLAIM = """INSERT INTO blackbox_claims (role, token, replica, seq, at)
-SELECT %(role)s::text, %(token)s::bigint, %(replica)s::text, n.seq, clock_timestamp()
+CLAIM = """INSERT INTO blackbox_claims (role, token, replica, seq, at, occurrence)
+SELECT %(role)s::text, %(token)s::bigint, %(replica)s::text, n.seq, clock_timestamp(),
+       (SELECT l.occurrence FROM leader_leases AS l WHERE l.role = %(role)s::text)
   FROM (SELECT coalesce(max(c.seq), 0) + 1 AS seq FROM blackbox_claims AS c WHERE c.role = %(role)s::text) AS n
  WHERE (SELECT leader_fence(%(role)s::text, %(token)s::bigint))"""
 

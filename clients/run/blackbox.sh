@@ -20,8 +20,9 @@ claim() {
     seq=$(psql "$TICKLEASE_URL" -X -q -At -v ON_ERROR_STOP=1 -v role="$TICKLEASE_ROLE" \
           -v token="$TICKLEASE_TOKEN" -v replica="$TICKLEASE_REPLICA" <<SQL
 BEGIN;
-INSERT INTO blackbox_claims (role, token, replica, seq, at)
-SELECT :'"'"'role'"'"', :token, :'"'"'replica'"'"', n.seq, clock_timestamp()
+INSERT INTO blackbox_claims (role, token, replica, seq, at, occurrence)
+SELECT :'"'"'role'"'"', :token, :'"'"'replica'"'"', n.seq, clock_timestamp(),
+       (SELECT l.occurrence FROM leader_leases AS l WHERE l.role = :'"'"'role'"'"')
   FROM (SELECT coalesce(max(c.seq), 0) + 1 AS seq FROM blackbox_claims AS c WHERE c.role = :'"'"'role'"'"') AS n
  WHERE (SELECT leader_fence(:'"'"'role'"'"', :token))
 RETURNING seq;

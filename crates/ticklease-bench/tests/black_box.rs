@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use ticklease_bench::black_box::bench::{repository_clients, Paths};
-use ticklease_bench::black_box::{check, checks, stop_fault_alone, Timings};
+use ticklease_bench::black_box::{check, checks, cron, stop_fault_alone, Timings};
 
 fn paths() -> Paths {
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_ticklease-bench"));
@@ -98,7 +98,11 @@ fn term(role: &str, token: i64) -> String {
 }
 
 fn claim(role: &str, token: i64, seq: i64) -> String {
-    format!("INSERT INTO blackbox_claims VALUES ('{role}', {token}, 'r1', {seq}, clock_timestamp())")
+    claim_by(role, token, seq, "r1")
+}
+
+fn claim_by(role: &str, token: i64, seq: i64, replica: &str) -> String {
+    format!("INSERT INTO blackbox_claims VALUES ('{role}', {token}, '{replica}', {seq}, clock_timestamp())")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,6 +140,14 @@ async fn each_check_finds_the_violation_it_names() {
     ] {
         commit(&owner, &sql).await;
     }
+    // One term's claims from two replicas.
+    for sql in [
+        claim("shared", 1, 1),
+        claim_by("shared", 1, 2, "r2"),
+        term("shared", 1),
+    ] {
+        commit(&owner, &sql).await;
+    }
     // A claim between a pause and its unpause.
     let history = |kind: &str| {
         format!("INSERT INTO leader_history (role, kind, by) VALUES ('paused', '{kind}', 'ops')")
@@ -168,8 +180,33 @@ async fn each_check_finds_the_violation_it_names() {
             .any(|v| v.starts_with("twice: seq 1 committed 2 times")),
         "{twice:?}"
     );
+    let shared = found("shared").await;
+    assert!(
+        shared.iter().any(|v| v.contains("claimed by 2 replicas")),
+        "{shared:?}"
+    );
     let paused = found("paused").await;
     assert!(paused.iter().any(|v| v.contains("while paused")), "{paused:?}");
+
+    // A cron term that ran its occurrence ten seconds late.
+    let now = db.now().await.unwrap();
+    let secs = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let o = secs - secs % cron::EVERY_S - 2 * cron::EVERY_S;
+    let late = format!(
+        "INSERT INTO blackbox_claims VALUES ('late_cron', 1, 'r1', 1, clock_timestamp(), to_timestamp({o}))"
+    );
+    for sql in [late, term("late_cron", 1)] {
+        commit(&owner, &sql).await;
+    }
+    let found = cron::check(&db, "late_cron", o, std::time::Duration::from_millis(2500))
+        .await
+        .unwrap();
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains(&format!("the term of {o} claimed"))),
+        "{found:?}"
+    );
 
     // A steady window with a gap longer than allowed.
     let now = db.now().await.unwrap();

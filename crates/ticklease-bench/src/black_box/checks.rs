@@ -46,6 +46,12 @@ const TWICE: &str = "
 SELECT format('seq %s committed %s times, by terms %s', seq, count(*), string_agg(token::text, ', '))
   FROM blackbox_claims WHERE role = $1 GROUP BY seq HAVING count(*) > 1";
 
+/// Two processes working under one token: a term is one replica's (a
+/// runner's child inherits its replica's name).
+const SHARED: &str = "
+SELECT format('term %s claimed by %s replicas: %s', token, count(DISTINCT replica), string_agg(DISTINCT replica, ', '))
+  FROM blackbox_claims WHERE role = $1 GROUP BY token HAVING count(DISTINCT replica) > 1";
+
 /// A claim committed while the role was paused (between a pause's commit and the next unpause's).
 const PAUSED: &str = "
 WITH windows AS (
@@ -69,6 +75,7 @@ pub async fn invariants(owner: &Client, role: &str) -> anyhow::Result<Vec<String
         terms(OUTSIDE),
         terms(OVERLAPS),
         format!("{TWICE} LIMIT 20"),
+        format!("{SHARED} LIMIT 20"),
         format!("{PAUSED} LIMIT 20"),
     ] {
         for row in owner.query(&sql, &[&role]).await? {

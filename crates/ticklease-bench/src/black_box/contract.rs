@@ -6,23 +6,25 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 /// The claim every term's work commits twice, `$1` role, `$2` token, `$3`
-/// replica. No unique key: two terms claiming at once would commit one
-/// `seq` twice, which the check looks for.
-pub const CLAIM_SQL: &str = "INSERT INTO blackbox_claims (role, token, replica, seq, at)
-SELECT $1, $2, $3, n.seq, clock_timestamp()
+/// replica; it records the occurrence the role's row names (a cron term's).
+/// No unique key: two terms claiming at once would commit one `seq` twice,
+/// which the check looks for.
+pub const CLAIM_SQL: &str = "INSERT INTO blackbox_claims (role, token, replica, seq, at, occurrence)
+SELECT $1, $2, $3, n.seq, clock_timestamp(), (SELECT l.occurrence FROM leader_leases AS l WHERE l.role = $1)
   FROM (SELECT coalesce(max(c.seq), 0) + 1 AS seq FROM blackbox_claims AS c WHERE c.role = $1) AS n
  WHERE (SELECT leader_fence($1, $2))";
 
 /// The claim without its fence: only a client broken on purpose sends it
 /// (the test that shows the check catches a stale claim).
-pub const UNFENCED_CLAIM_SQL: &str = "INSERT INTO blackbox_claims (role, token, replica, seq, at)
-SELECT $1, $2, $3, n.seq, clock_timestamp()
+pub const UNFENCED_CLAIM_SQL: &str = "INSERT INTO blackbox_claims (role, token, replica, seq, at, occurrence)
+SELECT $1, $2, $3, n.seq, clock_timestamp(), (SELECT l.occurrence FROM leader_leases AS l WHERE l.role = $1)
   FROM (SELECT coalesce(max(c.seq), 0) + 1 AS seq FROM blackbox_claims AS c WHERE c.role = $1) AS n
  WHERE $2::bigint IS NOT NULL";
 
 /// The claims table, created by the schema owner; the app role may insert and read.
 pub const CLAIMS_TABLE: &str = "CREATE TABLE blackbox_claims (
-    role text NOT NULL, token bigint NOT NULL, replica text NOT NULL, seq bigint NOT NULL, at timestamptz NOT NULL);
+    role text NOT NULL, token bigint NOT NULL, replica text NOT NULL, seq bigint NOT NULL, at timestamptz NOT NULL,
+    occurrence timestamptz);
 GRANT SELECT, INSERT ON blackbox_claims TO ticklease_app";
 
 /// A replica's schedule.

@@ -87,32 +87,42 @@ pub async fn check(db: &Db, role: &str, from: u64, late: Duration) -> anyhow::Re
     if manual != 1 {
         out.push(format!("{role}: {manual} manual terms for one run-now"));
     }
+    // Each non-manual term: the occurrence it ran (as its row named it when
+    // it claimed) and its first claim.
     let rows = owner
         .query(
-            "SELECT min(c.at) FROM blackbox_claims AS c
+            "SELECT min(c.occurrence), max(c.occurrence), min(c.at) FROM blackbox_claims AS c
                JOIN leader_history AS h ON h.role = c.role AND h.token = c.token AND h.kind = 'term'
-              WHERE c.role = $1 AND h.by IS NULL GROUP BY c.token ORDER BY 1",
+              WHERE c.role = $1 AND h.by IS NULL GROUP BY c.token ORDER BY 1, 3",
             &[&role],
         )
         .await?;
-    let firsts: Vec<SystemTime> = rows
-        .iter()
-        .map(|r| r.get(0))
-        .filter(|&f| occurrence_of(f) >= from)
-        .collect();
     let mut expected = from;
-    for f in &firsts {
-        let o = occurrence_of(*f);
-        let after = ms_between(*f, UNIX_EPOCH + Duration::from_secs(o));
+    let mut firsts = 0;
+    for r in &rows {
+        let (ran, ran_too, first): (Option<SystemTime>, Option<SystemTime>, SystemTime) =
+            (r.get(0), r.get(1), r.get(2));
+        let Some(ran) = ran.filter(|_| ran == ran_too) else {
+            out.push(format!(
+                "{role}: a term's claims name occurrences {ran:?} .. {ran_too:?}"
+            ));
+            continue;
+        };
+        let o = occurrence_of(ran);
+        if o < from {
+            continue;
+        }
+        let after = ms_between(first, ran);
         if expected != o || after > late.as_secs_f64() * 1000.0 {
             out.push(format!(
-                "{role}: occurrence {expected} expected, a term claimed {after:.0} ms after {o}"
+                "{role}: occurrence {expected} expected, the term of {o} claimed {after:.0} ms after it"
             ));
         }
         expected = o + EVERY_S;
+        firsts += 1;
     }
-    if firsts.len() < OCCURRENCES_AFTER as usize + 1 {
-        out.push(format!("{role}: only {} occurrence(s) ran", firsts.len()));
+    if firsts < OCCURRENCES_AFTER + 1 {
+        out.push(format!("{role}: only {firsts} occurrence(s) ran"));
     }
     Ok(out)
 }
