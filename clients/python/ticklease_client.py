@@ -32,7 +32,7 @@ UTC = timezone.utc
 
 
 class TermLost(Exception):
-    """The term is over (fence said no, COMMIT 40001, sweep 57P01, RENEW false, or abandoned)."""
+    """The term is over (fence said no, COMMIT 40001, RENEW false, or abandoned)."""
 
     def __init__(self, reason: Optional[str] = None):
         super().__init__(reason or "term lost")
@@ -138,6 +138,37 @@ class _Stale(Exception):
     """BEGIN failed on a reused connection: nothing of the transaction ran, a fresh connection may retry it."""
 
 
+# Cancel requests in flight at once (each a short connection of its own); past that, a cut only shuts its socket.
+_CANCELS = threading.BoundedSemaphore(4)
+
+
+def _send_cancel(conn: psycopg.Connection) -> None:
+    """Ask the server to cancel the connection's statement, on a thread of its own. Shutting the socket down alone
+    frees this side, but a backend waiting on a lock never notices: it would hold a connection slot and could still
+    commit (an ACQUIRE whose term no one knows of). The request is taken from the connection now, before the worker
+    can close it, and goes over the connection's own TLS (libpq 17's cancel connection; else the legacy request)."""
+    try:
+        cancel: Any = conn.pgconn.cancel_conn()
+        send = cancel.blocking
+    except (AttributeError, psycopg.Error):
+        try:
+            send = conn.pgconn.get_cancel().cancel
+        except (AttributeError, psycopg.Error):
+            return
+    if not _CANCELS.acquire(blocking=False):
+        return
+
+    def run() -> None:
+        try:
+            send()
+        except Exception as exc:  # a dead link: the socket shutdown did what it could
+            log.debug("cancel request failed: %s", exc)
+        finally:
+            _CANCELS.release()
+
+    threading.Thread(target=run, name="ticklease-cancel", daemon=True).start()
+
+
 class _Link:
     """One connection, used by one statement at a time, every call bounded on the client.
 
@@ -184,10 +215,12 @@ class _Link:
         self._drop(conn)
 
     def cut(self) -> None:
-        """Detach the connection and shut its socket down: a statement in flight fails now (the server may still
-        run it); the worker that ran it closes it, and the next call connects afresh."""
+        """Detach the connection, ask the server to cancel its statement, and shut its socket down: a statement
+        in flight fails now here; the worker that ran it closes it, and the next call connects afresh."""
         with self._lock:
-            sock, self._conn, self._sock = self._sock, None, None
+            conn, sock, self._conn, self._sock = self._conn, self._sock, None, None
+        if conn is not None:
+            _send_cancel(conn)
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -280,8 +313,10 @@ class Term:
         """Run one claim statement in its own READ COMMITTED transaction and commit it; return its row count.
 
         `sql` must carry `(SELECT leader_fence(%(role)s, %(token)s))` (both filled in here). 0 rows where the
-        fence said no, COMMIT's 40001 and the sweep's 57P01 raise TermLost. Since 0 rows may also mean nothing
-        to claim, a 0-row statement asks the fence again in the same transaction to tell the two apart."""
+        fence said no and COMMIT's 40001 raise TermLost. Since 0 rows may also mean nothing to claim, a 0-row
+        statement asks the fence again in the same transaction to tell the two apart. A 57P01 (the sweep, but also
+        a server restart or an administrator) says only that the claim did not commit: it is raised as it is, and
+        the heartbeat RENEWs at once, which decides whether the term is over."""
         self.check()
         args = dict(params or {}, role=self.role, token=self.token)
 
@@ -305,9 +340,12 @@ class Term:
         except TermLost:
             self._lose(None)  # the term knows, even if the work swallows the exception
             raise
-        except (pgerr.SerializationFailure, pgerr.AdminShutdown) as exc:
+        except pgerr.SerializationFailure as exc:
             self._lose(None)
             raise TermLost(None) from exc
+        except pgerr.AdminShutdown:
+            self._hb_wake.set()
+            raise
 
     # -- used by the leader --
     def _lose(self, reason: Optional[str]) -> None:
@@ -627,6 +665,8 @@ class _Listener(threading.Thread):
             try:
                 self.link.call(step, poll + leader.S)
             except Exception as exc:
+                if self.connected:  # a follower sleeping under the listening cap recomputes it (rule 7)
+                    leader._wake.set()
                 self.connected, errors = False, errors + 1
                 log.warning("listener: %s; reconnecting", type(exc).__name__)
                 leader._stopping.wait(min(leader.P, 0.1 * 2 ** min(errors, 5)))
