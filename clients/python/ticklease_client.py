@@ -142,19 +142,23 @@ class _Stale(Exception):
 _CANCELS = threading.BoundedSemaphore(4)
 
 
-def _send_cancel(conn: psycopg.Connection) -> None:
-    """Ask the server to cancel the connection's statement, on a thread of its own. Shutting the socket down alone
-    frees this side, but a backend waiting on a lock never notices: it would hold a connection slot and could still
-    commit (an ACQUIRE whose term no one knows of). The request is taken from the connection now, before the worker
-    can close it, and goes over the connection's own TLS (libpq 17's cancel connection; else the legacy request)."""
+def _cancel_request(conn: psycopg.Connection) -> Optional[Callable[[], Any]]:
+    """The request that cancels the connection's statement, taken now, before the worker can close the connection.
+    It goes over the connection's own TLS, bounded by its connect_timeout (libpq 17's cancel connection), else as
+    libpq's legacy request."""
     try:
-        cancel: Any = conn.pgconn.cancel_conn()
-        send = cancel.blocking
+        return conn.pgconn.cancel_conn().blocking
     except (AttributeError, psycopg.Error):
         try:
-            send = conn.pgconn.get_cancel().cancel
+            return conn.pgconn.get_cancel().cancel
         except (AttributeError, psycopg.Error):
-            return
+            return None
+
+
+def _send_cancel(send: Callable[[], Any]) -> None:
+    """Sends a cancel request on a thread of its own. Shutting the socket down alone frees this side, but a backend
+    waiting on a lock never notices: it would hold a connection slot and could still commit (an ACQUIRE whose term
+    no one knows of)."""
     if not _CANCELS.acquire(blocking=False):
         return
 
@@ -166,7 +170,10 @@ def _send_cancel(conn: psycopg.Connection) -> None:
         finally:
             _CANCELS.release()
 
-    threading.Thread(target=run, name="ticklease-cancel", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="ticklease-cancel", daemon=True).start()
+    except RuntimeError:  # no thread to be had: the slot goes back, the socket is shut anyway
+        _CANCELS.release()
 
 
 class _Link:
@@ -219,14 +226,15 @@ class _Link:
         in flight fails now here; the worker that ran it closes it, and the next call connects afresh."""
         with self._lock:
             conn, sock, self._conn, self._sock = self._conn, self._sock, None, None
-        if conn is not None:
-            _send_cancel(conn)
+        send = _cancel_request(conn) if conn is not None else None
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             sock.close()
+        if send is not None:
+            _send_cancel(send)
 
     def call(self, fn: Callable[[psycopg.Connection], Any], timeout: Optional[float],
              term: Optional["Term"] = None) -> Any:
@@ -344,7 +352,9 @@ class Term:
             self._lose(None)
             raise TermLost(None) from exc
         except pgerr.AdminShutdown:
-            self._hb_wake.set()
+            with self._lock:
+                self._renew_now = True
+            self._hb_wake.set()  # RENEW now: it decides whether the term is over
             raise
 
     # -- used by the leader --
@@ -665,9 +675,9 @@ class _Listener(threading.Thread):
             try:
                 self.link.call(step, poll + leader.S)
             except Exception as exc:
-                if self.connected:  # a follower sleeping under the listening cap recomputes it (rule 7)
+                was, self.connected, errors = self.connected, False, errors + 1
+                if was:  # a follower sleeping under the listening cap recomputes it (rule 7)
                     leader._wake.set()
-                self.connected, errors = False, errors + 1
                 log.warning("listener: %s; reconnecting", type(exc).__name__)
                 leader._stopping.wait(min(leader.P, 0.1 * 2 ** min(errors, 5)))
                 continue

@@ -21,7 +21,7 @@ pub struct Cli {
 }
 
 const ROLES_HELP: &str = "Database roles: the application role gets SELECT on leader_leases and EXECUTE on \
-leader_acquire/leader_renew/leader_release/leader_seed/leader_fence (SECURITY DEFINER, its only way to write \
+leader_acquire_v2/leader_renew_v2/leader_release/leader_seed/leader_fence and the rest of docs/sql-api.md's client functions (SECURITY DEFINER, its only way to write \
 the table); the operator role gets EXECUTE on \
 leader_pause/leader_unpause/leader_run_now and SELECT on leader_status. Both are created NOLOGIN if missing; \
 grant them to login users: GRANT ticklease_app TO my_service;";

@@ -81,8 +81,8 @@
 //! and by `leader_status`) while its lease has not run out **and** its
 //! holder's coordination key, if it recorded one, is held by some session of
 //! the database. Each statement is a SECURITY
-//! DEFINER function (`leader_acquire`, `leader_renew`, `leader_release`,
-//! `leader_pause`, …) that bounds its durations server-side (1 ms ..= 24 h)
+//! DEFINER function (`leader_acquire_v2`, `leader_renew_v2`, `leader_release`,
+//! `leader_pause`, …; `docs/sql-api.md` lists them) that bounds its durations server-side (1 ms ..= 24 h)
 //! and refuses an unknown outcome; every timestamp in the table is finite.
 //!
 //! ## States
@@ -294,9 +294,9 @@
 //! ## Privileges
 //!
 //! The application role (default `ticklease_app`) may SELECT `leader_leases`
-//! and write it only through SECURITY DEFINER functions: `leader_acquire`
+//! and write it only through SECURITY DEFINER functions: `leader_acquire_v2`
 //! (which must recreate a missing row: the spec denies the app INSERT),
-//! `leader_renew`, `leader_release`, `leader_seed`, and the fence. It cannot
+//! `leader_renew_v2`, `leader_release`, `leader_seed`, and the fence. It cannot
 //! set an expiry other than `now() + lease_ttl` (1 ms ..= 24 h), end a term
 //! but through RENEW's and RELEASE's `(role, token)` match, or clear a
 //! cooldown. It can RENEW or RELEASE any term whose token it reads (tokens

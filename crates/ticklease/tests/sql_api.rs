@@ -584,3 +584,39 @@ async fn every_function_of_generation_4_keeps_its_arguments_and_its_row() {
     }
     assert!(kept >= 20, "the list is read: {kept} signatures");
 }
+
+/// Second review of issue 34: the occurrence ACQUIRE of generations 1-2
+/// answered 13 columns, and generation 5 no longer dropped it before
+/// re-creating it with generation 4's 15: `cannot change return type of
+/// existing function`, so such a database could not be migrated. A kept
+/// name that holds another row is dropped first.
+#[tokio::test]
+async fn a_database_holding_an_older_row_under_a_kept_name_migrates_to_generation_4s_row() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let mut client = connect(&direct(&db)).await.unwrap();
+    client
+        .batch_execute(
+            "DROP FUNCTION leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, text[],
+                                                     text[], text, timestamptz);
+             CREATE FUNCTION leader_acquire_occurrence(p_role text, p_holder text, p_ttl_ms bigint,
+                 p_occurrence timestamptz, p_before timestamptz, p_key bigint, p_skipped_reasons text[],
+                 p_skipped_summaries text[], p_schedule text, p_next timestamptz)
+             RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
+                            held boolean, paused_by text, pause_reason text, due_at timestamptz, holder_key bigint,
+                            after_occurrence timestamptz, failures integer, manual_by text, run_now_pending boolean)
+             LANGUAGE sql AS $$ SELECT NULL::bigint, now(), NULL::text, NULL::timestamptz, false, NULL::text,
+                                       NULL::text, NULL::timestamptz, NULL::bigint, NULL::timestamptz, 0,
+                                       NULL::text, false $$;
+             UPDATE ticklease_schema_definitions SET checksum = 'older', generation = 2;",
+        )
+        .await
+        .unwrap();
+    ticklease::migrate(&mut client)
+        .await
+        .expect("the migration replaces the older row");
+    let now: Vec<String> = catalog(&client).await.into_iter().map(|f| f.signature).collect();
+    for line in GENERATION_4.lines().filter(|l| !l.starts_with('#')) {
+        let signature = normalize(line.split_once(' ').expect("kind, then the signature").1.trim());
+        assert!(now.contains(&signature), "{signature} after the migration");
+    }
+}

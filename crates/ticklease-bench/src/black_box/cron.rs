@@ -88,10 +88,11 @@ pub async fn check(db: &Db, role: &str, from: u64, late: Duration) -> anyhow::Re
         out.push(format!("{role}: {manual} manual terms for one run-now"));
     }
     // Each non-manual term: the occurrence it ran (as its row named it when
-    // it claimed) and its first claim.
+    // it claimed; NULL when a claim named none) and its first claim.
     let rows = owner
         .query(
-            "SELECT min(c.occurrence), max(c.occurrence), min(c.at) FROM blackbox_claims AS c
+            "SELECT CASE WHEN count(c.occurrence) = count(*) THEN min(c.occurrence) END, max(c.occurrence),
+                    min(c.at) FROM blackbox_claims AS c
                JOIN leader_history AS h ON h.role = c.role AND h.token = c.token AND h.kind = 'term'
               WHERE c.role = $1 AND h.by IS NULL GROUP BY c.token ORDER BY 1, 3",
             &[&role],

@@ -101,7 +101,7 @@ pub const MIGRATIONS: &[Migration] = &[
 /// The database roles migration 0002 grants to (created if missing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigrateOptions {
-    /// Renews and releases its terms, acquires through `leader_acquire`; default `ticklease_app`.
+    /// Renews and releases its terms, acquires through `leader_acquire_v2`; default `ticklease_app`.
     pub app_role: String,
     /// Pauses, unpauses, runs now, reads `leader_status`; default `ticklease_operator`.
     pub operator_role: String,

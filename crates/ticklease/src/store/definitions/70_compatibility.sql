@@ -97,6 +97,29 @@ AS $fn$
     SELECT @schema@.leader_release(p_role, p_token, p_stamp, p_cooldown_ms, p_outcome, p_reason, p_error, NULL)
 $fn$;
 
+-- The three client functions of generation 4 keep their rows below. A
+-- database that holds another row under one of these signatures (the
+-- occurrence ACQUIRE of generations 1-2 had 13 columns) has it dropped
+-- first: CREATE OR REPLACE cannot change a row type. Counted by arguments,
+-- in and out: 6 + 9, 10 + 15, 4 + 5.
+DO $guard$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure AS sig
+               FROM (VALUES ('leader_acquire(text, text, bigint, bigint, bigint, boolean)', 15),
+                            ('leader_acquire_occurrence(text, text, bigint, timestamptz, timestamptz, bigint, '
+                             || 'text[], text[], text, timestamptz)', 25),
+                            ('leader_renew(text, bigint, bigint, bigint)', 9)) AS k (signature, args)
+               JOIN pg_catalog.pg_proc AS p
+                 ON p.oid = pg_catalog.to_regprocedure(pg_catalog.format('%I.%s', @schema_text@, k.signature))
+              WHERE pg_catalog.cardinality(p.proallargtypes) IS DISTINCT FROM k.args
+    LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', f.sig);
+    END LOOP;
+END
+$guard$;
+
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire(p_role text, p_holder text, p_ttl_ms bigint, p_interval_ms bigint,
                                                  p_key bigint, p_long_lived boolean)
 RETURNS TABLE (holder_token bigint, db_now timestamptz, holder_id text, expires_at timestamptz,
