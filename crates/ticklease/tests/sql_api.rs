@@ -410,8 +410,6 @@ async fn a_refusal_names_the_problem_and_carries_no_function_body() {
         "SELECT * FROM leader_acquire_v2('Billing', 'h', 2000, 1000, NULL, false)",
         "SELECT * FROM leader_acquire_occurrence_v2('bad role', 'h', 2000, NULL, NULL, NULL, NULL, NULL, 's', NULL)",
         "SELECT * FROM leader_acquire_many(ARRAY['ok', 'Bad'], 'h', 2000, 1000, NULL, 1, NULL, NULL, NULL, NULL, NULL)",
-        "SELECT * FROM leader_replica_beat(NULL, 'h', 2000, NULL)",
-        "SELECT * FROM leader_replica_beat('f', repeat('h', 201), 2000, NULL)",
     ] {
         let error = client.query(sql, &[]).await.expect_err(sql);
         let db = error.as_db_error().unwrap_or_else(|| panic!("{sql}: {error}"));

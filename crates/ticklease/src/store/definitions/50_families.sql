@@ -340,12 +340,6 @@ AS $fn$
 -- minute are deleted, at most 1,000 a beat.
 #variable_conflict use_column
 BEGIN
-    -- The table's own checks would refuse these with the INSERT's text in CONTEXT.
-    IF p_family IS NULL OR length(p_family) > 63 OR p_family !~ '^[a-z][a-z0-9_]*$'
-       OR p_holder IS NULL OR length(p_holder) > 200 THEN
-        RAISE EXCEPTION 'ticklease: leader_replica_beat needs a family name ([a-z][a-z0-9_]*, at most 63 characters) and a holder id of at most 200 characters'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
     -- In a statement of its own, as leader_acquire's bounds.
     PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms), @schema@.leader_require_key(p_key);
     INSERT INTO @schema@.leader_replicas AS x (family, holder_id, holder_key, seen_at, expires_at)
