@@ -105,10 +105,8 @@ fn claim_by(role: &str, token: i64, seq: i64, replica: &str) -> String {
     format!("INSERT INTO blackbox_claims VALUES ('{role}', {token}, '{replica}', {seq}, clock_timestamp())")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_check_finds_the_violation_it_names() {
-    let db = ticklease_bench::black_box::db::Db::start().await.unwrap();
-    let owner = db.owner().await.unwrap();
+/// Plants each violation in a role of its own (and a clean role), each statement committed on its own.
+async fn plant_violations(owner: &tokio_postgres::Client) {
     // A clean record: two terms, each claiming inside itself.
     for sql in [
         claim("clean", 1, 1),
@@ -116,11 +114,11 @@ async fn each_check_finds_the_violation_it_names() {
         claim("clean", 2, 2),
         term("clean", 2),
     ] {
-        commit(&owner, &sql).await;
+        commit(owner, &sql).await;
     }
     // A claim committed after its term ended; a claim of no term.
     for sql in [term("late", 1), claim("late", 1, 1), claim("late", 7, 2)] {
-        commit(&owner, &sql).await;
+        commit(owner, &sql).await;
     }
     // Term 2 claimed before term 1 ended.
     for sql in [
@@ -129,7 +127,7 @@ async fn each_check_finds_the_violation_it_names() {
         term("overlap", 1),
         term("overlap", 2),
     ] {
-        commit(&owner, &sql).await;
+        commit(owner, &sql).await;
     }
     // One seq committed by two terms.
     for sql in [
@@ -138,7 +136,7 @@ async fn each_check_finds_the_violation_it_names() {
         claim("twice", 2, 1),
         term("twice", 2),
     ] {
-        commit(&owner, &sql).await;
+        commit(owner, &sql).await;
     }
     // One term's claims from two replicas.
     for sql in [
@@ -146,7 +144,7 @@ async fn each_check_finds_the_violation_it_names() {
         claim_by("shared", 1, 2, "r2"),
         term("shared", 1),
     ] {
-        commit(&owner, &sql).await;
+        commit(owner, &sql).await;
     }
     // A claim between a pause and its unpause.
     let history = |kind: &str| {
@@ -158,8 +156,15 @@ async fn each_check_finds_the_violation_it_names() {
         term("paused", 1),
         history("unpause"),
     ] {
-        commit(&owner, &sql).await;
+        commit(owner, &sql).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_check_finds_the_violation_it_names() {
+    let db = ticklease_bench::black_box::db::Db::start().await.unwrap();
+    let owner = db.owner().await.unwrap();
+    plant_violations(&owner).await;
     let found = |role: &'static str| {
         let owner = &owner;
         async move { checks::invariants(owner, role).await.unwrap() }
