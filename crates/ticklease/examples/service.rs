@@ -73,8 +73,12 @@ pub async fn run(
             let pool = pool.clone();
             async move {
                 let fence = tick.fence();
+                // A transaction keeps both of sqlx's round trips on one server
+                // behind a transaction-mode pooler (see `Fence::bind`).
+                let mut tx = pool.begin().await?;
                 let query = sqlx::query(CLAIM).persistent(false).bind(fence.token().get());
-                let sent = fence.bind(query).fetch_all(&pool).await?;
+                let sent = fence.bind(query).fetch_all(&mut *tx).await?;
+                tx.commit().await?;
                 println!("outbox: sent {} rows in term {}", sent.len(), fence.token());
                 Ok::<_, sqlx::Error>(())
             }

@@ -13,8 +13,15 @@ impl Fence {
     /// [`Fence::predicate`]`(n)`: call it right after binding `$1 .. $(n-1)`.
     ///
     /// Through PgBouncer in transaction mode, make the query
-    /// `.persistent(false)` (an unnamed statement). sqlx 0.9 takes static
-    /// SQL: write the predicate out as [`Fence::predicate`] writes it.
+    /// `.persistent(false)` (an unnamed statement) **and run it in a
+    /// transaction**: sqlx parses an unnamed statement in one round trip and
+    /// binds and executes it in a second, each ending in a Sync, and between
+    /// them the pooler may hand the server to another client. The second
+    /// then meets a server where the statement does not exist (26000,
+    /// `unnamed prepared statement does not exist`) or where the unnamed
+    /// statement is another client's. In a transaction the pooler keeps
+    /// one server until `COMMIT`. sqlx 0.9 takes static SQL: write the
+    /// predicate out as [`Fence::predicate`] writes it.
     ///
     /// ```no_run
     /// # async fn claim(pool: &sqlx::PgPool, tick: &ticklease::Tick) -> Result<(), sqlx::Error> {
@@ -25,8 +32,10 @@ impl Fence {
     ///  RETURNING id";
     /// let fence = tick.fence();
     /// debug_assert!(CLAIM.contains(&fence.predicate(2)));
+    /// let mut tx = pool.begin().await?;
     /// let query = sqlx::query(CLAIM).persistent(false).bind(fence.token().get());
-    /// let claimed = fence.bind(query).fetch_all(pool).await?; // empty once the term is over
+    /// let claimed = fence.bind(query).fetch_all(&mut *tx).await?; // empty once the term is over
+    /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
     pub fn bind<'q>(&self, query: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
