@@ -617,14 +617,19 @@
 //! - A follower refused because the role is held waits on the holder's key
 //!   (`pg_advisory_lock_shared`) on a **waiter** connection, shared by every
 //!   role held under that key; when the holder's backend ends the wait
-//!   returns and the follower ACQUIREs. A wait that cannot lock the key asks
-//!   every second whether the key is still alive (a squatter granted the
-//!   key after the holder's death delays a takeover by that second), and a
-//!   waiter whose wait fails (its backend terminated, a restart) waits again
-//!   with backoff (100 ms doubling to 5 s). Connections per replica: the pool
+//!   returns and the follower ACQUIREs. The wait runs in slices of a second
+//!   (`leader_key_wait`), each asking whether the key is still alive (a
+//!   squatter granted the key after the holder's death delays a takeover by
+//!   that second), and a waiter whose wait fails (its backend terminated, a
+//!   restart) waits again with backoff (100 ms doubling to 5 s). **Waits
+//!   leave the server's log quiet**: the slice catches its own lock timeout,
+//!   and a wait given up (a handoff, a stop) closes its connection between
+//!   slices, within a second, never mid-wait (which Postgres logs as `FATAL:
+//!   connection to client lost`). Connections per replica: the pool
 //!   (statements), one coordination session, and at most
 //!   [`KEY_WAITERS_MAX`] waiters (one per other replica holding a role this
-//!   one wants); beyond that, followers wake at the lease's expiry.
+//!   one wants; those given up close within that second); beyond that,
+//!   followers wake at the lease's expiry.
 //! - After a RELEASE, pause, unpause or run-now commits, the library sends
 //!   `pg_notify` in a statement of its own (through a pooler too): followers
 //!   ACQUIRE at once, a paused holder renews at once. No decision notifies

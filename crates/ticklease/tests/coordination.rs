@@ -1265,3 +1265,94 @@ async fn a_batched_takeover_reads_the_lock_table_a_fixed_number_of_times() {
     assert!(reads <= 3, "the lock table was read {reads} times for 300 rows");
     tx.rollback().await.unwrap();
 }
+
+/// The backend waiting on `key` and when its statement started, if one waits.
+async fn waiting_on(client: &tokio_postgres::Client, key: i64) -> Option<(i32, std::time::SystemTime)> {
+    let row = client
+        .query_opt(
+            "SELECT a.pid, a.query_start FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+              WHERE l.locktype = 'advisory' AND NOT l.granted
+                AND ((l.classid::int8 << 32) | l.objid::int8) = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()?;
+    Some((row.get(0), row.get(1)))
+}
+
+/// The lines a server logged at ERROR or above after its first `from` bytes.
+fn errors_logged(cluster: &PgCluster, from: usize) -> Vec<String> {
+    let log = cluster.log();
+    log.get(from..)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            ["ERROR:", "FATAL:", "PANIC:"]
+                .iter()
+                .any(|level| l.contains(level))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Item 4 of issue 35: a follower's wait on a holder's key leaves nothing in
+/// the server's log, neither while it waits past a lock-wait slice nor when
+/// a handoff ends it with the holder alive (a `FATAL: connection to client
+/// lost` at each, many a second with short ticks).
+#[tokio::test]
+async fn a_followers_wait_and_its_end_at_a_handoff_leave_the_server_log_quiet() {
+    let cluster = PgCluster::start().unwrap();
+    let config = slow_lease();
+    // A cluster of its own, whose log holds this test's lines alone.
+    let db = migrated_db(&cluster).await;
+    let owner = connect(&db).await.unwrap();
+    let coordinated = || async {
+        let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config));
+        store.await.unwrap().with_direct(db.clone()).await.unwrap()
+    };
+    let a = manager(coordinated().await, config).await;
+    let key_a = a.store().holder_key().expect("A's session is up");
+    let (token_a, finish_a, lead_a) = leader(a.clone(), HOUR);
+    token_a.await.unwrap();
+    let b = manager(coordinated().await, config).await;
+    let from = cluster.log().len();
+    // Due as soon as A's tick completes; B's ticks end at once, and its
+    // loop then gives up the wait with A's session alive.
+    let (ticks, mut ticks_b) = mpsc::unbounded_channel();
+    let stop_b = CancellationToken::new();
+    let scheduler = Scheduler::new(b.clone())
+        .job(&billing(), Duration::from_millis(100), move |tick| {
+            let _ = ticks.send(tick.token());
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .unwrap();
+    tokio::spawn(scheduler.run(stop_b.clone()));
+    until("B waits on A's key", || async {
+        waiting_on(&owner, key_a).await.is_some()
+    })
+    .await;
+    let (waiter, began) = waiting_on(&owner, key_a).await.unwrap();
+    until("B's waiter waits on A's key past its first slice", || async {
+        waiting_on(&owner, key_a)
+            .await
+            .is_some_and(|(_, now)| now > began)
+    })
+    .await;
+    finish_a.send(()).unwrap();
+    assert!(matches!(lead_a.await.unwrap(), Lead::Completed { .. }));
+    tokio::time::timeout(Duration::from_secs(10), ticks_b.recv())
+        .await
+        .expect("B leads after A's release")
+        .unwrap();
+    let gone = format!("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = {waiter})");
+    until("B's waiter has ended", || async {
+        scalar::<bool>(&owner, &gone).await
+    })
+    .await;
+    assert!(
+        a.store().holder_key() == Some(key_a),
+        "A's session lived throughout"
+    );
+    assert_eq!(errors_logged(&cluster, from), Vec::<String>::new());
+    stop_b.cancel();
+}

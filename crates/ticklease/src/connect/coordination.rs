@@ -23,7 +23,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -36,7 +35,9 @@ use crate::error::StoreError;
 const CHANNEL: &str = "ticklease";
 
 /// Most holder keys one replica waits on at once, one direct connection each
-/// (at most one per other replica that holds a role this one wants).
+/// (at most one per other replica that holds a role this one wants). A wait
+/// given up keeps its connection until its current one-second slice ends,
+/// so up to twice as many connections may be open for that second.
 pub const KEY_WAITERS_MAX: usize = 16;
 
 /// Server-side keepalives on the session: a peer whose link drops packets is
@@ -45,13 +46,15 @@ pub const KEY_WAITERS_MAX: usize = 16;
 const KEEPALIVES: &str = "SET tcp_keepalives_idle = 2; SET tcp_keepalives_interval = 1; \
      SET tcp_keepalives_count = 2; SET tcp_user_timeout = 4000";
 
-/// A waiter's lock wait gives up after a second to ask whether the key is
-/// still alive (any login can queue for a key and be granted it when the
-/// holder's session ends: then a follower learns of it within a second); a
-/// waiter that is dropped closes its socket, and the server notices within
-/// a second and ends its backend.
-const WAITER_SETTINGS: &str = "SET statement_timeout = 0; SET lock_timeout = 1000; \
-     SET idle_session_timeout = 0; SET client_connection_check_interval = 1000";
+/// A waiter waits in slices of a second (`leader_key_wait`, which sets its
+/// own lock timeout and catches it) to ask whether the key is still alive:
+/// any login can queue for a key and be granted it when the holder's
+/// session ends, and then a follower learns of it within a second. A waiter
+/// that is no longer needed closes between slices, when its backend is idle
+/// (silent in the server's log); one whose process dies mid-slice is
+/// noticed by the server within a second.
+const WAITER_SETTINGS: &str = "SET statement_timeout = 0; SET idle_session_timeout = 0; \
+     SET client_connection_check_interval = 1000";
 
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
@@ -533,18 +536,21 @@ impl KeyWaiter {
             // A wait that fails (its backend terminated, a restart) is
             // retried with backoff; the slot is this waiter's until its last
             // user drops it, and its users wake at the lease's expiry anyway.
+            // A stop takes effect between slices (within a second), never
+            // mid-wait: see WAITER_SETTINGS.
             let mut backoff = RECONNECT_MIN;
             loop {
-                tokio::select! {
-                    _ = stopped.cancelled() => return,
-                    waited = wait_for_key(&direct, connect_timeout, key) => match waited {
-                        Ok(()) => {
-                            gone.send_replace(true);
-                            return;
-                        }
-                        Err(error) => tracing::debug!(error = &*error as &dyn std::error::Error, ?backoff,
-                            "wait on a holder key failed; retrying"),
+                match wait_for_key(&direct, connect_timeout, key, &stopped).await {
+                    Ok(Waited::Gone) => {
+                        gone.send_replace(true);
+                        return;
                     }
+                    Ok(Waited::Stopped) => return,
+                    Err(error) => tracing::debug!(
+                        error = &*error as &dyn std::error::Error,
+                        ?backoff,
+                        "wait on a holder key failed; retrying"
+                    ),
                 }
                 tokio::select! {
                     _ = stopped.cancelled() => return,
@@ -560,30 +566,41 @@ impl KeyWaiter {
     }
 }
 
-async fn wait_for_key(direct: &Hosts, connect_timeout: Duration, key: i64) -> Result<(), BoxError> {
-    let (client, connection) = tokio::time::timeout(connect_timeout, direct.connect()).await??;
-    let _driver = AbortOnDrop(tokio::spawn(async move {
-        let _ = connection.await;
-    }));
-    tokio::time::timeout(connect_timeout, client.batch_execute(WAITER_SETTINGS)).await??;
+/// How a wait on a holder's key ended.
+enum Waited {
+    Gone,
+    Stopped,
+}
+
+async fn wait_for_key(
+    direct: &Hosts,
+    connect_timeout: Duration,
+    key: i64,
+    stop: &CancellationToken,
+) -> Result<Waited, BoxError> {
+    let connect = async {
+        let (client, connection) = tokio::time::timeout(connect_timeout, direct.connect()).await??;
+        let driver = AbortOnDrop(tokio::spawn(async move {
+            let _ = connection.await;
+        }));
+        tokio::time::timeout(connect_timeout, client.batch_execute(WAITER_SETTINGS)).await??;
+        Ok::<_, BoxError>((client, driver))
+    };
+    let (client, _driver) = tokio::select! {
+        _ = stop.cancelled() => return Ok(Waited::Stopped),
+        connected = connect => connected?,
+    };
     // Granted when the holder's session ends; held until this connection
-    // closes, which conflicts with nothing (liveness counts only the
-    // exclusive lock of the key's own backend).
+    // closes (see leader_key_wait).
     loop {
-        match client
-            .query_typed("SELECT pg_advisory_lock_shared($1)", &[(&key, Type::INT8)])
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                let alive = client
-                    .query_typed("SELECT leader_key_alive($1)", &[(&key, Type::INT8)])
-                    .await?;
-                if !alive.first().is_some_and(|r| r.get::<_, bool>(0)) {
-                    return Ok(());
-                }
-            }
-            Err(e) => return Err(e.into()),
+        let gone = client
+            .query_typed("SELECT leader_key_wait($1)", &[(&key, Type::INT8)])
+            .await?;
+        if gone.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            return Ok(Waited::Gone);
+        }
+        if stop.is_cancelled() {
+            return Ok(Waited::Stopped);
         }
     }
 }

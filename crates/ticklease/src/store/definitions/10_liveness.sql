@@ -110,6 +110,27 @@ AS $fn$
     SELECT p_key IS NULL OR p_key IN (SELECT @schema@.leader_live_keys())
 $fn$;
 
+CREATE OR REPLACE FUNCTION @schema@.leader_key_wait(p_key bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE STRICT
+SET lock_timeout = '1s'
+AS $fn$
+-- One slice of a follower's wait on a holder's key: true once the key is
+-- gone (its holder's session ended and the shared lock was granted, or a
+-- session other than the one that took it holds it now), false when it is
+-- still alive after a second. The lock timeout is caught here, so no
+-- waiting second leaves an ERROR in the server's log; between slices the
+-- waiter is idle, so it can close without a FATAL there either. The shared
+-- lock, once granted, is kept until the waiter's session ends; it
+-- conflicts with nothing (liveness counts only the key's own backend's
+-- exclusive lock).
+BEGIN
+    PERFORM pg_catalog.pg_advisory_lock_shared(p_key);
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN NOT @schema@.leader_key_alive(p_key);
+END
+$fn$;
+
 CREATE OR REPLACE FUNCTION @schema@.leader_term_live(p_holder_id text, p_expires_at timestamptz, p_key bigint, p_at timestamptz)
 RETURNS boolean
 LANGUAGE sql VOLATILE

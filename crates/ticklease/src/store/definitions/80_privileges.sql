@@ -86,7 +86,7 @@ BEGIN
                         leader_release_many(text[], bigint[], boolean[], bigint[], text[], text[], text[]),
                         leader_replica_beat(text, text, bigint, bigint), leader_replica_leave(text, text),
                         leader_seed(text[]), leader_fence(text, bigint), leader_fence_lock(text, bigint),
-                        leader_fence_sweep(text[])
+                        leader_fence_sweep(text[]), leader_key_wait(bigint)
                         TO %I', p_app);
     END IF;
     IF p_operator IS NOT NULL THEN
