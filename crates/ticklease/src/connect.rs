@@ -3,4 +3,5 @@
 
 pub(crate) mod coordination;
 pub mod hosts;
+mod timeline;
 pub mod tls;

@@ -234,6 +234,14 @@ pub enum MigrateError {
         /// The command that applies the missing migrations.
         command: &'static str,
     },
+    /// Every writable host of the URL that answered has been superseded
+    /// by a promotion of another (see `ticklease::hosts`).
+    #[error("no host of the URL to migrate")]
+    Superseded {
+        /// Why each host was passed over.
+        #[source]
+        source: crate::connect::hosts::HostsError,
+    },
     /// The server did not answer within the bound.
     #[error("no answer to the {what} within {waited:?}")]
     NoAnswer {

@@ -527,4 +527,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn signals(&self) -> Option<&Signals> {
         None
     }
+
+    /// What happened to the store's connections so far (host changes, lost
+    /// connections); `None` for a store without any.
+    fn connection_events(&self) -> Option<crate::connect::hosts::ConnectionEvents> {
+        None
+    }
 }

@@ -219,3 +219,129 @@ async fn a_timed_out_statement_is_cancelled_on_the_host_that_runs_it_not_the_url
         .get(0);
     assert_eq!(held, None, "the cancelled ACQUIRE started no term");
 }
+
+/// The expiry of `role`'s row on a server.
+async fn expires_at(server: &tokio_postgres::Client, role: &str) -> std::time::SystemTime {
+    server
+        .query_one("SELECT expires_at FROM leader_leases WHERE role = $1", &[&role])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Issue 35, item 2: a standby is promoted while the old primary stays
+/// writable (its failover manager died and nothing demoted it). Every
+/// process kept its statements on the old primary, the host that answered
+/// last. Now a probe of the URL's hosts sees the promoted server on a higher
+/// timeline: the leader's RENEWs move to it within a probe period, none
+/// reaches the old primary after, and a process started meanwhile leads on
+/// the promoted server alone. Each move is a log line and is counted.
+#[tokio::test]
+async fn with_two_writable_servers_every_statement_goes_to_the_promoted_one() {
+    let primary = PgCluster::start_primary().unwrap();
+    let db = primary.create_database().await.unwrap();
+    ticklease::migrate(&mut connect(&primary.config(&db)).await.unwrap())
+        .await
+        .unwrap();
+    let standby = Standby::start(&primary).unwrap();
+    let config = test_config();
+    let url: PgConnect = url_for_hosts(&[&primary, standby.cluster()], &db)
+        .parse()
+        .unwrap();
+    let store = PgStore::connect(url, PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let manager = Manager::start(store.clone(), config, [billing()]).await.unwrap();
+    let (started, token) = tokio::sync::oneshot::channel();
+    let leader = manager.clone();
+    let lead = tokio::spawn(async move {
+        leader
+            .lead(&billing(), Duration::from_secs(3600), |tick| async move {
+                let _ = started.send(tick.token());
+                tick.cancelled().await;
+                Ok::<_, std::io::Error>(())
+            })
+            .await
+    });
+    token.await.unwrap();
+    standby.wait_caught_up(&primary).await.unwrap();
+    standby.promote().await.unwrap();
+    let old = connect(&primary.config(&db)).await.unwrap();
+    let new = connect(&standby.cluster().config(&db)).await.unwrap();
+    let promoted_at = expires_at(&new, "billing").await;
+    // A RENEW lands on the promoted server (every heartbeat_every)...
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while expires_at(&new, "billing").await == promoted_at {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no RENEW reached the promoted server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and from then on none reaches the old primary.
+    let left_old = expires_at(&old, "billing").await;
+    let moved = expires_at(&new, "billing").await;
+    while expires_at(&new, "billing").await == moved {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        expires_at(&old, "billing").await,
+        left_old,
+        "a RENEW reached the old primary"
+    );
+    assert_eq!(
+        store.hosts().current(),
+        Some(&*format!("127.0.0.1:{}", standby.cluster().port()))
+    );
+    assert_eq!(store.hosts().events().host_changes, 1);
+
+    // A process started now (it has seen no timeline yet) leads on the
+    // promoted server alone.
+    let child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_fresh_process_acquires_other_on_the_urls_hosts",
+            "--ignored",
+        ])
+        .env(TWO_WRITABLE, url_for_hosts(&[&primary, standby.cluster()], &db))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        child.status.success(),
+        "{}",
+        String::from_utf8_lossy(&child.stdout)
+    );
+    let rows = "SELECT count(*) FROM leader_leases WHERE role = 'other'";
+    assert_eq!(scalar::<i64>(&new, rows).await, 1);
+    assert_eq!(
+        scalar::<i64>(&old, rows).await,
+        0,
+        "a term started on the superseded server"
+    );
+    manager.shutdown();
+    lead.await.unwrap().unwrap();
+}
+
+/// The URL of the two writable servers, for the fresh process.
+const TWO_WRITABLE: &str = "TICKLEASE_TEST_TWO_WRITABLE_URL";
+
+/// Run by `with_two_writable_servers_every_statement_goes_to_the_promoted_one`
+/// in a process of its own, which has seen no server's timeline yet.
+#[tokio::test]
+#[ignore = "a step of another test, run in a process of its own"]
+async fn a_fresh_process_acquires_other_on_the_urls_hosts() {
+    let url: PgConnect = std::env::var(TWO_WRITABLE)
+        .expect("run by with_two_writable_servers_every_statement_goes_to_the_promoted_one")
+        .parse()
+        .unwrap();
+    let store = PgStore::connect(url, PgStoreOptions::from_config(&test_config()))
+        .await
+        .unwrap();
+    let other = Role::new("other").unwrap();
+    let acquired = store
+        .acquire(&other, "fresh", Duration::from_secs(30), Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert!(matches!(acquired, Acquire::Acquired(_)), "{acquired:?}");
+}

@@ -14,20 +14,38 @@
 //! connection of an application, its own pools included, follows the same
 //! rules as the store's.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, Connection, Socket};
 
+use crate::connect::timeline;
 use crate::connect::tls::{PgConnect, PgTlsStream};
 
 /// The hosts of one URL, each with the URL's every other setting.
 #[derive(Debug)]
 pub struct Hosts {
     hosts: Vec<PgConnect>,
+    /// Each host as `host:port`, for the log and the timelines seen.
+    servers: Vec<String>,
     per_host: Duration,
     last_good: AtomicUsize,
+    /// Whether any connection was made yet (the first is no change of host).
+    connected: AtomicBool,
+    /// Whether the hosts were probed yet (before the first connection).
+    probed: AtomicBool,
+    /// Times a connection reached another host than the one before.
+    changes: AtomicU64,
+    /// Pooled connections that ended with an error (a restart, a failover,
+    /// a cut link); the pool connects again at the next statement.
+    lost: AtomicU64,
+    /// When a probe found the current host superseded: connections made
+    /// before are to be dropped (see [`Hosts::superseded_since`]).
+    superseded_at: Mutex<Option<std::time::Instant>>,
 }
 
 /// Why no host gave a connection in one pass over them.
@@ -41,6 +59,14 @@ pub enum HostsError {
         /// The bound on each host's attempt.
         per_host: Duration,
     },
+    /// Every writable host that answered has been superseded by a promotion
+    /// of another host of the URL (see `ticklease::hosts`).
+    Superseded {
+        /// The newest server seen writable (`host:port`).
+        by: String,
+        /// Its timeline.
+        timeline: u32,
+    },
 }
 
 impl std::fmt::Display for HostsError {
@@ -50,6 +76,11 @@ impl std::fmt::Display for HostsError {
             HostsError::TimedOut { per_host } => {
                 write!(f, "no host answered within {per_host:?} each")
             }
+            HostsError::Superseded { by, timeline } => write!(
+                f,
+                "every writable host that answered is on an older timeline than {by} (timeline {timeline}) \
+                 was seen writable on"
+            ),
         }
     }
 }
@@ -58,7 +89,7 @@ impl std::error::Error for HostsError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             HostsError::Db(e) => Some(e),
-            HostsError::TimedOut { .. } => None,
+            HostsError::TimedOut { .. } | HostsError::Superseded { .. } => None,
         }
     }
 }
@@ -74,41 +105,187 @@ impl Hosts {
             .config()
             .get_connect_timeout()
             .map_or(share, |own| share.min(*own));
-        let hosts = hosts
+        let hosts: Vec<PgConnect> = hosts
             .into_iter()
             .map(|mut h| {
                 h.config_mut().connect_timeout(per_host);
                 h
             })
             .collect();
+        let servers = hosts.iter().map(|h| server_name(h.config())).collect();
         Hosts {
             hosts,
+            servers,
             per_host,
             last_good: AtomicUsize::new(0),
+            connected: AtomicBool::new(false),
+            probed: AtomicBool::new(false),
+            changes: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            superseded_at: Mutex::new(None),
         }
     }
 
-    /// One pass over the hosts, the last good one first.
+    /// One pass over the hosts, the last good one first. Of a multi-host
+    /// URL, a host on an older timeline than another host was seen writable
+    /// on is passed over (see the module docs).
     pub async fn connect(&self) -> Result<(Client, Connection<Socket, PgTlsStream>), HostsError> {
+        // The first connection of a multi-host URL knows no timelines yet:
+        // every host is asked first, so none starts on a superseded server.
+        if self.hosts.len() > 1 && !self.probed.swap(true, Ordering::Relaxed) {
+            self.probe().await;
+        }
         let first = self.last_good.load(Ordering::Relaxed);
         let mut failed = None;
         for i in (0..self.hosts.len()).map(|k| (first + k) % self.hosts.len()) {
-            match tokio::time::timeout(self.per_host, self.hosts[i].connect()).await {
-                Ok(Ok(connected)) => {
-                    self.last_good.store(i, Ordering::Relaxed);
-                    return Ok(connected);
+            match tokio::time::timeout(self.per_host, self.attempt(i)).await {
+                Ok(Ok(Attempt::Current(client, connection, _))) => {
+                    self.connected_to(i);
+                    return Ok((client, *connection));
                 }
-                Ok(Err(e)) => failed = Some(e),
+                Ok(Ok(Attempt::Superseded { by, timeline })) => {
+                    failed = Some(HostsError::Superseded { by, timeline });
+                }
+                Ok(Err(e)) => failed = Some(HostsError::Db(e)),
                 Err(_) => {}
             }
         }
-        Err(failed.map_or(
-            HostsError::TimedOut {
-                per_host: self.per_host,
-            },
-            HostsError::Db,
-        ))
+        Err(failed.unwrap_or(HostsError::TimedOut {
+            per_host: self.per_host,
+        }))
     }
+
+    /// A connection to host `i`, its timeline read and judged when the URL
+    /// has other hosts.
+    async fn attempt(&self, i: usize) -> Result<Attempt, tokio_postgres::Error> {
+        let (client, mut connection) = self.hosts[i].connect().await?;
+        if self.hosts.len() == 1 {
+            return Ok(Attempt::Current(client, Box::new(connection), None));
+        }
+        let server = &self.servers[i];
+        let Some(timeline) = timeline::read(&client, &mut connection).await? else {
+            return Ok(Attempt::Current(client, Box::new(connection), None));
+        };
+        timeline::record(server, timeline);
+        match timeline::superseded_by(server, timeline, &self.servers) {
+            None => Ok(Attempt::Current(client, Box::new(connection), Some(timeline))),
+            Some((by, newer)) => {
+                tracing::warn!(%server, timeline, %by, newer,
+                    "passing over a writable server on an older timeline than another host's: a promotion superseded it");
+                Ok(Attempt::Superseded { by, timeline: newer })
+            }
+        }
+    }
+
+    /// Notes a connection to host `i`: a change of host is logged and counted.
+    fn connected_to(&self, i: usize) {
+        let before = self.last_good.swap(i, Ordering::Relaxed);
+        if self.connected.swap(true, Ordering::Relaxed) && before != i {
+            self.changes.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(from = %self.servers[before], to = %self.servers[i], "database host changed");
+        }
+    }
+
+    /// Connects to every host of a multi-host URL at once, each bounded by
+    /// its share, recording the timelines of the writable ones; when the
+    /// current host has been superseded by a promotion, the next connection
+    /// goes to the newest host and [`Hosts::superseded_since`] tells the
+    /// pool to drop the connections made before. One pass costs a
+    /// connection to each host.
+    pub(crate) async fn probe(&self) {
+        if self.hosts.len() == 1 {
+            return;
+        }
+        let probes = (0..self.hosts.len()).map(|i| tokio::time::timeout(self.per_host, self.attempt(i)));
+        let attempts = futures::future::join_all(probes).await;
+        if !self.connected.load(Ordering::Relaxed) {
+            // Before a first connection: start with the newest host that
+            // answered, not one that did not.
+            let newest = attempts.iter().enumerate().filter_map(|(i, a)| match a {
+                Ok(Ok(Attempt::Current(_, _, timeline))) => Some((i, *timeline)),
+                _ => None,
+            });
+            if let Some((i, _)) = newest.max_by_key(|(i, timeline)| (*timeline, std::cmp::Reverse(*i))) {
+                self.last_good.store(i, Ordering::Relaxed);
+            }
+            return;
+        }
+        // Judged once every answer is recorded (the attempts ran at once).
+        let current = self.last_good.load(Ordering::Relaxed);
+        let server = &self.servers[current];
+        let Some(timeline) = timeline::seen(server) else {
+            return;
+        };
+        if let Some((by, newer)) = timeline::superseded_by(server, timeline, &self.servers) {
+            tracing::warn!(%server, timeline, %by, newer,
+                "the current database host was superseded by a promotion; moving to the newest");
+            *self.superseded_at.lock().expect("not poisoned") = Some(std::time::Instant::now());
+            let newest = self.servers.iter().position(|s| *s == by).unwrap_or(current);
+            self.connected_to(newest);
+        }
+    }
+
+    /// Probes every `every` (see [`Hosts::probe`]) until the guard is
+    /// dropped; nothing for a single host.
+    pub(crate) fn watch(self: &Arc<Self>, every: Duration) -> Option<DropGuard> {
+        if self.hosts.len() == 1 {
+            return None;
+        }
+        let stop = CancellationToken::new();
+        let (hosts, stopped) = (self.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    _ = tokio::time::sleep(every) => hosts.probe().await,
+                }
+            }
+        });
+        Some(stop.drop_guard())
+    }
+
+    /// When a probe last found the current host superseded: a connection
+    /// made before then may be to the superseded server.
+    pub fn superseded_since(&self) -> Option<std::time::Instant> {
+        *self.superseded_at.lock().expect("not poisoned")
+    }
+
+    /// What happened to the connections so far.
+    pub fn events(&self) -> ConnectionEvents {
+        ConnectionEvents {
+            host_changes: self.changes.load(Ordering::Relaxed),
+            connections_lost: self.lost.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The host the last connection reached (`host:port`), if any did.
+    pub fn current(&self) -> Option<&str> {
+        self.connected
+            .load(Ordering::Relaxed)
+            .then(|| self.servers[self.last_good.load(Ordering::Relaxed)].as_str())
+    }
+}
+
+/// Counts of what happened to a store's connections, each also a log line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectionEvents {
+    /// New connections that reached another host than the one before (a
+    /// failover, a switchover, a host that stopped answering).
+    pub host_changes: u64,
+    /// Pooled connections that ended with an error (a restart, a failover, a
+    /// cut link); the pool connects again at the next statement.
+    pub connections_lost: u64,
+}
+
+/// A connection to one host, or why it is passed over.
+enum Attempt {
+    /// With the server's timeline when it was read (a multi-host URL).
+    Current(Client, Box<Connection<Socket, PgTlsStream>>, Option<u32>),
+    Superseded {
+        by: String,
+        timeline: u32,
+    },
 }
 
 /// The pool's way to connect: passes over the hosts until one gives a
@@ -116,11 +293,11 @@ impl Hosts {
 /// again, until the statement's deadline (around every pool wait) ends it.
 /// Give it to `deadpool_postgres::Manager::from_connect`, and bound the
 /// pool's waits (`Pool::builder(…).wait_timeout(…).create_timeout(…)`).
-pub struct PoolConnect(pub(crate) std::sync::Arc<Hosts>);
+pub struct PoolConnect(pub(crate) Arc<Hosts>);
 
 impl PoolConnect {
     /// Connections to `hosts`.
-    pub fn new(hosts: std::sync::Arc<Hosts>) -> Self {
+    pub fn new(hosts: Arc<Hosts>) -> Self {
         PoolConnect(hosts)
     }
 }
@@ -135,16 +312,33 @@ impl deadpool_postgres::Connect for PoolConnect {
             loop {
                 match self.0.connect().await {
                     Ok((client, connection)) => {
+                        let (hosts, server) =
+                            (self.0.clone(), self.0.current().unwrap_or_default().to_owned());
                         let task = tokio::spawn(async move {
-                            let _ = connection.await;
+                            if let Err(error) = connection.await {
+                                hosts.lost.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(%server, error = &error as &dyn std::error::Error,
+                                    "a database connection was lost; the next statement connects again");
+                            }
                         });
                         return Ok((client, task));
                     }
                     Err(HostsError::Db(e)) => return Err(e),
-                    Err(HostsError::TimedOut { .. }) => {}
+                    // Superseded hosts: another pass, until a promoted one answers.
+                    Err(_) => {}
                 }
             }
         })
+    }
+}
+
+/// A single-host config's server as `host:port` (a socket directory as its path).
+fn server_name(c: &Config) -> String {
+    let port = c.get_ports().first().copied().unwrap_or(5432);
+    match c.get_hosts().first() {
+        Some(Host::Tcp(h)) => format!("{h}:{port}"),
+        Some(Host::Unix(p)) => format!("{}:{port}", p.display()),
+        None => format!("localhost:{port}"),
     }
 }
 

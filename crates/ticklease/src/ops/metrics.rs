@@ -28,6 +28,10 @@
 //!   `leader_renew_duration_seconds`, `leader_db_clock_drift_seconds`,
 //!   `leader_tick_interval_seconds{role}` (what the stall alert compares with),
 //!   `leader_coordination_up` (its coordination session, as of its last poll),
+//!   `leader_host_changes_total` (new connections that reached another host of
+//!   the store's URL than the one before: a failover or switchover) and
+//!   `leader_connections_lost_total` (its store's connections that ended with an
+//!   error), both as of the last scrape,
 //!   and `leader_occurrences_skipped_total{role,reason}` (reason `deadline`,
 //!   `paused` or `catch_up`: occurrences it recorded passed over when it started a later one).
 //!
@@ -124,6 +128,11 @@ struct Inner {
     token_lead: FloatGauge,
     /// Absent without a coordination session: a family with no labels.
     coordination_up: Family<Vec<(String, String)>, Gauge>,
+    /// Absent for a store without connections: no labels.
+    host_changes: Family<Vec<(String, String)>, Counter>,
+    connections_lost: Family<Vec<(String, String)>, Counter>,
+    /// The store's counts at the last refresh (the counters add the rest).
+    connection_events_seen: std::sync::Mutex<crate::connect::hosts::ConnectionEvents>,
     /// The role families this replica runs, for their aggregates.
     families: std::sync::Mutex<Vec<crate::Family>>,
     family_leading: Family<FamilyLabel, Gauge>,
@@ -268,6 +277,18 @@ impl Inner {
             self.coordination_up.clone(),
         );
         r.register(
+            "leader_host_changes",
+            "Times a new database connection of this replica reached another host of its URL than \
+             the one before: a failover or switchover (absent for a store without hosts)",
+            self.host_changes.clone(),
+        );
+        r.register(
+            "leader_connections_lost",
+            "Database connections of this replica's store that ended with an error (a restart, a \
+             failover, a cut link); each is made again at the next statement",
+            self.connections_lost.clone(),
+        );
+        r.register(
             "leader_family_leading",
             "Terms of the family's keys this replica runs",
             self.family_leading.clone(),
@@ -347,6 +368,9 @@ impl Metrics {
             drift: FloatGauge::default(),
             token_lead: FloatGauge::default(),
             coordination_up: Family::default(),
+            host_changes: Family::default(),
+            connections_lost: Family::default(),
+            connection_events_seen: Default::default(),
             families: Default::default(),
             family_leading: Family::default(),
             family_ticks: Family::default(),
@@ -452,6 +476,9 @@ impl Metrics {
     /// `state="error"`, never as a value.
     pub async fn refresh<S: LeaseStore>(&self, store: &S) {
         let inner = &self.inner;
+        if let Some(events) = store.connection_events() {
+            self.connection_events(events);
+        }
         match store.status_bounded(REFRESH_ROWS_MAX).await {
             Ok((rows, total)) => {
                 let left_out = total.saturating_sub(rows.len() as u64);
@@ -756,6 +783,23 @@ impl Metrics {
 
     pub(crate) fn drift(&self, seconds: f64) {
         self.inner.drift.set(seconds);
+    }
+
+    /// The store's connection events so far (see [`LeaseStore::connection_events`]).
+    pub(crate) fn connection_events(&self, now: crate::connect::hosts::ConnectionEvents) {
+        let before = std::mem::replace(
+            &mut *self.inner.connection_events_seen.lock().expect("not poisoned"),
+            now,
+        );
+        let no_labels = Vec::new();
+        self.inner
+            .host_changes
+            .get_or_create(&no_labels)
+            .inc_by(now.host_changes.saturating_sub(before.host_changes));
+        self.inner
+            .connections_lost
+            .get_or_create(&no_labels)
+            .inc_by(now.connections_lost.saturating_sub(before.connections_lost));
     }
 
     pub(crate) fn coordination_up(&self, up: bool) {

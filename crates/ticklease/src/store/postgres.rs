@@ -5,13 +5,15 @@
 //! the connection is closed, since a dropped tokio-postgres query leaves the
 //! connection busy with it.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio::time::{timeout_at, Instant};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
+use tokio_util::sync::DropGuard;
 
 use super::cancel::CancelTarget;
 use super::{
@@ -72,6 +74,10 @@ impl PgStoreOptions {
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
+    /// The URL's hosts: which one the pool reaches, and host changes.
+    hosts: Arc<Hosts>,
+    /// The probe of a multi-host URL's hosts, stopped with the last clone.
+    _probe: Option<Arc<DropGuard>>,
     statement_timeout: Duration,
     cancel: CancelTarget,
     signals: Option<Signals>,
@@ -110,20 +116,33 @@ impl PgStore {
         let pool_size = options.pool_size;
         let pg = pg.into().named("store");
         let cancel = CancelTarget::from_config(&pg, options.statement_timeout);
-        let hosts = Hosts::new(&pg, options.statement_timeout);
+        let hosts = Arc::new(Hosts::new(&pg, options.statement_timeout));
         let manager = Manager::from_connect(
             pg.config().clone(),
-            PoolConnect(std::sync::Arc::new(hosts)),
+            PoolConnect(hosts.clone()),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        let watched = hosts.clone();
         let pool = Pool::builder(manager)
             .max_size(pool_size)
+            .pre_recycle(Hook::sync_fn(move |_, metrics| {
+                match watched.superseded_since() {
+                    Some(at) if metrics.created < at => Err(HookError::Message(
+                        "made before its host was found superseded by a promotion".into(),
+                    )),
+                    _ => Ok(()),
+                }
+            }))
             .build()
             .expect("no runtime-dependent options");
+        // Each probe pass is bounded by the statement timeout as a whole.
+        let probe = hosts.watch(options.statement_timeout).map(Arc::new);
         let store = PgStore {
             pool,
+            hosts,
+            _probe: probe,
             statement_timeout: options.statement_timeout,
             cancel,
             signals: None,
@@ -192,6 +211,12 @@ impl PgStore {
         )
         .await?;
         Ok(())
+    }
+
+    /// The hosts of the store's URL: the one its connections reach, and how
+    /// often that changed (a failover, a switchover).
+    pub fn hosts(&self) -> &Hosts {
+        &self.hosts
     }
 
     /// This replica's holder key while its coordination session is up (a
@@ -882,6 +907,10 @@ impl LeaseStore for PgStore {
 
     fn signals(&self) -> Option<&Signals> {
         self.signals.as_ref()
+    }
+
+    fn connection_events(&self) -> Option<crate::connect::hosts::ConnectionEvents> {
+        Some(self.hosts.events())
     }
 }
 
