@@ -406,7 +406,8 @@ async fn once_exits_with_the_childs_code_or_why_it_did_not_run() {
 }
 
 /// The child's fenced claim with its environment's token passes in its
-/// term and writes nothing once another term took over.
+/// term and writes nothing once another term took over; the child is told
+/// the server its term started on (`TICKLEASE_DB_HOST`, `TICKLEASE_DB_PORT`).
 #[tokio::test]
 async fn a_psql_childs_fenced_claim_passes_in_its_term_and_not_after_a_takeover() {
     let f = fixture().await;
@@ -418,13 +419,17 @@ async fn a_psql_childs_fenced_claim_passes_in_its_term_and_not_after_a_takeover(
     let claim = "INSERT INTO claims SELECT :token WHERE (SELECT leader_fence(:'role', :token))";
     let script = format!(
         "echo \"{claim}\" | psql -X -q -v ON_ERROR_STOP=1 -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\" '{}' \
-         && echo $TICKLEASE_TOKEN > {}/token",
+         && echo $TICKLEASE_TOKEN > {dir}/token && echo \"$TICKLEASE_DB_HOST:$TICKLEASE_DB_PORT\" > {dir}/server",
         f.url,
-        f.dir.path().display()
+        dir = f.dir.path().display()
     );
     let ran = once(&f, "ledger", &["--shell", "--every", "10ms"], &[&script]).await;
     assert_eq!(ran.status.code(), Some(0), "{ran:?}");
     let token = std::fs::read_to_string(f.dir.path().join("token")).unwrap();
+    // The child is told the server its term started on.
+    let server = std::fs::read_to_string(f.dir.path().join("server")).unwrap();
+    let port = PgCluster::shared().port();
+    assert_eq!(server.trim(), format!("127.0.0.1:{port}"));
     let client = ticklease_testkit::connect(&f.url.parse().unwrap()).await.unwrap();
     let claimed: i64 = client
         .query_one("SELECT count(*) FROM claims", &[])

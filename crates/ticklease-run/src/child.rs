@@ -186,6 +186,12 @@ fn guard_command(
         let at = DateTime::<Utc>::from(at).to_rfc3339_opts(SecondsFormat::AutoSi, true);
         cmd.env("TICKLEASE_OCCURRENCE", at);
     }
+    // The server the term started on: a child's own connection goes there.
+    cmd.env_remove("TICKLEASE_DB_HOST")
+        .env_remove("TICKLEASE_DB_PORT");
+    if let Some((host, port)) = tick.server().and_then(|s| s.rsplit_once(':')) {
+        cmd.env("TICKLEASE_DB_HOST", host).env("TICKLEASE_DB_PORT", port);
+    }
     if let Some(dir) = &spec.dir {
         cmd.current_dir(dir);
     }

@@ -88,8 +88,16 @@
 //!   counted.
 //!
 //! The child learns its term from its environment: `TICKLEASE_ROLE`,
-//! `TICKLEASE_TOKEN`, `TICKLEASE_HOLDER` and, on a cron schedule,
-//! `TICKLEASE_OCCURRENCE` (RFC 3339, UTC). Its exit 0 completes the tick;
+//! `TICKLEASE_TOKEN`, `TICKLEASE_HOLDER`, on a cron schedule
+//! `TICKLEASE_OCCURRENCE` (RFC 3339, UTC), and the server its term started
+//! on, `TICKLEASE_DB_HOST` and `TICKLEASE_DB_PORT` (a host name or address,
+//! or a socket directory). **A child's own connection goes there** (`psql
+//! "host=$TICKLEASE_DB_HOST port=$TICKLEASE_DB_PORT dbname=…"`), not to a
+//! multi-host URL of its own: while a promotion leaves two writable servers
+//! (the old primary not demoted), a client trying hosts in list order can
+//! reach the other one. When the runner sees that its server was superseded
+//! by a promotion, the term ends (`superseded`) and the child is stopped;
+//! the next term's child is told the promoted server. Its exit 0 completes the tick;
 //! non-zero or a signal fails it (the role's cooldown as for any failed
 //! tick), the last lines of its stderr becoming the history's error summary.
 //! **What it said is kept**: both of its streams pass through the runner (it

@@ -154,6 +154,24 @@
 //!    A statement that outlives S is cancelled on every host of the URL (a
 //!    cancel names its backend by pid and secret key, so only the server
 //!    that runs it acts), whichever host the connection reached.
+//!    **No term starts or goes on on a server a promotion superseded**, once
+//!    the process sees it: a promotion moves the new primary to a higher
+//!    timeline, while an old primary that nothing demoted (its failover
+//!    manager died) stays writable on the old one. Every connection to a
+//!    host of a multi-host URL reads its server's timeline (the insertion
+//!    timeline, from `pg_walfile_name`, which any login may call), and a
+//!    host on a lower timeline than another host was seen writable on is
+//!    passed over. The hosts are all asked before a process's first
+//!    connection, and again every S (a connection to each host per S).
+//!    When the current host is found superseded, the pool drops the
+//!    connections made before, and the heartbeat ends every term that
+//!    started before as lost, reason `superseded` (its work may have
+//!    written to a server whose writes are to be rewound), at its next beat:
+//!    within S + S / hosts + `heartbeat_every` of the promotion. Timelines
+//!    only grow in one cluster; a cluster re-created behind the same host
+//!    names needs the processes restarted. Each change of host, each lost
+//!    connection, each supersession is a log line (warn), and the first two
+//!    are metrics (`leader_host_changes_total`, `leader_connections_lost_total`).
 //!    The coordination session and its waiters connect the same way. Every
 //!    connection of ours shows in `pg_stat_activity` as `ticklease store
 //!    <host>:<pid>` (`coordination`, `migrate`; holder ids of the process

@@ -107,6 +107,11 @@ pub enum LossReason {
     Released,
     /// No RENEW was acknowledged within `abandon_after`; we stopped on our own clock.
     HeartbeatTimeout,
+    /// The server the term started on was superseded by a promotion of
+    /// another host of the store's URL (see [`crate::hosts`]): its work may
+    /// have written to a server whose writes are to be rewound, so it stops,
+    /// and the next term starts on the promoted server.
+    Superseded,
 }
 
 impl LossReason {
@@ -117,6 +122,7 @@ impl LossReason {
             LossReason::Paused => "paused",
             LossReason::Released => "released",
             LossReason::HeartbeatTimeout => "heartbeat_timeout",
+            LossReason::Superseded => "superseded",
         }
     }
 }
@@ -525,6 +531,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// ([`PgStore::with_direct`]); without, followers wake by the lease's
     /// times alone.
     fn signals(&self) -> Option<&Signals> {
+        None
+    }
+
+    /// The database server (`host:port`, or a socket directory and port) the
+    /// store's connections reach now; `None` for a store without any.
+    fn server(&self) -> Option<String> {
         None
     }
 

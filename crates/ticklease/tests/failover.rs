@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use ticklease::{
-    Acquire, Family, LeaseStore, LossReason, Manager, PgConnect, PgStore, PgStoreOptions, Release, Renew,
-    Role, Scheduler, Token,
+    Acquire, Family, Lead, LeaseStore, LossReason, Manager, PgConnect, PgStore, PgStoreOptions, Release,
+    Renew, Role, Scheduler, Token,
 };
 use ticklease_testkit::{connect, scalar, test_config, url_for_hosts, Fault, FaultProxy, PgCluster, Standby};
 
@@ -220,22 +220,50 @@ async fn a_timed_out_statement_is_cancelled_on_the_host_that_runs_it_not_the_url
     assert_eq!(held, None, "the cancelled ACQUIRE started no term");
 }
 
-/// The expiry of `role`'s row on a server.
-async fn expires_at(server: &tokio_postgres::Client, role: &str) -> std::time::SystemTime {
-    server
-        .query_one("SELECT expires_at FROM leader_leases WHERE role = $1", &[&role])
+/// `role`'s row on a server: its holder token, and its expiry.
+async fn lease_row(server: &tokio_postgres::Client, role: &str) -> (Option<i64>, std::time::SystemTime) {
+    let row = server
+        .query_one(
+            "SELECT holder_token, expires_at FROM leader_leases WHERE role = $1",
+            &[&role],
+        )
         .await
-        .unwrap()
-        .get(0)
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Leads billing on `manager` until the term ends; the token reported first.
+fn hold(
+    manager: &Manager<PgStore>,
+) -> (
+    tokio::sync::oneshot::Receiver<Token>,
+    tokio::task::JoinHandle<Lead<()>>,
+) {
+    let (started, token) = tokio::sync::oneshot::channel();
+    let leader = manager.clone();
+    let lead = tokio::spawn(async move {
+        let work = |tick: ticklease::Tick| async move {
+            let _ = started.send(tick.token());
+            tick.cancelled().await;
+            Ok::<_, std::io::Error>(())
+        };
+        leader
+            .lead(&billing(), Duration::from_millis(1), work)
+            .await
+            .unwrap()
+    });
+    (token, lead)
 }
 
 /// Issue 35, item 2: a standby is promoted while the old primary stays
 /// writable (its failover manager died and nothing demoted it). Every
 /// process kept its statements on the old primary, the host that answered
 /// last. Now a probe of the URL's hosts sees the promoted server on a higher
-/// timeline: the leader's RENEWs move to it within a probe period, none
-/// reaches the old primary after, and a process started meanwhile leads on
-/// the promoted server alone. Each move is a log line and is counted.
+/// timeline: the term started on the old primary ends as `superseded` (its
+/// work may be writing there) and is released on the promoted server; the
+/// next term starts there and nothing reaches the old primary any more; a
+/// process started meanwhile leads on the promoted server alone. The move
+/// is a log line and is counted.
 #[tokio::test]
 async fn with_two_writable_servers_every_statement_goes_to_the_promoted_one() {
     let primary = PgCluster::start_primary().unwrap();
@@ -252,47 +280,51 @@ async fn with_two_writable_servers_every_statement_goes_to_the_promoted_one() {
         .await
         .unwrap();
     let manager = Manager::start(store.clone(), config, [billing()]).await.unwrap();
-    let (started, token) = tokio::sync::oneshot::channel();
-    let leader = manager.clone();
-    let lead = tokio::spawn(async move {
-        leader
-            .lead(&billing(), Duration::from_secs(3600), |tick| async move {
-                let _ = started.send(tick.token());
-                tick.cancelled().await;
-                Ok::<_, std::io::Error>(())
-            })
-            .await
-    });
-    token.await.unwrap();
+    let (first, lead) = hold(&manager);
+    let first = first.await.unwrap();
     standby.wait_caught_up(&primary).await.unwrap();
     standby.promote().await.unwrap();
     let old = connect(&primary.config(&db)).await.unwrap();
     let new = connect(&standby.cluster().config(&db)).await.unwrap();
-    let promoted_at = expires_at(&new, "billing").await;
-    // A RENEW lands on the promoted server (every heartbeat_every)...
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while expires_at(&new, "billing").await == promoted_at {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no RENEW reached the promoted server"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // ...and from then on none reaches the old primary.
-    let left_old = expires_at(&old, "billing").await;
-    let moved = expires_at(&new, "billing").await;
-    while expires_at(&new, "billing").await == moved {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+
+    let lost = tokio::time::timeout(Duration::from_secs(10), lead)
+        .await
+        .expect("the term ends");
+    assert!(
+        matches!(
+            lost.unwrap(),
+            Lead::Lost {
+                reason: LossReason::Superseded,
+                ..
+            }
+        ),
+        "the term of the superseded server ends as superseded"
+    );
+    // Until the probe saw the promotion, RENEWs went to the old primary;
+    // from the loss on, nothing does.
+    let left_old = lease_row(&old, "billing").await;
+    let (second, lead) = hold(&manager);
+    let second = second.await.unwrap();
+    assert!(second > first);
     assert_eq!(
-        expires_at(&old, "billing").await,
+        lease_row(&new, "billing").await.0,
+        Some(second.get()),
+        "the next term is on the promoted server"
+    );
+    assert_eq!(
+        lease_row(&old, "billing").await,
         left_old,
-        "a RENEW reached the old primary"
+        "a statement reached the old primary"
     );
+    let released = "SELECT reason FROM leader_history WHERE role = 'billing' AND token = $1";
+    let reason: Option<String> = new.query_one(released, &[&first.get()]).await.unwrap().get(0);
     assert_eq!(
-        store.hosts().current(),
-        Some(&*format!("127.0.0.1:{}", standby.cluster().port()))
+        reason.as_deref(),
+        Some("superseded"),
+        "released on the promoted server"
     );
+    let standby_server = format!("127.0.0.1:{}", standby.cluster().port());
+    assert_eq!(store.hosts().current(), Some(standby_server.as_str()));
     assert_eq!(store.hosts().events().host_changes, 1);
 
     // A process started now (it has seen no timeline yet) leads on the
@@ -320,7 +352,7 @@ async fn with_two_writable_servers_every_statement_goes_to_the_promoted_one() {
         "a term started on the superseded server"
     );
     manager.shutdown();
-    lead.await.unwrap().unwrap();
+    lead.await.unwrap();
 }
 
 /// The URL of the two writable servers, for the fresh process.

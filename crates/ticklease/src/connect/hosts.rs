@@ -255,6 +255,7 @@ impl Hosts {
         ConnectionEvents {
             host_changes: self.changes.load(Ordering::Relaxed),
             connections_lost: self.lost.load(Ordering::Relaxed),
+            superseded_at: self.superseded_since(),
         }
     }
 
@@ -276,6 +277,9 @@ pub struct ConnectionEvents {
     /// Pooled connections that ended with an error (a restart, a failover, a
     /// cut link); the pool connects again at the next statement.
     pub connections_lost: u64,
+    /// When a probe last found the host the store's connections reached
+    /// superseded by a promotion of another host of its URL.
+    pub superseded_at: Option<std::time::Instant>,
 }
 
 /// A connection to one host, or why it is passed over.

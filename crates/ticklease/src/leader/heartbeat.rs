@@ -11,6 +11,9 @@
 //! false` is a definitive loss. Every wait is capped at the abandon instant, and a RENEW
 //! in flight is cut there. Told of a pause by the coordination session, it
 //! renews at once: the RENEW reports the loss and the work is cancelled.
+//! At each beat it also ends a term whose server the store found superseded
+//! by a promotion since the ACQUIRE (`Superseded`): its work may have
+//! connected there.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -47,6 +50,13 @@ pub(crate) struct Heartbeat<S> {
 }
 
 impl<S: LeaseStore> Heartbeat<S> {
+    /// Whether the store found its server superseded by a promotion after
+    /// this term's ACQUIRE was sent: the term's work may be writing there.
+    fn server_superseded(&self) -> bool {
+        let superseded_at = self.store.connection_events().and_then(|e| e.superseded_at);
+        superseded_at.is_some_and(|at| at > self.acquire_sent.into_std())
+    }
+
     /// Runs until the term is lost (`Some(reason)`) or `stop` fires (`None`).
     /// `stop` is honoured between beats; a RENEW in flight is let finish.
     pub(crate) async fn run(self, stop: CancellationToken) -> Option<LossReason> {
@@ -71,6 +81,11 @@ impl<S: LeaseStore> Heartbeat<S> {
                     told_at = Some(Instant::now());
                     tracing::debug!(role = %self.role, token = %self.token, "told of a pause; renewing now");
                 }
+            }
+            if self.server_superseded() {
+                tracing::warn!(role = %self.role, token = %self.token,
+                    "the term's database server was superseded by a promotion; ending the term");
+                return Some(LossReason::Superseded);
             }
             let abandon_at = last_ack + cfg.abandon_after();
             let sent = Instant::now();

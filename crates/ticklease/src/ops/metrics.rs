@@ -21,7 +21,7 @@
 //!   been due with no term running it; the `TickleaseOccurrenceLate` alert);
 //! - **this replica**: `leader_is_leader{role}`, `leader_ticks_total{role,outcome}`,
 //!   `leader_lease_lost_total{role,reason}` (reason `taken_over`, `paused`,
-//!   `released`, `heartbeat_timeout` when the term was lost, `panicked` or
+//!   `released`, `heartbeat_timeout`, `superseded` when the term was lost, `panicked` or
 //!   `failed` when the work panicked or returned `Err`; its `panicked` series exists at 0
 //!   from the start for every declared role, so the first panic after a start
 //!   is an increase an alert sees), `leader_tick_duration_seconds{role}`,

@@ -909,6 +909,10 @@ impl LeaseStore for PgStore {
         self.signals.as_ref()
     }
 
+    fn server(&self) -> Option<String> {
+        self.hosts.current().map(str::to_owned)
+    }
+
     fn connection_events(&self) -> Option<crate::connect::hosts::ConnectionEvents> {
         Some(self.hosts.events())
     }

@@ -346,7 +346,7 @@ AS $fn$
 BEGIN
     IF p_stamp IS NULL OR p_outcome IS NULL
        OR p_outcome NOT IN ('completed', 'interrupted', 'lost', 'failed', 'panicked')
-       OR p_reason NOT IN ('taken_over', 'paused', 'released', 'heartbeat_timeout') THEN
+       OR p_reason NOT IN ('taken_over', 'paused', 'released', 'heartbeat_timeout', 'superseded') THEN
         RAISE EXCEPTION 'ticklease: leader_release needs p_stamp, an outcome and a known loss reason, got % / % / %',
                         p_stamp, p_outcome, left(p_reason, 40)
             USING ERRCODE = 'invalid_parameter_value';

@@ -17,7 +17,7 @@ COMMENT ON FUNCTION @schema@.leader_renew_v2(text, bigint, bigint, bigint) IS
 'ticklease client: RENEW the term (role, token) to now() + lease TTL ms and record the holder''s current key (or NULL). Always one row: renewed = false means the term is over for good, reason says why (paused, taken_over, released: pass it to RELEASE). App role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_release(text, bigint, boolean, bigint, text, text, text, text) IS
-'ticklease client: RELEASE the term (role, token). Args: role, token, stamp (a completed tick), cooldown ms (NULL or 0: none), outcome (completed, interrupted, lost, failed, panicked), loss reason (NULL, taken_over, paused, released, heartbeat_timeout), error summary, output. true: this call ended the term; false: it was over already. Notifies no one. App role. See docs/sql-api.md.';
+'ticklease client: RELEASE the term (role, token). Args: role, token, stamp (a completed tick), cooldown ms (NULL or 0: none), outcome (completed, interrupted, lost, failed, panicked), loss reason (NULL, taken_over, paused, released, heartbeat_timeout, superseded), error summary, output. true: this call ended the term; false: it was over already. Notifies no one. App role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_fence(text, bigint) IS
 'ticklease client: the fence. true while (role, token) is the live, unpaused term at clock_timestamp(). Use as (SELECT leader_fence($role, $token)) in the claim statement of a READ COMMITTED read-write transaction; its COMMIT fails with 40001 if the term ended meanwhile. App role. See docs/sql-api.md.';
