@@ -167,7 +167,9 @@
 //!    connections made before, and the heartbeat ends every term that
 //!    started before as lost, reason `superseded` (its work may have
 //!    written to a server whose writes are to be rewound), at its next beat:
-//!    within S + S / hosts + `heartbeat_every` of the promotion. Timelines
+//!    within S + 2 S / hosts + max(`heartbeat_every`, S) of the promotion (a
+//!    probe pass waits S after the last one ended and takes at most S /
+//!    hosts). Timelines
 //!    only grow in one cluster; a cluster re-created behind the same host
 //!    names needs the processes restarted. Each change of host, each lost
 //!    connection, each supersession is a log line (warn), and the first two

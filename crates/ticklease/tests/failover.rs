@@ -284,12 +284,22 @@ async fn with_two_writable_servers_every_statement_goes_to_the_promoted_one() {
     let first = first.await.unwrap();
     standby.wait_caught_up(&primary).await.unwrap();
     standby.promote().await.unwrap();
+    let promoted = tokio::time::Instant::now();
     let old = connect(&primary.config(&db)).await.unwrap();
     let new = connect(&standby.cluster().config(&db)).await.unwrap();
 
     let lost = tokio::time::timeout(Duration::from_secs(10), lead)
         .await
         .expect("the term ends");
+    // The documented bound, S + 2 S / hosts + max(heartbeat_every, S), then
+    // the RELEASE (at most S), and a second for a loaded machine.
+    let s = config.statement_timeout();
+    let bound = s + s + s.max(config.heartbeat_every()) + s + Duration::from_secs(1);
+    assert!(
+        promoted.elapsed() <= bound,
+        "the term ended {:?} after the promotion",
+        promoted.elapsed()
+    );
     assert!(
         matches!(
             lost.unwrap(),
