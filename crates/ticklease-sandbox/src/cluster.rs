@@ -144,7 +144,7 @@ pub fn bindir() -> Result<PathBuf, SandboxError> {
 }
 
 /// The uid/gid to run the server as: `postgres` when we are root, else ourselves.
-fn server_user() -> Result<Option<(Uid, Gid)>, SandboxError> {
+pub(crate) fn server_user() -> Result<Option<(Uid, Gid)>, SandboxError> {
     if !Uid::effective().is_root() {
         return Ok(None);
     }
@@ -155,7 +155,7 @@ fn server_user() -> Result<Option<(Uid, Gid)>, SandboxError> {
     Ok(Some((user.uid, user.gid)))
 }
 
-fn free_port() -> Result<u16, SandboxError> {
+pub(crate) fn free_port() -> Result<u16, SandboxError> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free port"))?;
     Ok(listener.local_addr().map_err(io("read the bound port"))?.port())
 }

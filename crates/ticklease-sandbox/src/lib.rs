@@ -10,12 +10,14 @@
 
 pub mod audit;
 pub mod cluster;
+pub mod patroni;
 pub mod peers;
 pub mod standby;
 pub mod worker;
 
 pub use audit::{Audit, AuditError, Violation};
 pub use cluster::{connect, on_lasting_thread, ClusterOptions, PgCluster, SandboxError, ServerCert};
+pub use patroni::PatroniCluster;
 pub use peers::{HttpPeer, SmtpSink};
 pub use standby::{config_for_hosts, url_for_hosts, Standby};
 pub use worker::WorkerProcess;

@@ -19,10 +19,10 @@ pub use counting::Counting;
 pub use proxy::{Fault, FaultProxy};
 /// The library's in-memory store, under the name the suites use.
 pub use ticklease::testing::MemoryStore as FakeStore;
-pub use ticklease_sandbox::{audit, cluster, peers, standby};
+pub use ticklease_sandbox::{audit, cluster, patroni, peers, standby};
 pub use ticklease_sandbox::{
-    config_for_hosts, connect, signal, url_for_hosts, HttpPeer, PgCluster, SandboxError as KitError,
-    SmtpSink, Standby, WorkerProcess,
+    config_for_hosts, connect, signal, url_for_hosts, HttpPeer, PatroniCluster, PgCluster,
+    SandboxError as KitError, SmtpSink, Standby, WorkerProcess,
 };
 pub use tls::{TestCa, TlsCluster};
 
