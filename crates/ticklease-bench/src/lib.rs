@@ -11,6 +11,7 @@ pub mod endpoint;
 pub mod failover;
 pub mod fence_cost;
 pub mod idle;
+pub mod patroni;
 pub mod plot;
 pub mod promotion;
 pub mod run_failover;

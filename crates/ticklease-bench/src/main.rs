@@ -68,6 +68,16 @@ enum Cmd {
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
+    /// Patroni failovers (switchover, killed postmaster, killed Patroni restarted or not) under three
+    /// replicas on the multi-host URL, with and without the direct URL: patroni.md.
+    Patroni {
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long, value_enum, default_value = "default")]
+        timing: Timing,
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+    },
     /// Worker replicas under seeded random faults (promotions of the standby,
     /// with and without a lost tail, among them), then the history checker.
     Chaos {
@@ -286,6 +296,7 @@ async fn main() -> anyhow::Result<()> {
             down_for,
             out,
         } => cmd_promotion(trials, promotion::Plan { timing, down_for }, &out).await?,
+        Cmd::Patroni { rounds, timing, out } => ticklease_bench::patroni::run(rounds, timing, &out).await?,
         Cmd::Chaos {
             replicas,
             faults,

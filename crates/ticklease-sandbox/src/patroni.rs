@@ -210,6 +210,48 @@ impl PatroniCluster {
         }
     }
 
+    /// SIGKILLs the Patroni of member `name` alone: its Postgres runs on,
+    /// still writable if it led (nothing demotes it), until Patroni is
+    /// started again ([`PatroniCluster::restart_patroni`]).
+    pub fn kill_patroni(&mut self, name: &str) -> Result<(), SandboxError> {
+        let i = self.index(name)?;
+        let child = &mut self.patronis[i];
+        nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL)
+            .map_err(|e| io("kill Patroni")(e.into()))?;
+        let _ = child.wait();
+        Ok(())
+    }
+
+    /// Starts member `name`'s Patroni again (after [`PatroniCluster::kill_patroni`]).
+    pub fn restart_patroni(&mut self, name: &str) -> Result<(), SandboxError> {
+        let i = self.index(name)?;
+        let config = self.config_path(name);
+        let log = format!("patroni-{name}-restarted");
+        self.patronis[i] = spawn(
+            self.user,
+            self.root.path(),
+            &log,
+            Command::new("patroni").arg(config),
+        )?;
+        Ok(())
+    }
+
+    /// A URL of member `name` alone.
+    pub fn member_url(&self, name: &str, dbname: &str) -> Result<String, SandboxError> {
+        let m = &self.members[self.index(name)?];
+        Ok(format!("postgres://postgres@127.0.0.1:{}/{dbname}", m.pg_port))
+    }
+
+    fn index(&self, name: &str) -> Result<usize, SandboxError> {
+        self.members
+            .iter()
+            .position(|m| m.name == name)
+            .ok_or_else(|| SandboxError::Command {
+                what: "find a Patroni member".into(),
+                output: format!("no member {name}"),
+            })
+    }
+
     /// The pid of a member's postmaster, from its `postmaster.pid`.
     fn postmaster_pid(&self, name: &str) -> Option<i32> {
         let text = std::fs::read_to_string(self.root.path().join(name).join("postmaster.pid")).ok()?;

@@ -8,6 +8,7 @@
 pub mod bouncer;
 pub mod conformance;
 pub mod counting;
+pub mod ha;
 pub mod proxy;
 pub mod tls;
 
