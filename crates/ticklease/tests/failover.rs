@@ -29,18 +29,24 @@ async fn acquired(store: &PgStore, holder: &str) -> Token {
     }
 }
 
-/// Leader A acquires token T on the primary; that commit never reaches the
-/// standby; the standby is promoted. The promoted server's next ACQUIRE
-/// issues a token above T, and A, whose multi-host URL now reaches the new
-/// primary, fences nothing with T and its RENEW reports the takeover.
-#[tokio::test]
-async fn a_lossy_promotion_issues_tokens_above_the_lost_ones() {
+/// A primary with a migrated database, and its streaming standby.
+async fn primary_and_standby() -> (PgCluster, Standby, String) {
     let primary = PgCluster::start_primary().unwrap();
     let db = primary.create_database().await.unwrap();
     ticklease::migrate(&mut connect(&primary.config(&db)).await.unwrap())
         .await
         .unwrap();
     let standby = Standby::start(&primary).unwrap();
+    (primary, standby, db)
+}
+
+/// Leader A acquires token T on the primary; that commit never reaches the
+/// standby; the standby is promoted. The promoted server's next ACQUIRE
+/// issues a token above T, and A, whose multi-host URL now reaches the new
+/// primary, fences nothing with T and its RENEW reports the takeover.
+#[tokio::test]
+async fn a_lossy_promotion_issues_tokens_above_the_lost_ones() {
+    let (primary, standby, db) = primary_and_standby().await;
     let options = PgStoreOptions {
         pool_size: 2,
         statement_timeout: Duration::from_secs(2),
@@ -266,12 +272,7 @@ fn hold(
 /// is a log line and is counted.
 #[tokio::test]
 async fn with_two_writable_servers_every_statement_goes_to_the_promoted_one() {
-    let primary = PgCluster::start_primary().unwrap();
-    let db = primary.create_database().await.unwrap();
-    ticklease::migrate(&mut connect(&primary.config(&db)).await.unwrap())
-        .await
-        .unwrap();
-    let standby = Standby::start(&primary).unwrap();
+    let (primary, standby, db) = primary_and_standby().await;
     let config = test_config();
     let url: PgConnect = url_for_hosts(&[&primary, standby.cluster()], &db)
         .parse()
