@@ -20,30 +20,24 @@
 //! and never holds more than `ceil(K/N)` plus a tenth (at least one) at
 //! once, nor more than its `max_terms`.
 
-use std::collections::{BTreeMap, HashSet};
-use std::panic::AssertUnwindSafe;
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::connect::coordination::{FamilySignals, Heard, SIGNAL_SPACING};
 use crate::error::chain;
-use crate::leader::lead::Work;
-use crate::leader::lead::{FamilyScope, KeyCancel, Lead, Manager, TermScope};
+use crate::leader::lead::{FamilyScope, KeyCancel, Lead, TermScope, Work};
 use crate::ops::outcome::panic_message;
-use crate::schedule::wake::{next_wake, Polled};
-use crate::store::{Acquire, LeaseStore, Refusal, BATCH_MAX};
-use asking::{Answer, DbClock, TermPlan};
+use crate::store::Refusal;
+use asking::TermPlan;
 
 mod asking;
+mod run;
 use crate::term::family::Family;
 use crate::term::role::Role;
 use crate::term::schedule::Schedule;
+pub(crate) use run::family_loop;
 
 pub use crate::store::REGISTRATION_TTL_MAX;
 
@@ -126,278 +120,6 @@ fn on_grid(at: Instant, epoch: Instant, grid: Duration) -> Instant {
     let step = grid.as_nanos().max(1);
     let nanos = since.div_ceil(step) * step;
     epoch + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
-}
-
-/// Leads the keys of one family until `shutdown`, then leaves the replica
-/// registry and waits for its terms to end (or, once `abandon` fires, drops them).
-pub(crate) async fn family_loop<S: LeaseStore>(
-    manager: Manager<S>,
-    job: FamilyJob,
-    shutdown: CancellationToken,
-    abandon: CancellationToken,
-) {
-    let FamilyJob {
-        family,
-        schedule,
-        work,
-    } = job;
-    let mut clock = DbClock::default();
-    let config = *manager.config();
-    let store = manager.store_arc().clone();
-    let holder = manager.holder_id().to_string();
-    let signals = store.signals().cloned();
-    let heard = signals.as_ref().map(|s| s.family(family.name()));
-    let mut version = family.version();
-    let epoch = Instant::now();
-    // Longer than the preferred replica needs to hear of a release, ask,
-    // and wake at the due time it was told (spacing, grid, a statement).
-    let grace = config.heartbeat_every() / 2;
-    let (grid, spacing) = (wake_grid(&config), told_spacing(&config));
-    let mut keys: BTreeMap<String, Key> = BTreeMap::new();
-    let mut terms: JoinSet<(String, Duration)> = JoinSet::new();
-    let mut gone: FuturesUnordered<BoxFuture<'static, i64>> = FuturesUnordered::new();
-    let mut waited: HashSet<i64> = HashSet::new();
-    let mut replicas: Vec<String> = Vec::new();
-    let mut beat_at = Instant::now();
-    let mut told_at: Option<Instant> = None;
-    let mut told_pending = false;
-    let mut synced = None;
-    loop {
-        let now = Instant::now();
-        let current = *version.borrow_and_update();
-        if synced != Some(current) {
-            sync_keys(&family, &mut keys, now);
-            synced = Some(current);
-        }
-        // The database keeps a registration at most REGISTRATION_TTL_MAX.
-        let beat_every = config.heartbeat_every().min(REGISTRATION_TTL_MAX / 3);
-        if now >= beat_at {
-            let answer = tokio::time::timeout(
-                config.statement_timeout(),
-                store.beat(
-                    family.name(),
-                    &holder,
-                    config.lease_ttl().min(REGISTRATION_TTL_MAX),
-                ),
-            )
-            .await;
-            // Counted from the answer: a beat that timed out is not sent again at once.
-            beat_at = Instant::now() + beat_every;
-            match answer {
-                Ok(Ok(live)) => {
-                    if live != replicas {
-                        // Preferences moved, or a holder left (stopped, or froze past its TTL).
-                        for key in keys.values_mut().filter(|k| k.parked) {
-                            key.parked = false;
-                            key.wake_at = now;
-                        }
-                    }
-                    replicas = live;
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(family = family.name(), error = %chain(&error), "replica beat failed")
-                }
-                Err(_) => tracing::warn!(family = family.name(), "replica beat did not answer"),
-            }
-        }
-        let n = replicas.len().max(1);
-        let rank = replicas.iter().position(|r| *r == holder);
-        if told_pending && told_at.is_none_or(|at| at + spacing <= Instant::now()) {
-            told_pending = false;
-            told_at = Some(Instant::now());
-            wake_told(heard.as_deref(), &mut keys, Instant::now(), |i| {
-                preferred(i, rank, n)
-            });
-        }
-        let led = keys.values().filter(|k| k.term.is_some()).count();
-        let cap = fair_cap(keys.len(), n).min(family.max_terms());
-        let limit = cap.saturating_sub(led);
-        let now = Instant::now();
-        let eligible_at = |index: usize, key: &Key| {
-            if preferred(index, rank, n) {
-                key.wake_at
-            } else {
-                key.wake_at + grace
-            }
-        };
-        let (mut probes, mut candidates): (Vec<_>, Vec<_>) = keys
-            .values()
-            .enumerate()
-            .filter(|(i, k)| k.term.is_none() && eligible_at(*i, k) <= now)
-            .map(|(i, k)| (!preferred(i, rank, n), k))
-            .partition(|(other, k)| *other && k.probe);
-        // Preferred keys first; stable, so each group stays in key order.
-        candidates.sort_by_key(|(other, _)| *other);
-        candidates.truncate(BATCH_MAX);
-        probes.truncate(BATCH_MAX);
-        let others: HashSet<Role> = candidates
-            .iter()
-            .chain(&probes)
-            .filter(|(other, _)| *other)
-            .map(|(_, k)| k.role.clone())
-            .collect();
-        let roles = |batch: Vec<(bool, &Key)>| -> Vec<Role> {
-            batch.into_iter().map(|(_, k)| k.role.clone()).collect()
-        };
-        // The keys to look at go with a limit of 0: they start no term.
-        let batches = [(roles(candidates), limit), (roles(probes), 0)];
-        // Not before the registry answered once: alone, a replica would count N = 1.
-        for (candidates, room) in batches {
-            if limit == 0 || candidates.is_empty() || replicas.is_empty() || shutdown.is_cancelled() {
-                continue;
-            }
-            // How far back the skipped occurrences of these keys can reach.
-            let back_to = candidates
-                .iter()
-                .map(|role| key_of(&keys, role).and_then(|k| k.after))
-                .min()
-                .flatten();
-            match asking::ask(&manager, &schedule, &mut clock, &candidates, back_to, room).await {
-                Ok((answers, sent)) => {
-                    let now = Instant::now();
-                    for Answer {
-                        role,
-                        acquire,
-                        plan,
-                        after,
-                    } in answers
-                    {
-                        let Some(key) = role.as_str().split_once(':').and_then(|(_, k)| keys.get_mut(k))
-                        else {
-                            continue;
-                        };
-                        key.after = after.or(key.after);
-                        match acquire {
-                            Acquire::Acquired(term) => {
-                                let removed = manager.key_cancel();
-                                key.term = Some(removed.clone());
-                                key.holder_key = None;
-                                key.parked = false;
-                                key.probe = false;
-                                let (manager, work, name) =
-                                    (manager.clone(), work.clone(), role.as_str().to_string());
-                                let scope = scope(&family, removed, &plan);
-                                terms.spawn(async move {
-                                    let lead = AssertUnwindSafe(manager.run_term(
-                                        &role,
-                                        plan.wait,
-                                        term.token,
-                                        sent,
-                                        |tick| work(tick),
-                                        scope,
-                                    ))
-                                    .catch_unwind()
-                                    .await;
-                                    let key =
-                                        name.split_once(':').map_or(name.clone(), |(_, k)| k.to_string());
-                                    (key, ended(&role, &plan, &config, lead))
-                                });
-                            }
-                            Acquire::Refused(refusal) => {
-                                key.parked = matches!(&refusal, Refusal::Held { holder, .. }
-                                    if others.contains(&role) && replicas.contains(holder));
-                                let refusal = if key.parked {
-                                    // Wake as a role whose holder never expires would: at the cap.
-                                    park(&refusal)
-                                } else {
-                                    refusal
-                                };
-                                // A time from the database (or acquirable now) anchors its grace.
-                                key.probe = key.parked
-                                    || !matches!(
-                                        refusal,
-                                        Refusal::Held { .. }
-                                            | Refusal::NotDue { .. }
-                                            | Refusal::Contended
-                                            | Refusal::OverLimit
-                                    );
-                                let wake = next_wake(&Polled::Refused(&refusal), &config, signals.is_some());
-                                // Never at once: a refusal is asked again on a later grid step.
-                                key.wake_at =
-                                    on_grid(now + wake.after.max(Duration::from_millis(1)), epoch, grid);
-                                key.holder_key = wake.holder_key;
-                            }
-                        }
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(family = family.name(), error = %chain(&error), "ACQUIRE many failed");
-                    let retry = Instant::now() + config.max_poll();
-                    for role in &candidates {
-                        if let Some(key) = role.as_str().split_once(':').and_then(|(_, k)| keys.get_mut(k)) {
-                            key.wake_at = retry;
-                            key.probe = true;
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(signals) = &signals {
-            for key in keys.values().filter_map(|k| k.holder_key) {
-                if waited.contains(&key) {
-                    continue;
-                }
-                // None past KEY_WAITERS_MAX: that holder is then waited for by its lease alone.
-                if let Some(wait) = signals.holder_gone(key) {
-                    waited.insert(key);
-                    gone.push(wait.map(move |()| key).boxed());
-                }
-            }
-        }
-        // Without a registry answer no key is asked about: sleep until the next beat.
-        let next = if limit > 0 && !replicas.is_empty() {
-            keys.values()
-                .enumerate()
-                .filter(|(_, k)| k.term.is_none())
-                .map(|(i, k)| eligible_at(i, k))
-                .min()
-        } else {
-            None
-        };
-        let told_due = told_at.filter(|_| told_pending).map(|at| at + spacing);
-        let wake = [next, told_due, Some(beat_at)]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(beat_at);
-        let sleep = tokio::time::sleep_until(wake);
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = sleep => {}
-            _ = version.changed() => {}
-            Some(done) = terms.join_next(), if !terms.is_empty() => term_done(&family, &mut keys, done),
-            Some(dead) = gone.next(), if !gone.is_empty() => {
-                tracing::debug!(family = family.name(), key = dead, "a holder's coordination session ended");
-                waited.remove(&dead);
-                beat_at = Instant::now();
-                for key in keys.values_mut().filter(|k| k.holder_key == Some(dead)) {
-                    key.holder_key = None;
-                    key.parked = false;
-                    // Acquirable now: taken after the grace if its preferred replica does not.
-                    key.probe = false;
-                    key.wake_at = Instant::now();
-                }
-            }
-            // Acted on at the loop's top, at most once per spacing.
-            _ = heard_notified(heard.as_deref()), if !told_pending => told_pending = true,
-        }
-    }
-    // The others count without this replica at once; its terms are
-    // cancelled by the manager's shutdown and release as interrupted.
-    let _ = tokio::time::timeout(config.statement_timeout(), store.leave(family.name(), &holder)).await;
-    loop {
-        tokio::select! {
-            done = terms.join_next() => match done {
-                Some(done) => term_done(&family, &mut keys, done),
-                None => break,
-            },
-            _ = abandon.cancelled() => {
-                // Dropping a term's task releases it as interrupted.
-                terms.shutdown().await;
-                break;
-            }
-        }
-    }
 }
 
 /// The entry of a family key's role.
