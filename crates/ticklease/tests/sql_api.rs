@@ -243,11 +243,12 @@ async fn refused(client: &Client, sql: &str) -> String {
     db.message().to_string()
 }
 
+/// ACQUIRE answers one row (a win is holder_token alone, the rest the row
+/// before); RENEW one row whatever happened, `renewed = false` naming the
+/// current term.
 #[tokio::test]
-async fn the_answers_are_as_the_reference_documents_them() {
+async fn acquire_and_renew_answer_as_the_reference_documents() {
     let client = owner().await;
-
-    // ACQUIRE: one row; a win is holder_token alone, the rest the row before.
     let won = row(
         &client,
         "SELECT * FROM leader_acquire_v2('doc', 'h1', 10000, 60000, NULL, false)",
@@ -271,7 +272,6 @@ async fn the_answers_are_as_the_reference_documents_them() {
         Some("h1")
     );
 
-    // RENEW: one row whatever happened; renewed = false names the current term.
     let renewed = row(
         &client,
         &format!("SELECT * FROM leader_renew_v2('doc', {token}, 10000, NULL)"),
@@ -288,9 +288,14 @@ async fn the_answers_are_as_the_reference_documents_them() {
     assert_eq!(lost.len(), 1, "a lost term is one row, not zero");
     assert!(!lost[0].get::<_, bool>("renewed"));
     assert_eq!(lost[0].get::<_, Option<i64>>("holder_token"), Some(token));
+}
 
-    // RELEASE: every documented outcome and reason is accepted (an ended term:
-    // false), the ones the history alone uses and a zero cooldown are refused.
+/// RELEASE takes every documented outcome and reason (an ended term:
+/// false), refuses the reasons the history alone uses and a negative
+/// cooldown, and takes a zero or NULL cooldown as none.
+#[tokio::test]
+async fn release_takes_every_documented_outcome_and_reason_and_no_other() {
+    let client = owner().await;
     for outcome in ["completed", "interrupted", "lost", "failed", "panicked"] {
         for reason in [
             "NULL",
@@ -298,6 +303,7 @@ async fn the_answers_are_as_the_reference_documents_them() {
             "'paused'",
             "'released'",
             "'heartbeat_timeout'",
+            "'superseded'",
         ] {
             let r = row(
                 &client,
@@ -335,27 +341,38 @@ async fn the_answers_are_as_the_reference_documents_them() {
         message,
         "ticklease: cooldown must be within 1 ms .. 24 h, got -1 ms"
     );
-    let released = row(
-        &client,
-        &format!("SELECT leader_release('doc', {token}, false, 0, 'failed', NULL, NULL, NULL)"),
-    )
-    .await;
-    assert!(released.get::<_, bool>(0), "a zero cooldown is accepted");
-    let again = row(
-        &client,
+    let first = acquired(&client).await;
+    released_with_a_cooldown_of(&client, first, "0").await;
+    let again = acquired(&client).await;
+    released_with_a_cooldown_of(&client, again, "NULL").await;
+    acquired(&client).await;
+}
+
+/// A new term of `doc`, which must start: its token.
+async fn acquired(client: &tokio_postgres::Client) -> i64 {
+    let term = row(
+        client,
         "SELECT * FROM leader_acquire_v2('doc', 'h1', 10000, 60000, NULL, false)",
     )
     .await;
-    assert!(again.get::<_, bool>("acquired"), "a zero cooldown is none");
-    let token: i64 = again.get("holder_token");
+    assert!(term.get::<_, bool>("acquired"), "a zero or NULL cooldown is none");
+    term.get("holder_token")
+}
+
+/// Releases `doc`'s term `token` as failed with `cooldown`.
+async fn released_with_a_cooldown_of(client: &tokio_postgres::Client, token: i64, cooldown: &str) {
     let released = row(
-        &client,
-        &format!("SELECT leader_release('doc', {token}, true, NULL, 'completed', NULL, NULL, NULL)"),
+        client,
+        &format!("SELECT leader_release('doc', {token}, false, {cooldown}, 'failed', NULL, NULL, NULL)"),
     )
     .await;
-    assert!(released.get::<_, bool>(0), "a NULL cooldown is none");
+    assert!(released.get::<_, bool>(0), "a cooldown of {cooldown} is accepted");
+}
 
-    // The documented message texts are the server's.
+/// The message texts the reference quotes are the server's.
+#[tokio::test]
+async fn the_refusals_the_reference_quotes_are_the_servers() {
+    let client = owner().await;
     for text in [
         "ticklease: leader_acquire needs a holder id of at most 200 characters",
         "ticklease: leader_acquire needs p_long_lived (true or false)",
