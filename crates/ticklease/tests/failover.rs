@@ -315,7 +315,7 @@ async fn with_two_writable_servers_every_statement_goes_to_the_promoted_one() {
     );
     let standby_server = format!("127.0.0.1:{}", standby.cluster().port());
     assert_eq!(store.hosts().current(), Some(standby_server.as_str()));
-    assert_eq!(store.hosts().events().host_changes, 1);
+    assert_eq!(exported(&store, "leader_host_changes_total").await, Some(1.0));
 
     a_fresh_process_leads_on_the_promoted_server(
         &url_for_hosts(&[&primary, standby.cluster()], &db),
@@ -325,6 +325,17 @@ async fn with_two_writable_servers_every_statement_goes_to_the_promoted_one() {
     .await;
     manager.shutdown();
     lead.await.unwrap();
+}
+
+/// The value of metric `name` as a scrape of `store`'s replica exports it.
+async fn exported(store: &PgStore, name: &str) -> Option<f64> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = ticklease::Metrics::register(&mut registry, [billing()]);
+    metrics.refresh(store).await;
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// The term started on the old primary ends as superseded within the
