@@ -90,6 +90,11 @@ async fn a_lossy_promotion_issues_tokens_above_the_lost_ones() {
         }
     }
     assert_eq!(renew, Some(Renew::Lost(LossReason::TakenOver)));
+    let lost_connections = exported(&a, "leader_connections_lost_total").await;
+    assert!(
+        lost_connections >= Some(1.0),
+        "the old primary's connections ended: {lost_connections:?}"
+    );
     let fenced: bool = scalar(
         &connect(&standby.cluster().config(&db)).await.unwrap(),
         &format!("SELECT leader_fence('billing', {})", lost.get()),
