@@ -187,10 +187,15 @@ fn guard_command(
         cmd.env("TICKLEASE_OCCURRENCE", at);
     }
     // The server the term started on: a child's own connection goes there.
-    cmd.env_remove("TICKLEASE_DB_HOST")
-        .env_remove("TICKLEASE_DB_PORT");
-    if let Some((host, port)) = tick.server().and_then(|s| s.rsplit_once(':')) {
-        cmd.env("TICKLEASE_DB_HOST", host).env("TICKLEASE_DB_PORT", port);
+    for name in ["TICKLEASE_DB_HOST", "TICKLEASE_DB_HOSTADDR", "TICKLEASE_DB_PORT"] {
+        cmd.env_remove(name);
+    }
+    if let Some(server) = tick.server() {
+        cmd.env("TICKLEASE_DB_HOST", &server.host)
+            .env("TICKLEASE_DB_PORT", server.port.to_string());
+        if let Some(addr) = server.hostaddr {
+            cmd.env("TICKLEASE_DB_HOSTADDR", addr.to_string());
+        }
     }
     if let Some(dir) = &spec.dir {
         cmd.current_dir(dir);

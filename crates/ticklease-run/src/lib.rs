@@ -91,8 +91,10 @@
 //! `TICKLEASE_TOKEN`, `TICKLEASE_HOLDER`, on a cron schedule
 //! `TICKLEASE_OCCURRENCE` (RFC 3339, UTC), and the server its term started
 //! on, `TICKLEASE_DB_HOST` and `TICKLEASE_DB_PORT` (a host name or address,
-//! or a socket directory). **A child's own connection goes there** (`psql
-//! "host=$TICKLEASE_DB_HOST port=$TICKLEASE_DB_PORT dbname=…"`), not to a
+//! or a socket directory), and `TICKLEASE_DB_HOSTADDR` when the URL gives
+//! the address (`hostaddr`). **A child's own connection goes there** (`psql
+//! "host=$TICKLEASE_DB_HOST port=$TICKLEASE_DB_PORT dbname=…"`, adding
+//! `hostaddr=$TICKLEASE_DB_HOSTADDR` when it is set), not to a
 //! multi-host URL of its own: while a promotion leaves two writable servers
 //! (the old primary not demoted), a client trying hosts in list order can
 //! reach the other one. When the runner sees that its server was superseded

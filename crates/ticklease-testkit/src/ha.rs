@@ -37,8 +37,8 @@ async fn claim(
     dbname: String,
     replica: i32,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let server = tick.server().ok_or("no server")?.to_owned();
-    let (host, port) = server.rsplit_once(':').ok_or("no port")?;
+    let server = tick.server().ok_or("no server")?;
+    let (host, port) = (&server.host, server.port);
     let config = format!("host={host} port={port} user=postgres dbname={dbname} connect_timeout=2");
     let (client, connection) = tokio_postgres::connect(&config, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);

@@ -102,6 +102,21 @@ pub async fn migrated_db(cluster: &PgCluster) -> tokio_postgres::Config {
     app_config(cluster, &name)
 }
 
+/// A primary with a migrated database, and its streaming standby caught up.
+pub async fn primary_and_standby() -> (PgCluster, Standby, String) {
+    let primary = PgCluster::start_primary().expect("start a primary");
+    let db = primary.create_database().await.expect("create database");
+    ticklease::migrate(&mut connect(&primary.config(&db)).await.expect("connect"))
+        .await
+        .expect("migrate");
+    let standby = Standby::start(&primary).expect("start a standby");
+    standby
+        .wait_caught_up(&primary)
+        .await
+        .expect("standby catches up");
+    (primary, standby, db)
+}
+
 /// One value from a query without parameters, as an unnamed statement (safe
 /// through a transaction-mode pooler).
 pub async fn scalar<T>(client: &tokio_postgres::Client, sql: &str) -> T

@@ -236,11 +236,14 @@ pub enum MigrateError {
     },
     /// Every writable host of the URL that answered has been superseded
     /// by a promotion of another (see `ticklease::hosts`).
-    #[error("no host of the URL to migrate")]
+    #[error(
+        "every writable host of the URL is on an older timeline than {by} (timeline {timeline}) was seen on"
+    )]
     Superseded {
-        /// Why each host was passed over.
-        #[source]
-        source: crate::connect::hosts::HostsError,
+        /// The newest server seen writable.
+        by: String,
+        /// Its timeline.
+        timeline: u32,
     },
     /// The server did not answer within the bound.
     #[error("no answer to the {what} within {waited:?}")]

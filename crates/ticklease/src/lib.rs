@@ -158,22 +158,29 @@
 //!    the process sees it: a promotion moves the new primary to a higher
 //!    timeline, while an old primary that nothing demoted (its failover
 //!    manager died) stays writable on the old one. Every connection to a
-//!    host of a multi-host URL reads its server's timeline (the insertion
-//!    timeline, from `pg_walfile_name`, which any login may call), and a
-//!    host on a lower timeline than another host was seen writable on is
-//!    passed over. The hosts are all asked before a process's first
-//!    connection, and again every S (a connection to each host per S).
-//!    When the current host is found superseded, the pool drops the
-//!    connections made before, and the heartbeat ends every term that
+//!    host of a multi-host URL (`host=a,b`, or `hostaddr=x,y`: a server is
+//!    its host, address and port) reads its server's timeline (the
+//!    insertion timeline, from `pg_walfile_name`, which any login may call;
+//!    where it is refused the timeline is unknown, logged once, and the
+//!    host never passed over for it), and a host on a lower timeline than
+//!    another host was seen writable on is passed over. The hosts are all
+//!    asked before a process's first connections (which wait for that), and
+//!    again every S (a connection to each host per S). When a server the
+//!    process used answers writable on an older timeline, the pool drops
+//!    every connection made before and the heartbeat ends every term that
 //!    started before as lost, reason `superseded` (its work may have
 //!    written to a server whose writes are to be rewound), at its next beat:
 //!    within S + 2 S / hosts + max(`heartbeat_every`, S) of the promotion (a
 //!    probe pass waits S after the last one ended and takes at most S /
-//!    hosts). Timelines
-//!    only grow in one cluster; a cluster re-created behind the same host
-//!    names needs the processes restarted. Each change of host, each lost
-//!    connection, each supersession is a log line (warn), and the first two
-//!    are metrics (`leader_host_changes_total`, `leader_connections_lost_total`).
+//!    hosts). Timelines only grow in one cluster; what the process saw is
+//!    never forgotten, so while only superseded servers answer (a promoted
+//!    server that died, a cluster re-created behind the same host names)
+//!    every statement fails (after at most one connection per host and
+//!    share of S) until the processes restart: an operator decides which
+//!    server's writes count. Each change of host, each lost connection,
+//!    each supersession is a log line (warn), and the first two are metrics
+//!    (`leader_host_changes_total`, `leader_connections_lost_total`, for the
+//!    store's connections).
 //!    The coordination session and its waiters connect the same way. Every
 //!    connection of ours shows in `pg_stat_activity` as `ticklease store
 //!    <host>:<pid>` (`coordination`, `migrate`; holder ids of the process
@@ -643,13 +650,18 @@
 //!   that second), and a waiter whose wait fails (its backend terminated, a
 //!   restart) waits again with backoff (100 ms doubling to 5 s). **Waits
 //!   leave the server's log quiet**: the slice catches its own lock timeout,
-//!   and a wait given up (a handoff, a stop) closes its connection between
-//!   slices, within a second, never mid-wait (which Postgres logs as `FATAL:
-//!   connection to client lost`). Connections per replica: the pool
-//!   (statements), one coordination session, and at most
-//!   [`KEY_WAITERS_MAX`] waiters (one per other replica holding a role this
-//!   one wants; those given up close within that second); beyond that,
-//!   followers wake at the lease's expiry.
+//!   which it sets below `deadlock_timeout` (so `log_lock_waits` reports
+//!   nothing; at least 100 ms), and a wait given up (a handoff, a
+//!   `Manager::shutdown`) closes its connection between slices, within a
+//!   second, never mid-wait (which Postgres logs as `FATAL: connection to
+//!   client lost`). Two things still log: a process that exits in the
+//!   middle of a slice (one FATAL per waiter), and
+//!   `log_min_duration_statement` below the slice (900 ms at the default
+//!   `deadlock_timeout`), which logs each slice's duration. Connections per
+//!   replica: the pool (statements), one coordination session, and at most
+//!   [`KEY_WAITERS_MAX`] waiter connections (one per other replica holding
+//!   a role this one wants, those given up and finishing their slice among
+//!   them); beyond that, followers wake at the lease's expiry.
 //! - After a RELEASE, pause, unpause or run-now commits, the library sends
 //!   `pg_notify` in a statement of its own (through a pooler too): followers
 //!   ACQUIRE at once, a paused holder renews at once. No decision notifies

@@ -534,9 +534,9 @@ pub trait LeaseStore: Send + Sync + 'static {
         None
     }
 
-    /// The database server (`host:port`, or a socket directory and port) the
-    /// store's connections reach now; `None` for a store without any.
-    fn server(&self) -> Option<String> {
+    /// The database server the store's connections reach now; `None` for a
+    /// store without any.
+    fn server(&self) -> Option<crate::connect::hosts::Server> {
         None
     }
 

@@ -1356,3 +1356,42 @@ async fn a_followers_wait_and_its_end_at_a_handoff_leave_the_server_log_quiet() 
     assert_eq!(errors_logged(&cluster, from), Vec::<String>::new());
     stop_b.cancel();
 }
+
+/// A wait on a live key logs nothing under `log_lock_waits` with a
+/// `deadlock_timeout` below a second either (each slice's lock timeout is
+/// set below it) — an outside review's finding.
+#[tokio::test]
+async fn a_wait_logs_nothing_under_log_lock_waits_with_a_short_deadlock_timeout() {
+    let cluster = PgCluster::start().unwrap();
+    let db = migrated_db(&cluster).await;
+    let name = db.get_dbname().unwrap().to_string();
+    let owner = connect(&db).await.unwrap();
+    owner
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{name}\" SET log_lock_waits = on; \
+             ALTER DATABASE \"{name}\" SET deadlock_timeout = '300ms'"
+        ))
+        .await
+        .unwrap();
+    let holder = connect(&db).await.unwrap();
+    let pid: i32 = scalar(&holder, "SELECT pg_backend_pid()").await;
+    let key = (i64::from(pid) << 32) | 12345;
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    let waiter = connect(&db).await.unwrap();
+    let from = cluster.log().len();
+    for _ in 0..3 {
+        let slice = waiter
+            .query_typed(
+                "SELECT leader_key_wait($1)",
+                &[(&key, tokio_postgres::types::Type::INT8)],
+            )
+            .await
+            .unwrap();
+        assert!(!slice[0].get::<_, bool>(0), "the key is alive");
+    }
+    let lines: Vec<String> = cluster.log()[from..].lines().map(str::to_owned).collect();
+    assert_eq!(lines, Vec::<String>::new());
+}

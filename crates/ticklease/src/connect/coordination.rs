@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -34,10 +35,10 @@ use crate::error::StoreError;
 /// The channel RELEASE, pause, unpause and run-now notify.
 const CHANNEL: &str = "ticklease";
 
-/// Most holder keys one replica waits on at once, one direct connection each
-/// (at most one per other replica that holds a role this one wants). A wait
-/// given up keeps its connection until its current one-second slice ends,
-/// so up to twice as many connections may be open for that second.
+/// Most waiter connections one replica has open at once, one per holder key
+/// it waits on (at most one per other replica that holds a role this one
+/// wants), those given up and finishing their slice (at most a second)
+/// among them; past it, a follower waits by the lease alone.
 pub const KEY_WAITERS_MAX: usize = 16;
 
 /// Server-side keepalives on the session: a peer whose link drops packets is
@@ -82,6 +83,9 @@ struct Inner {
     direct: Arc<Hosts>,
     connect_timeout: Duration,
     waiters: Mutex<HashMap<i64, Weak<KeyWaiter>>>,
+    /// Waiter tasks alive, those given up and finishing their slice among
+    /// them: at most [`KEY_WAITERS_MAX`].
+    open: Arc<AtomicUsize>,
     _stop: DropGuard,
 }
 
@@ -309,6 +313,7 @@ impl Signals {
                 direct,
                 connect_timeout,
                 waiters: Mutex::default(),
+                open: Arc::default(),
                 _stop: stop.drop_guard(),
             }),
         })
@@ -355,13 +360,14 @@ impl Signals {
                 Some(waiter) => waiter,
                 None => {
                     waiters.retain(|_, w| w.strong_count() > 0);
-                    if waiters.len() >= KEY_WAITERS_MAX {
+                    if self.inner.open.load(Ordering::Relaxed) >= KEY_WAITERS_MAX {
                         return None;
                     }
                     let waiter = Arc::new(KeyWaiter::spawn(
                         self.inner.direct.clone(),
                         self.inner.connect_timeout,
                         key,
+                        OpenWaiter::new(&self.inner.open),
                     ));
                     waiters.insert(key, Arc::downgrade(&waiter));
                     waiter
@@ -528,11 +534,12 @@ struct KeyWaiter {
 }
 
 impl KeyWaiter {
-    fn spawn(direct: Arc<Hosts>, connect_timeout: Duration, key: i64) -> Self {
+    fn spawn(direct: Arc<Hosts>, connect_timeout: Duration, key: i64, open: OpenWaiter) -> Self {
         let (gone, receiver) = watch::channel(false);
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         tokio::spawn(async move {
+            let _open = open;
             // A wait that fails (its backend terminated, a restart) is
             // retried with backoff; the slot is this waiter's until its last
             // user drops it, and its users wake at the lease's expiry anyway.
@@ -563,6 +570,22 @@ impl KeyWaiter {
             gone: receiver,
             _stop: stop.drop_guard(),
         }
+    }
+}
+
+/// Counts a waiter task as open until it ends (its connection closed).
+struct OpenWaiter(Arc<AtomicUsize>);
+
+impl OpenWaiter {
+    fn new(open: &Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::Relaxed);
+        OpenWaiter(open.clone())
+    }
+}
+
+impl Drop for OpenWaiter {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

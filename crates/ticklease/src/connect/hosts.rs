@@ -15,7 +15,7 @@
 //! rules as the store's.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -30,22 +30,43 @@ use crate::connect::tls::{PgConnect, PgTlsStream};
 #[derive(Debug)]
 pub struct Hosts {
     hosts: Vec<PgConnect>,
-    /// Each host as `host:port`, for the log and the timelines seen.
-    servers: Vec<String>,
+    /// Each host's server, for the log, the timelines seen and the environment of work.
+    servers: Vec<Server>,
     per_host: Duration,
     last_good: AtomicUsize,
     /// Whether any connection was made yet (the first is no change of host).
     connected: AtomicBool,
-    /// Whether the hosts were probed yet (before the first connection).
-    probed: AtomicBool,
+    /// The probe before the first connection, awaited by every first connect.
+    first_probe: tokio::sync::OnceCell<()>,
     /// Times a connection reached another host than the one before.
     changes: AtomicU64,
     /// Pooled connections that ended with an error (a restart, a failover,
     /// a cut link); the pool connects again at the next statement.
     lost: AtomicU64,
-    /// When a probe found the current host superseded: connections made
-    /// before are to be dropped (see [`Hosts::superseded_since`]).
-    superseded_at: Mutex<Option<std::time::Instant>>,
+    /// What this URL made of its servers' timelines.
+    timelines: timeline::UrlTimelines,
+}
+
+/// One server of a URL: the host it names (a name, an address or a socket
+/// directory), the address the URL gives for it (`hostaddr`), its port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Server {
+    /// The host the URL names for it (the address when it names only `hostaddr`).
+    pub host: String,
+    /// The address the URL gives for it (`hostaddr`), if any.
+    pub hostaddr: Option<std::net::IpAddr>,
+    /// Its port.
+    pub port: u16,
+}
+
+impl std::fmt::Display for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.hostaddr {
+            Some(addr) => write!(f, "{}[{addr}]:{}", self.host, self.port),
+            None => write!(f, "{}:{}", self.host, self.port),
+        }
+    }
 }
 
 /// Why no host gave a connection in one pass over them.
@@ -112,28 +133,28 @@ impl Hosts {
                 h
             })
             .collect();
-        let servers = hosts.iter().map(|h| server_name(h.config())).collect();
+        let servers: Vec<Server> = hosts.iter().map(|h| server_of(h.config())).collect();
         Hosts {
+            timelines: timeline::UrlTimelines::new(servers.iter().map(Server::to_string).collect()),
             hosts,
             servers,
             per_host,
             last_good: AtomicUsize::new(0),
             connected: AtomicBool::new(false),
-            probed: AtomicBool::new(false),
+            first_probe: tokio::sync::OnceCell::new(),
             changes: AtomicU64::new(0),
             lost: AtomicU64::new(0),
-            superseded_at: Mutex::new(None),
         }
     }
 
     /// One pass over the hosts, the last good one first. Of a multi-host
     /// URL, a host on an older timeline than another host was seen writable
-    /// on is passed over (see the module docs).
+    /// on is passed over (see `connect/timeline.rs`).
     pub async fn connect(&self) -> Result<(Client, Connection<Socket, PgTlsStream>), HostsError> {
-        // The first connection of a multi-host URL knows no timelines yet:
+        // The first connections of a multi-host URL know no timelines yet:
         // every host is asked first, so none starts on a superseded server.
-        if self.hosts.len() > 1 && !self.probed.swap(true, Ordering::Relaxed) {
-            self.probe().await;
+        if self.hosts.len() > 1 {
+            self.first_probe.get_or_init(|| self.probe()).await;
         }
         let first = self.last_good.load(Ordering::Relaxed);
         let mut failed = None;
@@ -156,29 +177,35 @@ impl Hosts {
     }
 
     /// A connection to host `i`, its timeline read and judged when the URL
-    /// has other hosts.
+    /// has other hosts. A timeline that cannot be read (the function
+    /// revoked on a hardened server) is unknown: the host is never passed
+    /// over for it.
     async fn attempt(&self, i: usize) -> Result<Attempt, tokio_postgres::Error> {
         let (client, mut connection) = self.hosts[i].connect().await?;
         if self.hosts.len() == 1 {
             return Ok(Attempt::Current(client, Box::new(connection), None));
         }
         let server = &self.servers[i];
-        let Some(timeline) = timeline::read(&client, &mut connection).await? else {
-            return Ok(Attempt::Current(client, Box::new(connection), None));
-        };
-        timeline::record(server, timeline);
-        match timeline::superseded_by(server, timeline, &self.servers) {
-            None => Ok(Attempt::Current(client, Box::new(connection), Some(timeline))),
-            Some((by, newer)) => {
-                tracing::warn!(%server, timeline, %by, newer,
-                    "passing over a writable server on an older timeline than another host's: a promotion superseded it");
-                Ok(Attempt::Superseded { by, timeline: newer })
+        let timeline = match timeline::read(&client, &mut connection).await {
+            Ok(Some(timeline)) => timeline,
+            Ok(None) => return Ok(Attempt::Current(client, Box::new(connection), None)),
+            Err(error) => {
+                if self.timelines.first_unreadable(i) {
+                    tracing::warn!(%server, error = &error as &dyn std::error::Error,
+                        "cannot read the server's timeline: two writable servers cannot be told apart there");
+                }
+                return Ok(Attempt::Current(client, Box::new(connection), None));
             }
+        };
+        match self.timelines.judge(i, timeline) {
+            None => Ok(Attempt::Current(client, Box::new(connection), Some(timeline))),
+            Some((by, newer)) => Ok(Attempt::Superseded { by, timeline: newer }),
         }
     }
 
     /// Notes a connection to host `i`: a change of host is logged and counted.
     fn connected_to(&self, i: usize) {
+        self.timelines.used(i);
         let before = self.last_good.swap(i, Ordering::Relaxed);
         if self.connected.swap(true, Ordering::Relaxed) && before != i {
             self.changes.fetch_add(1, Ordering::Relaxed);
@@ -187,41 +214,37 @@ impl Hosts {
     }
 
     /// Connects to every host of a multi-host URL at once, each bounded by
-    /// its share, recording the timelines of the writable ones; when the
-    /// current host has been superseded by a promotion, the next connection
-    /// goes to the newest host and [`Hosts::superseded_since`] tells the
-    /// pool to drop the connections made before. One pass costs a
-    /// connection to each host.
+    /// its share, recording the timelines of the writable ones. A server
+    /// this process used that answers writable on an older timeline than
+    /// another host's was superseded by a promotion:
+    /// [`Hosts::superseded_since`] then tells the pool to drop the
+    /// connections made before and the heartbeat to end the terms started
+    /// before, and the next connection goes to the newest host. One pass
+    /// costs a connection to each host.
     pub(crate) async fn probe(&self) {
         if self.hosts.len() == 1 {
             return;
         }
         let probes = (0..self.hosts.len()).map(|i| tokio::time::timeout(self.per_host, self.attempt(i)));
         let attempts = futures::future::join_all(probes).await;
-        if !self.connected.load(Ordering::Relaxed) {
-            // Before a first connection: start with the newest host that
-            // answered, not one that did not.
-            let newest = attempts.iter().enumerate().filter_map(|(i, a)| match a {
+        let newest = attempts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a {
                 Ok(Ok(Attempt::Current(_, _, timeline))) => Some((i, *timeline)),
                 _ => None,
-            });
-            if let Some((i, _)) = newest.max_by_key(|(i, timeline)| (*timeline, std::cmp::Reverse(*i))) {
-                self.last_good.store(i, Ordering::Relaxed);
-            }
-            return;
-        }
-        // Judged once every answer is recorded (the attempts ran at once).
+            })
+            .max_by_key(|(i, timeline)| (*timeline, std::cmp::Reverse(*i)));
         let current = self.last_good.load(Ordering::Relaxed);
-        let server = &self.servers[current];
-        let Some(timeline) = timeline::seen(server) else {
-            return;
-        };
-        if let Some((by, newer)) = timeline::superseded_by(server, timeline, &self.servers) {
-            tracing::warn!(%server, timeline, %by, newer,
-                "the current database host was superseded by a promotion; moving to the newest");
-            *self.superseded_at.lock().expect("not poisoned") = Some(std::time::Instant::now());
-            let newest = self.servers.iter().position(|s| *s == by).unwrap_or(current);
-            self.connected_to(newest);
+        let current_passed_over = matches!(attempts.get(current), Some(Ok(Ok(Attempt::Superseded { .. }))));
+        match newest {
+            // Before a first connection: start with the newest host that
+            // answered, not one that did not.
+            Some((i, _)) if !self.connected.load(Ordering::Relaxed) => {
+                self.last_good.store(i, Ordering::Relaxed)
+            }
+            Some((i, _)) if current_passed_over => self.connected_to(i),
+            _ => {}
         }
     }
 
@@ -244,10 +267,11 @@ impl Hosts {
         Some(stop.drop_guard())
     }
 
-    /// When a probe last found the current host superseded: a connection
-    /// made before then may be to the superseded server.
+    /// When a server this process used was last found superseded by a
+    /// promotion: a connection made, or a term started, before then may
+    /// be on it.
     pub fn superseded_since(&self) -> Option<std::time::Instant> {
-        *self.superseded_at.lock().expect("not poisoned")
+        self.timelines.superseded_at()
     }
 
     /// What happened to the connections so far.
@@ -259,11 +283,11 @@ impl Hosts {
         }
     }
 
-    /// The host the last connection reached (`host:port`), if any did.
-    pub fn current(&self) -> Option<&str> {
+    /// The server the last connection reached, if any did.
+    pub fn current(&self) -> Option<&Server> {
         self.connected
             .load(Ordering::Relaxed)
-            .then(|| self.servers[self.last_good.load(Ordering::Relaxed)].as_str())
+            .then(|| &self.servers[self.last_good.load(Ordering::Relaxed)])
     }
 }
 
@@ -277,8 +301,8 @@ pub struct ConnectionEvents {
     /// Pooled connections that ended with an error (a restart, a failover, a
     /// cut link); the pool connects again at the next statement.
     pub connections_lost: u64,
-    /// When a probe last found the host the store's connections reached
-    /// superseded by a promotion of another host of its URL.
+    /// When a server the store used was last found superseded by a
+    /// promotion of another host of its URL.
     pub superseded_at: Option<std::time::Instant>,
 }
 
@@ -316,8 +340,8 @@ impl deadpool_postgres::Connect for PoolConnect {
             loop {
                 match self.0.connect().await {
                     Ok((client, connection)) => {
-                        let (hosts, server) =
-                            (self.0.clone(), self.0.current().unwrap_or_default().to_owned());
+                        let hosts = self.0.clone();
+                        let server = hosts.current().map(Server::to_string).unwrap_or_default();
                         let task = tokio::spawn(async move {
                             if let Err(error) = connection.await {
                                 hosts.lost.fetch_add(1, Ordering::Relaxed);
@@ -328,7 +352,10 @@ impl deadpool_postgres::Connect for PoolConnect {
                         return Ok((client, task));
                     }
                     Err(HostsError::Db(e)) => return Err(e),
-                    // Superseded hosts: another pass, until a promoted one answers.
+                    // Every answering host superseded: another pass after a
+                    // host's share (such a pass is quick: no spin), until
+                    // the statement's deadline.
+                    Err(HostsError::Superseded { .. }) => tokio::time::sleep(self.0.per_host).await,
                     Err(_) => {}
                 }
             }
@@ -336,24 +363,30 @@ impl deadpool_postgres::Connect for PoolConnect {
     }
 }
 
-/// A single-host config's server as `host:port` (a socket directory as its path).
-fn server_name(c: &Config) -> String {
-    let port = c.get_ports().first().copied().unwrap_or(5432);
-    match c.get_hosts().first() {
-        Some(Host::Tcp(h)) => format!("{h}:{port}"),
-        Some(Host::Unix(p)) => format!("{}:{port}", p.display()),
-        None => format!("localhost:{port}"),
+/// A single-host config's server.
+fn server_of(c: &Config) -> Server {
+    let hostaddr = c.get_hostaddrs().first().copied();
+    let host = match c.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        Some(Host::Unix(p)) => p.display().to_string(),
+        None => hostaddr.map_or_else(|| "localhost".to_string(), |a| a.to_string()),
+    };
+    Server {
+        host,
+        hostaddr,
+        port: c.get_ports().first().copied().unwrap_or(5432),
     }
 }
 
 /// One `PgConnect` per host of `pg` (its `hostaddr` and port with it).
 fn split(pg: &PgConnect) -> Vec<PgConnect> {
     let c = pg.config();
-    let hosts = c.get_hosts();
-    if hosts.len() <= 1 {
+    // `hostaddr=a,b` without `host` names two servers too.
+    let n = c.get_hosts().len().max(c.get_hostaddrs().len());
+    if n <= 1 {
         return vec![pg.clone()];
     }
-    (0..hosts.len())
+    (0..n)
         .map(|i| {
             let mut one = pg.clone();
             *one.config_mut() = single(c, i);
@@ -395,10 +428,15 @@ fn single(c: &Config, i: usize) -> Config {
     if let Some(v) = c.get_tcp_user_timeout() {
         one.tcp_user_timeout(*v);
     }
-    match &c.get_hosts()[i] {
-        Host::Tcp(h) => one.host(h),
-        Host::Unix(p) => one.host_path(p),
-    };
+    match c.get_hosts().get(i) {
+        Some(Host::Tcp(h)) => {
+            one.host(h);
+        }
+        Some(Host::Unix(p)) => {
+            one.host_path(p);
+        }
+        None => {}
+    }
     if let Some(addr) = c.get_hostaddrs().get(i) {
         one.hostaddr(*addr);
     }

@@ -3,17 +3,20 @@
 //! (its failover manager died, nothing demoted it) stays on the old one.
 //!
 //! Every connection to a host of a multi-host URL reads its server's
-//! timeline; this process remembers, per server, the highest it saw while
-//! the server was writable. A server whose timeline is below one another
-//! host of the same URL was seen writable on has been superseded by a
-//! promotion: nothing of ours connects to it from then on (the writes it
-//! takes will be rewound). Timelines only grow within one cluster (a
-//! switchover back promotes again), so the knowledge never expires; a
-//! cluster re-created from scratch behind the same host names starts again
-//! at timeline 1, and needs the processes restarted.
+//! timeline; this process remembers, per server (host, address, port), the
+//! highest it saw while the server was writable. A server whose timeline is
+//! below one another host of the same URL was seen writable on has been
+//! superseded by a promotion: nothing of ours connects to it from then on
+//! (the writes it takes will be rewound), and when it is one the URL used,
+//! what was made there before (pooled connections, terms) is ended
+//! ([`UrlTimelines::superseded_at`]). Timelines only grow within one
+//! cluster (a switchover back promotes again), so the knowledge never
+//! expires; a cluster re-created from scratch behind the same host names
+//! starts again at timeline 1, and needs the processes restarted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use tokio_postgres::{Client, Connection, Socket};
 
@@ -56,11 +59,6 @@ pub(crate) fn record(server: &str, timeline: u32) {
     *highest = (*highest).max(timeline);
 }
 
-/// The highest timeline `server` was seen writable on.
-pub(crate) fn seen(server: &str) -> Option<u32> {
-    SEEN.lock().expect("not poisoned").as_ref()?.get(server).copied()
-}
-
 /// Another of `servers` seen writable on a higher timeline than `server`'s
 /// `timeline`, the highest: `server` has been superseded by it.
 pub(crate) fn superseded_by(server: &str, timeline: u32, servers: &[String]) -> Option<(String, u32)> {
@@ -72,6 +70,72 @@ pub(crate) fn superseded_by(server: &str, timeline: u32, servers: &[String]) -> 
         .filter_map(|s| seen.get(s).map(|t| (s.clone(), *t)))
         .filter(|(_, t)| *t > timeline)
         .max_by_key(|(_, t)| *t)
+}
+
+/// One URL's judgement of its servers: which of them this process used
+/// (connected to) since it last found one superseded, and when that was.
+#[derive(Debug)]
+pub(crate) struct UrlTimelines {
+    /// Each host's server as the memory of timelines names it.
+    names: Vec<String>,
+    state: Mutex<UrlState>,
+}
+
+#[derive(Debug, Default)]
+struct UrlState {
+    used: HashSet<usize>,
+    superseded_at: Option<Instant>,
+    /// (host, timeline) found superseded, each logged once.
+    logged: HashSet<(usize, u32)>,
+    /// Hosts whose timeline could not be read, each logged once.
+    unreadable: HashSet<usize>,
+}
+
+impl UrlTimelines {
+    /// The timelines of the servers `names` (one per host, in order).
+    pub(crate) fn new(names: Vec<String>) -> Self {
+        UrlTimelines {
+            names,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Records that host `i` is writable on `timeline` and judges it: the
+    /// newest other host seen writable on a higher timeline, if any. A host
+    /// this process used found so marks a supersession (logged once per
+    /// host and timeline): what was made on it before is suspect.
+    pub(crate) fn judge(&self, i: usize, timeline: u32) -> Option<(String, u32)> {
+        let server = &self.names[i];
+        record(server, timeline);
+        let (by, newer) = superseded_by(server, timeline, &self.names)?;
+        let mut state = self.state.lock().expect("not poisoned");
+        if state.used.contains(&i) {
+            state.used.clear();
+            state.superseded_at = Some(Instant::now());
+        }
+        if state.logged.insert((i, timeline)) {
+            tracing::warn!(%server, timeline, %by, newer,
+                "a writable server is on an older timeline than another host's: a promotion superseded it; \
+                 nothing of this process connects to it, and what started there before ends");
+        }
+        Some((by, newer))
+    }
+
+    /// Notes a connection to host `i`.
+    pub(crate) fn used(&self, i: usize) {
+        self.state.lock().expect("not poisoned").used.insert(i);
+    }
+
+    /// Whether host `i`'s timeline could be read before (the first time a
+    /// read fails is logged).
+    pub(crate) fn first_unreadable(&self, i: usize) -> bool {
+        self.state.lock().expect("not poisoned").unreadable.insert(i)
+    }
+
+    /// When a host this process used was last found superseded.
+    pub(crate) fn superseded_at(&self) -> Option<Instant> {
+        self.state.lock().expect("not poisoned").superseded_at
+    }
 }
 
 #[cfg(test)]

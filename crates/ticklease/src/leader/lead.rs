@@ -64,7 +64,7 @@ pub struct Tick {
     /// What the work said, for the term's history row ([`Tick::keep_output`]).
     output: Arc<std::sync::Mutex<Option<String>>>,
     /// The server the store's connections reached when the term started.
-    server: Option<Arc<str>>,
+    server: Option<Arc<crate::connect::hosts::Server>>,
 }
 
 impl Tick {
@@ -91,15 +91,15 @@ impl Tick {
     pub fn token(&self) -> Token {
         self.fence.token()
     }
-    /// The database server the term started on, as `host:port` (a socket
-    /// directory and port), when the store has one: work that connects on
-    /// its own connects there (a `ticklease run` child finds it in
-    /// `TICKLEASE_DB_HOST` and `TICKLEASE_DB_PORT`). Of a multi-host URL,
+    /// The database server the term started on, when the store has one:
+    /// work that connects on its own connects there (a `ticklease run`
+    /// child finds it in `TICKLEASE_DB_HOST`, `TICKLEASE_DB_PORT` and, when
+    /// the URL gives an address, `TICKLEASE_DB_HOSTADDR`). Of a multi-host URL,
     /// another host may be writable too for a while (a promotion whose old
     /// primary nothing demoted): the term ends as
     /// [`LossReason::Superseded`] once the store sees that, and the next
     /// term names the promoted server.
-    pub fn server(&self) -> Option<&str> {
+    pub fn server(&self) -> Option<&crate::connect::hosts::Server> {
         self.server.as_deref()
     }
     /// The scheduled instant this term runs, on a cron schedule: the same
@@ -752,7 +752,7 @@ impl<S: LeaseStore> Manager<S> {
             removed: scope.removed.as_ref().map(|key| key.removed.clone()),
             occurrence: scope.occurrence.as_ref().map(|o| o.at),
             output: Arc::default(),
-            server: inner.store.server().map(Arc::from),
+            server: inner.store.server().map(Arc::new),
         };
         let stop_heartbeat = CancellationToken::new();
         let _stop_on_drop = stop_heartbeat.clone().drop_guard();

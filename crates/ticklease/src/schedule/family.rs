@@ -127,6 +127,11 @@ fn key_of<'a>(keys: &'a BTreeMap<String, Key>, role: &Role) -> Option<&'a Key> {
     role.as_str().split_once(':').and_then(|(_, k)| keys.get(k))
 }
 
+/// The entry of a family key's role, to change.
+fn key_of_mut<'a>(keys: &'a mut BTreeMap<String, Key>, role: &Role) -> Option<&'a mut Key> {
+    role.as_str().split_once(':').and_then(|(_, k)| keys.get_mut(k))
+}
+
 /// Resolves when the family is told of a release, unpause or run-now; never without signals.
 async fn heard_notified(heard: Option<&FamilySignals>) {
     match heard {

@@ -239,7 +239,9 @@ pub async fn migrate_at(target: &PgConnect, options: &MigrateOptions) -> Result<
                 waited: per_host * n,
             })
         }
-        Err(source) => return Err(MigrateError::Superseded { source }),
+        Err(HostsError::Superseded { by, timeline }) => {
+            return Err(MigrateError::Superseded { by, timeline })
+        }
     };
     let driver = tokio::spawn(connection);
     let run = tokio::time::timeout(MIGRATION_RUN_MAX, migrate_with(&mut client, options)).await;

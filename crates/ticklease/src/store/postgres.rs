@@ -909,8 +909,8 @@ impl LeaseStore for PgStore {
         self.signals.as_ref()
     }
 
-    fn server(&self) -> Option<String> {
-        self.hosts.current().map(str::to_owned)
+    fn server(&self) -> Option<crate::connect::hosts::Server> {
+        self.hosts.current().cloned()
     }
 
     fn connection_events(&self) -> Option<crate::connect::hosts::ConnectionEvents> {

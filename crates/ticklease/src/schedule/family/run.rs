@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::asking::{self, Answer, DbClock, TermPlan};
 use super::{
-    ended, fair_cap, heard_notified, key_of, on_grid, park, preferred, scope, sync_keys, term_done,
-    told_spacing, wake_grid, wake_told, FamilyJob, Key, REGISTRATION_TTL_MAX,
+    ended, fair_cap, heard_notified, key_of, key_of_mut, on_grid, park, preferred, scope, sync_keys,
+    term_done, told_spacing, wake_grid, wake_told, FamilyJob, Key, REGISTRATION_TTL_MAX,
 };
 use crate::connect::coordination::{FamilySignals, Signals};
 use crate::error::chain;
@@ -277,11 +277,7 @@ impl<S: LeaseStore> FamilyLoop<S> {
                 tracing::warn!(family = self.family.name(), error = %chain(&error), "ACQUIRE many failed");
                 let retry = Instant::now() + self.config.max_poll();
                 for role in candidates {
-                    if let Some(key) = role
-                        .as_str()
-                        .split_once(':')
-                        .and_then(|(_, k)| self.keys.get_mut(k))
-                    {
+                    if let Some(key) = key_of_mut(&mut self.keys, role) {
                         key.wake_at = retry;
                         key.probe = true;
                     }
@@ -298,11 +294,7 @@ impl<S: LeaseStore> FamilyLoop<S> {
             plan,
             after,
         } = answer;
-        let Some(key) = role
-            .as_str()
-            .split_once(':')
-            .and_then(|(_, k)| self.keys.get_mut(k))
-        else {
+        let Some(key) = key_of_mut(&mut self.keys, &role) else {
             return;
         };
         key.after = after.or(key.after);
@@ -314,11 +306,7 @@ impl<S: LeaseStore> FamilyLoop<S> {
 
     /// Runs a started term of a key on a task of its own.
     fn started(&mut self, role: Role, term: Term, plan: TermPlan, sent: Instant) {
-        let Some(key) = role
-            .as_str()
-            .split_once(':')
-            .and_then(|(_, k)| self.keys.get_mut(k))
-        else {
+        let Some(key) = key_of_mut(&mut self.keys, &role) else {
             return;
         };
         let removed = self.manager.key_cancel();
@@ -350,11 +338,7 @@ impl<S: LeaseStore> FamilyLoop<S> {
     fn refused(&mut self, role: &Role, refusal: Refusal, now: Instant, others: &HashSet<Role>) {
         let (epoch, grid, with_signals) = (self.epoch, self.grid, self.signals.is_some());
         let replicas = &self.replicas;
-        let Some(key) = role
-            .as_str()
-            .split_once(':')
-            .and_then(|(_, k)| self.keys.get_mut(k))
-        else {
+        let Some(key) = key_of_mut(&mut self.keys, role) else {
             return;
         };
         key.parked = matches!(&refusal, Refusal::Held { holder, .. }

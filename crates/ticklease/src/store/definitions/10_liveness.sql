@@ -112,18 +112,22 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_key_wait(p_key bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE STRICT
-SET lock_timeout = '1s'
 AS $fn$
 -- One slice of a follower's wait on a holder's key: true once the key is
 -- gone (its holder's session ended and the shared lock was granted, or a
 -- session other than the one that took it holds it now), false when it is
--- still alive after a second. The lock timeout is caught here, so no
--- waiting second leaves an ERROR in the server's log; between slices the
--- waiter is idle, so it can close without a FATAL there either. The shared
--- lock, once granted, is kept until the waiter's session ends; it
--- conflicts with nothing (liveness counts only the key's own backend's
--- exclusive lock).
+-- still alive after the slice. The lock timeout is caught here, so no
+-- waiting slice leaves an ERROR in the server's log; it is set below
+-- deadlock_timeout (a second, or 90 % of a shorter one, at least 100 ms),
+-- so that log_lock_waits has nothing to report either; between slices the
+-- waiter is idle, so it can close without a FATAL. The shared lock, once
+-- granted, is kept until the waiter's session ends; it conflicts with
+-- nothing (liveness counts only the key's own backend's exclusive lock).
+DECLARE
+    deadlock_ms constant numeric := extract(epoch FROM pg_catalog.current_setting('deadlock_timeout')::interval) * 1000;
 BEGIN
+    PERFORM pg_catalog.set_config('lock_timeout',
+                                  pg_catalog.round(greatest(100, least(1000, deadlock_ms * 0.9)))::text || 'ms', true);
     PERFORM pg_catalog.pg_advisory_lock_shared(p_key);
     RETURN true;
 EXCEPTION WHEN lock_not_available THEN
