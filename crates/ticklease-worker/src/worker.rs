@@ -144,13 +144,15 @@ fn claim_pool(database: &PgConnect, connect_wait: Duration) -> Pool {
     let hosts = Arc::new(Hosts::new(database, connect_wait));
     let manager = PoolManager::from_connect(
         database.config().clone(),
-        PoolConnect::new(hosts),
+        PoolConnect::new(hosts.clone()),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
     );
     Pool::builder(manager)
         .max_size(8)
+        // Connections to a server a promotion superseded are dropped.
+        .pre_recycle(hosts.recycle_hook())
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(connect_wait))
         .create_timeout(Some(connect_wait))

@@ -164,9 +164,12 @@
 //!    where it is refused the timeline is unknown, logged once, and the
 //!    host never passed over for it), and a host on a lower timeline than
 //!    another host was seen writable on is passed over. The hosts are all
-//!    asked before a process's first connections (which wait for that), and
-//!    again every S (a connection to each host per S). When a server the
-//!    process used answers writable on an older timeline, the pool drops
+//!    asked before a process's first connections (which wait until one
+//!    answered), and again every S (a connection to each host per S). A
+//!    server the process used that is seen below another host's timeline
+//!    keeps none of the pool's connections (a pool built on
+//!    [`hosts::Hosts`] gets the same with [`hosts::Hosts::recycle_hook`]).
+//!    When it answers writable on the older timeline, the pool drops
 //!    every connection made before and the heartbeat ends every term that
 //!    started before as lost, reason `superseded` (its work may have
 //!    written to a server whose writes are to be rewound), at its next beat:
@@ -644,18 +647,19 @@
 //! - A follower refused because the role is held waits on the holder's key
 //!   (`pg_advisory_lock_shared`) on a **waiter** connection, shared by every
 //!   role held under that key; when the holder's backend ends the wait
-//!   returns and the follower ACQUIREs. The wait runs in slices of a second
-//!   (`leader_key_wait`), each asking whether the key is still alive (a
+//!   returns and the follower ACQUIREs. The wait runs in slices of at most
+//!   a second (`leader_key_wait`), each asking whether the key is still alive (a
 //!   squatter granted the key after the holder's death delays a takeover by
 //!   that second), and a waiter whose wait fails (its backend terminated, a
 //!   restart) waits again with backoff (100 ms doubling to 5 s). **Waits
 //!   leave the server's log quiet**: the slice catches its own lock timeout,
-//!   which it sets below `deadlock_timeout` (so `log_lock_waits` reports
-//!   nothing; at least 100 ms), and a wait given up (a handoff, a
-//!   `Manager::shutdown`) closes its connection between slices, within a
-//!   second, never mid-wait (which Postgres logs as `FATAL: connection to
-//!   client lost`). Two things still log: a process that exits in the
-//!   middle of a slice (one FATAL per waiter), and
+//!   which it sets to 90 % of `deadlock_timeout` (so `log_lock_waits`
+//!   reports nothing while that is above 111 ms), and a wait given up (a
+//!   handoff, a `Manager::shutdown`) closes its connection between slices,
+//!   within a second, never mid-wait (which Postgres logs as `FATAL:
+//!   connection to client lost`). Two things still log: a process that
+//!   exits within a second of giving a wait up (one FATAL per waiter then in
+//!   a slice: stay up a second after `Manager::shutdown` to avoid it), and
 //!   `log_min_duration_statement` below the slice (900 ms at the default
 //!   `deadlock_timeout`), which logs each slice's duration. Connections per
 //!   replica: the pool (statements), one coordination session, and at most

@@ -1395,3 +1395,24 @@ async fn a_wait_logs_nothing_under_log_lock_waits_with_a_short_deadlock_timeout(
     let lines: Vec<String> = cluster.log()[from..].lines().map(str::to_owned).collect();
     assert_eq!(lines, Vec::<String>::new());
 }
+
+/// A wait called inside a transaction leaves the caller's `lock_timeout` as
+/// it was (its own lasts for the call alone).
+#[tokio::test]
+async fn a_wait_leaves_the_callers_lock_timeout_as_it_was() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let mut client = connect(&direct(&db)).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL lock_timeout = '5s'").await.unwrap();
+    let key: i64 = 12345;
+    let gone = tx
+        .query_typed(
+            "SELECT leader_key_wait($1)",
+            &[(&key, tokio_postgres::types::Type::INT8)],
+        )
+        .await
+        .unwrap();
+    assert!(gone[0].get::<_, bool>(0), "a key no session holds is gone");
+    let after: String = tx.query_one("SHOW lock_timeout", &[]).await.unwrap().get(0);
+    assert_eq!(after, "5s");
+}

@@ -30,6 +30,19 @@ async fn has_row(server: &tokio_postgres::Client, role: &str) -> bool {
 /// writable on the older timeline, ends them, and no later term starts there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_change_by_an_ordinary_connect_still_ends_the_pooled_connections_to_the_old_primary() {
+    pooled_connections_to_the_old_primary_end(true).await;
+}
+
+/// The same, with the old primary refusing new connections for good (its
+/// slots full, a rule against new ones) while its pooled ones live on: the
+/// probe cannot find it writable, but it was seen below the promoted
+/// server's timeline, so the pool drops its connections all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_primary_refusing_new_connections_keeps_none_of_the_pool() {
+    pooled_connections_to_the_old_primary_end(false).await;
+}
+
+async fn pooled_connections_to_the_old_primary_end(refusing_for_a_moment: bool) {
     let (primary, standby, db) = primary_and_standby().await;
     let url: PgConnect = url_for_hosts(&[&primary, standby.cluster()], &db)
         .parse()
@@ -54,14 +67,22 @@ async fn a_host_change_by_an_ordinary_connect_still_ends_the_pooled_connections_
     old.batch_execute("SELECT pg_reload_conf()").await.unwrap();
     let burst = ["burst_d", "burst_e", "burst_f", "burst_g"].map(|r| acquired(&store, r));
     futures::future::join_all(burst).await;
-    std::fs::write(&hba, original).unwrap();
-    old.batch_execute("SELECT pg_reload_conf()").await.unwrap();
-    // Two probe periods and their passes.
+    if refusing_for_a_moment {
+        std::fs::write(&hba, original).unwrap();
+        old.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    }
+    // Within two probe periods and their passes, a term starts on the
+    // promoted server; from then on none starts on the old primary.
     let deadline = tokio::time::Instant::now() + s * 3;
-    while store.hosts().superseded_since().is_none() {
+    for k in 0.. {
+        let role = format!("moving_{k}");
+        acquired(&store, &role).await;
+        if has_row(&new, &role).await {
+            break;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no probe found the old primary superseded"
+            "terms still start on the old primary"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

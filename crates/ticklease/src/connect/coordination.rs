@@ -47,7 +47,7 @@ pub const KEY_WAITERS_MAX: usize = 16;
 const KEEPALIVES: &str = "SET tcp_keepalives_idle = 2; SET tcp_keepalives_interval = 1; \
      SET tcp_keepalives_count = 2; SET tcp_user_timeout = 4000";
 
-/// A waiter waits in slices of a second (`leader_key_wait`, which sets its
+/// A waiter waits in slices of at most a second (`leader_key_wait`, which sets its
 /// own lock timeout and catches it) to ask whether the key is still alive:
 /// any login can queue for a key and be granted it when the holder's
 /// session ends, and then a follower learns of it within a second. A waiter

@@ -154,7 +154,8 @@ impl Hosts {
         // The first connections of a multi-host URL know no timelines yet:
         // every host is asked first, so none starts on a superseded server.
         if self.hosts.len() > 1 {
-            self.first_probe.get_or_init(|| self.probe()).await;
+            // Done once a host answered; until then every connect asks again.
+            let _ = self.first_probe.get_or_try_init(|| self.first_pass()).await;
         }
         let first = self.last_good.load(Ordering::Relaxed);
         let mut failed = None;
@@ -211,6 +212,13 @@ impl Hosts {
             self.changes.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(from = %self.servers[before], to = %self.servers[i], "database host changed");
         }
+    }
+
+    /// The probe before the first connection: an error when no host answered.
+    async fn first_pass(&self) -> Result<(), ()> {
+        self.probe().await;
+        let answered = self.servers.iter().any(|s| timeline::known(&s.to_string()));
+        answered.then_some(()).ok_or(())
     }
 
     /// Connects to every host of a multi-host URL at once, each bounded by
@@ -272,6 +280,20 @@ impl Hosts {
     /// be on it.
     pub fn superseded_since(&self) -> Option<std::time::Instant> {
         self.timelines.superseded_at()
+    }
+
+    /// A `pre_recycle` hook for a pool on these hosts
+    /// (`Pool::builder(…).pre_recycle(hosts.recycle_hook())`): it drops a
+    /// connection made before a server this process used was found
+    /// superseded by a promotion, or seen below another host's timeline.
+    pub fn recycle_hook(self: &Arc<Self>) -> deadpool_postgres::Hook {
+        let hosts = self.clone();
+        deadpool_postgres::Hook::sync_fn(move |_, metrics| match hosts.timelines.recycle_before() {
+            Some(at) if metrics.created < at => Err(deadpool_postgres::HookError::Message(
+                "made before its server was found superseded by a promotion".into(),
+            )),
+            _ => Ok(()),
+        })
     }
 
     /// What happened to the connections so far.

@@ -59,6 +59,14 @@ pub(crate) fn record(server: &str, timeline: u32) {
     *highest = (*highest).max(timeline);
 }
 
+/// Whether `server` was ever seen writable with a timeline.
+pub(crate) fn known(server: &str) -> bool {
+    SEEN.lock()
+        .expect("not poisoned")
+        .as_ref()
+        .is_some_and(|m| m.contains_key(server))
+}
+
 /// Another of `servers` seen writable on a higher timeline than `server`'s
 /// `timeline`, the highest: `server` has been superseded by it.
 pub(crate) fn superseded_by(server: &str, timeline: u32, servers: &[String]) -> Option<(String, u32)> {
@@ -85,6 +93,12 @@ pub(crate) struct UrlTimelines {
 struct UrlState {
     used: HashSet<usize>,
     superseded_at: Option<Instant>,
+    /// When a host this process used was last seen (by anyone in the
+    /// process) below another host's timeline, even without answering
+    /// writable itself: its pooled connections are suspect.
+    stale_at: Option<Instant>,
+    /// (host, timeline) found stale, each marked once.
+    stale_marked: HashSet<(usize, u32)>,
     /// (host, timeline) found superseded, each logged once.
     logged: HashSet<(usize, u32)>,
     /// Hosts whose timeline could not be read, each logged once.
@@ -121,9 +135,42 @@ impl UrlTimelines {
         Some((by, newer))
     }
 
-    /// Notes a connection to host `i`.
+    /// Notes a connection to host `i` (judged current when it was made: if
+    /// a newer timeline was seen since, the connection is stale at once).
     pub(crate) fn used(&self, i: usize) {
-        self.state.lock().expect("not poisoned").used.insert(i);
+        let mut state = self.state.lock().expect("not poisoned");
+        state.used.insert(i);
+        self.mark_stale(&mut state);
+    }
+
+    /// Marks as stale the hosts this process used that are below another
+    /// host's timeline now, each once per timeline.
+    fn mark_stale(&self, state: &mut UrlState) {
+        let used: Vec<usize> = state.used.iter().copied().collect();
+        for u in used {
+            let seen_u = SEEN
+                .lock()
+                .expect("not poisoned")
+                .as_ref()
+                .and_then(|m| m.get(&self.names[u]).copied());
+            let Some(timeline) = seen_u else {
+                continue;
+            };
+            if superseded_by(&self.names[u], timeline, &self.names).is_some()
+                && state.stale_marked.insert((u, timeline))
+            {
+                state.stale_at = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Connections made before this instant may be to a superseded server
+    /// (found so, or a used server seen below another host's timeline): the
+    /// pool drops them.
+    pub(crate) fn recycle_before(&self) -> Option<Instant> {
+        let mut state = self.state.lock().expect("not poisoned");
+        self.mark_stale(&mut state);
+        state.superseded_at.max(state.stale_at)
     }
 
     /// Whether host `i`'s timeline could be read before (the first time a

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio::time::{timeout_at, Instant};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
@@ -124,17 +124,9 @@ impl PgStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let watched = hosts.clone();
         let pool = Pool::builder(manager)
             .max_size(pool_size)
-            .pre_recycle(Hook::sync_fn(move |_, metrics| {
-                match watched.superseded_since() {
-                    Some(at) if metrics.created < at => Err(HookError::Message(
-                        "made before its host was found superseded by a promotion".into(),
-                    )),
-                    _ => Ok(()),
-                }
-            }))
+            .pre_recycle(hosts.recycle_hook())
             .build()
             .expect("no runtime-dependent options");
         // Each probe pass is bounded by the statement timeout as a whole.

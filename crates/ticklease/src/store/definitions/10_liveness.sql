@@ -112,14 +112,18 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_key_wait(p_key bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE STRICT
+-- Restores the caller's lock_timeout when the function returns (the
+-- set_config below would otherwise last to the end of a caller's transaction).
+SET lock_timeout = '1s'
 AS $fn$
 -- One slice of a follower's wait on a holder's key: true once the key is
 -- gone (its holder's session ended and the shared lock was granted, or a
 -- session other than the one that took it holds it now), false when it is
 -- still alive after the slice. The lock timeout is caught here, so no
--- waiting slice leaves an ERROR in the server's log; it is set below
--- deadlock_timeout (a second, or 90 % of a shorter one, at least 100 ms),
--- so that log_lock_waits has nothing to report either; between slices the
+-- waiting slice leaves an ERROR in the server's log; it is 90 % of
+-- deadlock_timeout (at most a second, at least 100 ms), so that
+-- log_lock_waits has nothing to report either (while deadlock_timeout is
+-- above 111 ms); between slices the
 -- waiter is idle, so it can close without a FATAL. The shared lock, once
 -- granted, is kept until the waiter's session ends; it conflicts with
 -- nothing (liveness counts only the key's own backend's exclusive lock).

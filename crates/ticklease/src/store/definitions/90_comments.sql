@@ -29,7 +29,7 @@ COMMENT ON FUNCTION @schema@.leader_key_alive(bigint) IS
 'ticklease client: whether a session of this database holds the coordination (holder) key, taken by the backend whose pid its high 32 bits carry; true for NULL. App and operator roles. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_key_wait(bigint) IS
-'ticklease client: one slice (a second, less with a shorter deadlock_timeout) of a wait on a holder''s coordination key, on a direct connection of its own: true once the key is gone (its session ended), false while it lives; call again. Catches its own lock timeout. App role. See docs/sql-api.md.';
+'ticklease client: one slice (90 % of deadlock_timeout, 100 ms to 1 s) of a wait on a holder''s coordination key, on a direct connection of its own: true once the key is gone (its session ended), false while it lives; call again. Catches its own lock timeout. App role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_fence_sweep(text[]) IS
 'ticklease client: ends the open fenced transactions of terms of the roles that are over; returns how many. ACQUIRE and pause call it themselves. App and operator roles. See docs/sql-api.md.';
