@@ -217,8 +217,7 @@ impl Hosts {
     /// The probe before the first connection: an error when no host answered.
     async fn first_pass(&self) -> Result<(), ()> {
         self.probe().await;
-        let answered = self.servers.iter().any(|s| timeline::known(&s.to_string()));
-        answered.then_some(()).ok_or(())
+        self.timelines.any_known().then_some(()).ok_or(())
     }
 
     /// Connects to every host of a multi-host URL at once, each bounded by

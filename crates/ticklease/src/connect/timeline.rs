@@ -59,12 +59,9 @@ pub(crate) fn record(server: &str, timeline: u32) {
     *highest = (*highest).max(timeline);
 }
 
-/// Whether `server` was ever seen writable with a timeline.
-pub(crate) fn known(server: &str) -> bool {
-    SEEN.lock()
-        .expect("not poisoned")
-        .as_ref()
-        .is_some_and(|m| m.contains_key(server))
+/// The highest timeline `server` was seen writable on.
+fn seen(server: &str) -> Option<u32> {
+    SEEN.lock().expect("not poisoned").as_ref()?.get(server).copied()
 }
 
 /// Another of `servers` seen writable on a higher timeline than `server`'s
@@ -135,6 +132,11 @@ impl UrlTimelines {
         Some((by, newer))
     }
 
+    /// Whether any of the URL's servers was ever seen writable with a timeline.
+    pub(crate) fn any_known(&self) -> bool {
+        self.names.iter().any(|name| seen(name).is_some())
+    }
+
     /// Notes a connection to host `i` (judged current when it was made: if
     /// a newer timeline was seen since, the connection is stale at once).
     pub(crate) fn used(&self, i: usize) {
@@ -148,12 +150,7 @@ impl UrlTimelines {
     fn mark_stale(&self, state: &mut UrlState) {
         let used: Vec<usize> = state.used.iter().copied().collect();
         for u in used {
-            let seen_u = SEEN
-                .lock()
-                .expect("not poisoned")
-                .as_ref()
-                .and_then(|m| m.get(&self.names[u]).copied());
-            let Some(timeline) = seen_u else {
+            let Some(timeline) = seen(&self.names[u]) else {
                 continue;
             };
             if superseded_by(&self.names[u], timeline, &self.names).is_some()
