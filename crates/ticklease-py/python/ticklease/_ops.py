@@ -1,0 +1,58 @@
+"""The operator's calls, for scripts (each opens a connection as the URL's login; blocking, the GIL released)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, List, NamedTuple, Sequence
+
+from ticklease import _native
+
+_TIMES = ("acquired_at", "expires_at", "db_now", "paused_at", "last_tick_ended_at", "not_before", "next_occurrence")
+
+
+class Status(NamedTuple):
+    """``leader_status`` as read: at most ``limit`` rows (paused, then held, first) and how many exist."""
+
+    rows: List[Dict[str, Any]]
+    total: int
+
+
+def _row(raw: Dict[str, Any]) -> Dict[str, Any]:
+    row = dict(raw)
+    for key in _TIMES:
+        if row[key] is not None:
+            row[key] = datetime.fromtimestamp(row[key], timezone.utc)
+    if row["tick_interval"] is not None:
+        row["tick_interval"] = timedelta(seconds=row["tick_interval"])
+    return row
+
+
+def status(url: str, *, limit: int = 1000) -> Status:
+    """The roles' rows: who holds what, since when, paused by whom, the last tick and the next occurrence."""
+    rows, total = _native.status(url, limit)
+    return Status([_row(r) for r in rows], total)
+
+
+def pause(url: str, role: str, *, by: str, reason: str) -> bool:
+    """Pauses ``role`` (its term ends at once, no term starts until unpaused); ``True`` if this call did."""
+    return _native.pause(url, role, by, reason)
+
+
+def unpause(url: str, role: str) -> bool:
+    """Unpauses ``role``; ``True`` if this call did."""
+    return _native.unpause(url, role)
+
+
+def run_now(url: str, role: str) -> bool:
+    """Asks for a run of ``role`` at its next poll (its cooldown cleared; a manual term of a cron role)."""
+    return _native.run_now(url, role)
+
+
+def migrate(
+    owner_url: str, *, app_role: str = "ticklease_app", operator_role: str = "ticklease_operator"
+) -> Sequence[int]:
+    """Applies the schema as its owner; returns the migration versions this call applied."""
+    return _native.migrate(owner_url, app_role, operator_role)
+
+
+__all__ = ["Status", "migrate", "pause", "run_now", "status", "unpause"]

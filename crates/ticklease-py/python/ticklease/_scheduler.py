@@ -1,0 +1,198 @@
+"""The scheduler: the core's, with Python work, run from asyncio or from a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Awaitable, Callable, Iterator, Optional, TypeVar, Union, overload
+from contextlib import contextmanager
+
+from ticklease import _native
+from ticklease._config import Config, Family, Schedule, Seconds, as_schedule, optional_seconds
+from ticklease._term import Term
+
+Work = Union[Callable[[Term], Awaitable[None]], Callable[[Term], None]]
+W = TypeVar("W", bound=Work)
+
+logger = logging.getLogger("ticklease")
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """How a run ended."""
+
+    #: Every tick returned within the shutdown grace (none was abandoned).
+    loops_finished: bool
+    #: Every RELEASE answered or timed out before the run returned.
+    releases_done: bool
+    #: Terms whose RELEASE failed or did not answer: held until their lease runs out.
+    unreleased: int
+    summary: str
+
+    @property
+    def all_released(self) -> bool:
+        """Every term this replica held at the stop was released."""
+        return self.releases_done and self.unreleased == 0
+
+    def __str__(self) -> str:
+        return self.summary
+
+
+def _is_async(work: Callable[..., Any]) -> bool:
+    while isinstance(work, functools.partial):
+        work = work.func
+    return inspect.iscoroutinefunction(work) or inspect.iscoroutinefunction(getattr(work, "__call__", None))
+
+
+class Scheduler:
+    """Runs the jobs of several roles on this replica, each led by one replica at a time.
+
+    Work is an ``async def`` (a task of the loop that awaits :meth:`run`) or a plain function (run in a thread
+    of the core's pool), taking a :class:`Term`. Returned: the tick completed. :class:`Failed`: it failed. Any
+    other exception: it panicked (logged with its traceback). A lost term cancels an ``async def`` work.
+
+    ``url`` is a libpq URL (several hosts: the core picks the writable one on the newest timeline; TLS as
+    ``sslmode`` says). ``direct_url``, a connection straight to Postgres (not through PgBouncer), adds the
+    coordination session: a dead replica's roles are taken over in milliseconds, releases and pauses are heard
+    at once.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        config: Optional[Config] = None,
+        direct_url: Optional[str] = None,
+        pool_size: int = 8,
+        shutdown_timeout: Optional[Seconds] = None,
+    ) -> None:
+        self.config = config or Config()
+        self._has_async = False
+        self._runner = _native.Runner(
+            url,
+            self.config._native,
+            direct_url,
+            pool_size,
+            optional_seconds("shutdown_timeout", shutdown_timeout),
+        )
+
+    @overload
+    def job(self, role: str, schedule: Union[Schedule, Seconds]) -> Callable[[W], W]: ...
+    @overload
+    def job(self, role: str, schedule: Union[Schedule, Seconds], work: W) -> W: ...
+    def job(
+        self, role: str, schedule: Union[Schedule, Seconds], work: Optional[W] = None
+    ) -> Union[W, Callable[[W], W]]:
+        """Adds the job of ``role``: ``work`` runs once per tick (an interval in seconds or a
+        :class:`Schedule`). Usable as a decorator."""
+        sched = as_schedule(schedule)
+
+        def add(w: W) -> W:
+            is_async = _is_async(w)
+            self._runner.job(role, sched._native, w, is_async)
+            self._has_async |= is_async
+            return w
+
+        return add if work is None else add(work)
+
+    @overload
+    def family(self, family: Family, schedule: Union[Schedule, Seconds]) -> Callable[[W], W]: ...
+    @overload
+    def family(self, family: Family, schedule: Union[Schedule, Seconds], work: W) -> W: ...
+    def family(
+        self, family: Family, schedule: Union[Schedule, Seconds], work: Optional[W] = None
+    ) -> Union[W, Callable[[W], W]]:
+        """Adds the job of every key of ``family``, as its keys change (the term's role names the key)."""
+        sched = as_schedule(schedule)
+
+        def add(w: W) -> W:
+            is_async = _is_async(w)
+            self._runner.family(family._native, sched._native, w, is_async)
+            self._has_async |= is_async
+            return w
+
+        return add if work is None else add(work)
+
+    def stop(self) -> None:
+        """Stops the run: running work is cancelled and every term released as interrupted. Safe from any
+        thread and from a signal handler."""
+        self._runner.stop()
+
+    def metrics_text(self) -> str:
+        """The core's Prometheus metrics (OpenMetrics text), refreshed from the database; empty before
+        the run has started. ``ticklease.prometheus.Collector`` serves them through ``prometheus_client``."""
+        return self._runner.metrics_text()
+
+    async def run(self, *, handle_signals: bool = True) -> Stopped:
+        """Runs every job until :meth:`stop` (or SIGTERM / SIGINT, with ``handle_signals`` on the main
+        thread), then releases every term. Under a framework that owns the signals (uvicorn), pass
+        ``handle_signals=False`` and call :meth:`stop` from its shutdown (a FastAPI lifespan)."""
+        loop = asyncio.get_running_loop()
+        _native.set_log_level(logger.getEffectiveLevel())
+        installed = []
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                loop.add_signal_handler(sig, self.stop)
+                installed.append(sig)
+        try:
+            ran = self._runner.run_async(loop)
+            try:
+                result = await asyncio.shield(ran)
+            except asyncio.CancelledError:
+                # The task awaiting the run was cancelled: stop, release, then let the cancellation go on.
+                self.stop()
+                await ran
+                raise
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+        return Stopped(*result)
+
+    def run_blocking(self, *, handle_signals: bool = True) -> Stopped:
+        """As :meth:`run`, in this thread (no asyncio needed; ``async def`` work runs on a loop in a thread
+        of its own). SIGTERM and SIGINT stop it when ``handle_signals`` and this is the main thread."""
+        _native.set_log_level(logger.getEffectiveLevel())
+        with _signals_stop(self.stop, handle_signals), _loop_thread(self._has_async) as loop:
+            result = self._runner.run_blocking(loop)
+        return Stopped(*result)
+
+
+@contextmanager
+def _signals_stop(stop: Callable[[], None], handle: bool) -> Iterator[None]:
+    if not handle or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Optional[FrameType]) -> None:
+        stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
+def _loop_thread(needed: bool) -> Iterator[Optional[asyncio.AbstractEventLoop]]:
+    if not needed:
+        yield None
+        return
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="ticklease-asyncio", daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
