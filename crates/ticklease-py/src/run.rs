@@ -266,5 +266,8 @@ async fn run(plan: Plan, stop: CancellationToken, running: Arc<Mutex<Option<Runn
             .family(&job.family, job.schedule, move |tick| work.clone().call(tick))
             .map_err(value_error)?;
     }
-    Ok(scheduler.run(stop).await)
+    let stopped = scheduler.run(stop).await;
+    // A stopped scheduler keeps no connection.
+    running.lock().unwrap_or_else(PoisonError::into_inner).take();
+    Ok(stopped)
 }

@@ -1,0 +1,256 @@
+"""The core's scheduler with Python work, against a real Postgres: leads, fences, outcomes, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import asyncpg
+import psycopg
+import pytest
+
+import ticklease
+from conftest import Database, scaled_config
+
+CLAIMS_TABLE = "CREATE TABLE claims (role text, token bigint, at timestamptz DEFAULT clock_timestamp())"
+
+
+def claim_psycopg(conn: psycopg.Connection[Any], term: ticklease.Term) -> int:
+    with conn.transaction():
+        cur = conn.execute(
+            f"INSERT INTO claims (role, token) SELECT %(role)s, %(token)s WHERE {term.fence.sql}",
+            {"role": term.role, "token": term.token, **term.fence.params},
+        )
+        return cur.rowcount
+
+
+def history(db: Database, role: str) -> list[tuple[object, ...]]:
+    return db.sql(
+        "SELECT token, outcome, reason, error FROM leader_history WHERE role = %s AND token IS NOT NULL "
+        "ORDER BY id",
+        role,
+    )
+
+
+def stop_when(s: ticklease.Scheduler, done: Callable[[], bool], bound_s: float = 30.0) -> threading.Thread:
+    """Stops ``s`` from a thread of its own once ``done()`` (polled), or after ``bound_s``."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + bound_s
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s.stop()
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_an_async_job_leads_claims_through_the_fence_and_releases_at_stop(db: Database) -> None:
+    db.sql(CLAIMS_TABLE)
+    db.sql("GRANT INSERT, SELECT ON claims TO ticklease_app")
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+    terms: list[int] = []
+
+    @s.job("billing", 0.05)
+    async def billing(term: ticklease.Term) -> None:
+        conn = await psycopg.AsyncConnection.connect(db.app_url)
+        async with conn, conn.transaction():
+            cur = await conn.execute(
+                f"INSERT INTO claims (role, token) SELECT %(r)s, %(t)s WHERE {term.fence.sql}",
+                {"r": term.role, "t": term.token, **term.fence.params},
+            )
+            assert cur.rowcount == 1
+        terms.append(term.token)
+        if len(terms) == 3:
+            s.stop()
+
+    async def main() -> ticklease.Stopped:
+        return await asyncio.wait_for(s.run(handle_signals=False), 30)
+
+    stopped = asyncio.run(main())
+    assert stopped.all_released, stopped
+    assert terms == sorted(terms) and len(set(terms)) == len(terms) >= 3
+    claimed = db.sql("SELECT token FROM claims ORDER BY at")
+    assert [t for (t,) in claimed] == terms
+    # The third term's own work stopped the scheduler: it ended before or after the stop reached it.
+    outcomes = [h[1] for h in history(db, "billing")]
+    assert outcomes[:2] == ["completed", "completed"] and outcomes[2] in ("completed", "interrupted")
+    assert len(outcomes) == 3
+
+
+def test_a_thread_job_runs_under_run_blocking_and_a_stop_from_another_thread_ends_it(db: Database) -> None:
+    db.sql(CLAIMS_TABLE)
+    db.sql("GRANT INSERT, SELECT ON claims TO ticklease_app")
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+    started = threading.Event()
+
+    @s.job("outbox", 0.05)
+    def outbox(term: ticklease.Term) -> None:
+        with psycopg.connect(db.app_url) as conn:
+            assert claim_psycopg(conn, term) == 1
+        started.set()
+        # Holds the term until the stop: wait() releases the GIL and wakes at the cancellation.
+        assert term.wait(30) is True
+        assert term.cause == "shutdown"
+
+    stopper = threading.Thread(target=lambda: (started.wait(30), s.stop()))
+    stopper.start()
+    stopped = s.run_blocking(handle_signals=False)
+    stopper.join()
+    assert stopped.all_released, stopped
+    assert history(db, "outbox")[-1][1] == "interrupted"
+    row = ticklease.status(db.operator_url).rows[0]
+    assert row["role"] == "outbox" and row["held"] is False
+
+
+def test_outcomes_are_pythons_returned_failed_and_any_other_exception_panicked(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+
+    @s.job("ok", 10.0)
+    def ok(term: ticklease.Term) -> None:
+        pass
+
+    @s.job("failing", 10.0)
+    async def failing(term: ticklease.Term) -> None:
+        raise ticklease.Failed("the provider said no")
+
+    @s.job("broken", 10.0)
+    def broken(term: ticklease.Term) -> None:
+        raise KeyError("row 17")
+
+    stop_when(s, lambda: all(history(db, r) for r in ("ok", "failing", "broken")))
+    with caplog.at_level(logging.INFO, logger="ticklease"):
+        stopped = s.run_blocking(handle_signals=False)
+    assert stopped.all_released, stopped
+    assert [h[1] for h in history(db, "ok")] == ["completed"]
+    assert [(h[1], h[3]) for h in history(db, "failing")] == [("failed", "Failed: the provider said no")]
+    assert [(h[1], h[3]) for h in history(db, "broken")] == [("panicked", "KeyError: 'row 17'")]
+    raised = [r for r in caplog.records if "work of role broken raised" in r.getMessage()]
+    assert raised and raised[0].exc_info is not None and "row 17" in str(raised[0].exc_info[1])
+    assert getattr(raised[0], "role", None) == "broken"
+
+
+def test_a_pause_cancels_an_async_works_task_and_the_term_says_why(db: Database) -> None:
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+    seen: dict[str, Any] = {}
+    holding = threading.Event()
+
+    @s.job("dunning", 10.0)
+    async def dunning(term: ticklease.Term) -> None:
+        holding.set()
+        try:
+            await term.cancelled()
+        except asyncio.CancelledError:
+            # The core drops a lost term's work at once: its task is cancelled, the cause already set.
+            seen["cause"] = term.cause
+            raise
+
+    async def main() -> ticklease.Stopped:
+        run = asyncio.ensure_future(s.run(handle_signals=False))
+        await asyncio.get_running_loop().run_in_executor(None, holding.wait, 30)
+        t0 = time.monotonic()
+        assert await asyncio.to_thread(ticklease.pause, db.operator_url, "dunning", by="ops", reason="test")
+        while "cause" not in seen:
+            await asyncio.sleep(0.01)
+        # The pause is heard at the next RENEW: within a heartbeat (generous: a loaded machine).
+        seen["after"] = time.monotonic() - t0
+        s.stop()
+        return await asyncio.wait_for(run, 30)
+
+    stopped = asyncio.run(main())
+    assert stopped.all_released, stopped
+    assert seen["cause"] == "lost:paused"
+    assert seen["after"] < 0.3 + 1.2 + 1.0
+    outcome = history(db, "dunning")[-1]
+    assert outcome[1] == "lost" and outcome[2] == "paused"
+
+
+def test_a_stale_terms_fence_claims_nothing_through_asyncpg(db: Database) -> None:
+    db.sql(CLAIMS_TABLE)
+    db.sql("GRANT INSERT, SELECT ON claims TO ticklease_app")
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+    kept: list[ticklease.Term] = []
+
+    @s.job("relay", 0.05)
+    async def relay(term: ticklease.Term) -> None:
+        kept.append(term)
+        if len(kept) == 2:
+            s.stop()
+
+    async def main() -> tuple[int, int]:
+        await s.run(handle_signals=False)
+        conn = await asyncpg.connect(db.app_url, statement_cache_size=0)
+        try:
+            counts = []
+            for term in (kept[0], kept[-1]):
+                async with conn.transaction():
+                    status = await conn.execute(
+                        f"INSERT INTO claims (role, token) SELECT $1, $2 WHERE {term.fence.predicate(3)}",
+                        term.role, term.token, *term.fence.args,
+                    )
+                counts.append(int(status.split()[-1]))
+            return counts[0], counts[1]
+        finally:
+            await conn.close()
+
+    stale, last = asyncio.run(main())
+    # Both terms are over (released): neither fence passes.
+    assert (stale, last) == (0, 0)
+    assert kept[0].token < kept[1].token
+
+
+def test_metrics_come_from_the_core_and_through_prometheus_client(db: Database) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from ticklease.prometheus import Collector
+
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+    texts: list[str] = []
+
+    @s.job("report", 0.05)
+    def report(term: ticklease.Term) -> None:
+        registry = CollectorRegistry()
+        registry.register(Collector(s))
+        texts.append(generate_latest(registry).decode())
+        s.stop()
+
+    assert s.metrics_text() == ""
+    s.run_blocking(handle_signals=False)
+    assert 'role="report"' in texts[0]
+    assert "ticklease_leader" in texts[0] or "leader_" in texts[0]
+
+
+def test_operator_calls_pause_unpause_and_run_now_from_a_script(db: Database) -> None:
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+    def nightly(term: ticklease.Term) -> None:
+        raise ticklease.Failed("upstream down")  # a failed tick waits its interval: a cooldown to clear
+
+    s.job("nightly", 3600.0, nightly)
+    stop_when(s, lambda: bool(history(db, "nightly")))
+    s.run_blocking(handle_signals=False)
+    assert ticklease.status(db.operator_url).rows[0]["not_before"] is not None
+    assert ticklease.pause(db.operator_url, "nightly", by="alice", reason="key rotation") is True
+    row = ticklease.status(db.operator_url).rows[0]
+    assert (row["paused_by"], row["pause_reason"]) == ("alice", "key rotation")
+    assert ticklease.unpause(db.operator_url, "nightly") is True
+    assert ticklease.run_now(db.operator_url, "nightly") is True
+    assert ticklease.status(db.operator_url).rows[0]["not_before"] is None
+    with pytest.raises(ticklease.TickleaseError):
+        ticklease.pause(db.operator_url, "no_such_role", by="alice", reason="x")
+    with pytest.raises(ValueError, match="role"):
+        ticklease.pause(db.operator_url, "bad name!", by="alice", reason="x")
+
+
+def test_a_scheduler_runs_once() -> None:
+    s = ticklease.Scheduler("postgres://nobody@127.0.0.1:1/x")
+    s.stop()
+    with pytest.raises(ticklease.TickleaseError):
+        s.run_blocking(handle_signals=False)
+    with pytest.raises(RuntimeError, match="runs once"):
+        s.run_blocking(handle_signals=False)
