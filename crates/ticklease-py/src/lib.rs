@@ -20,6 +20,13 @@ fn set_log_level(level: u8) {
     log::set_level(level);
 }
 
+/// At the interpreter's exit (`atexit`): shuts the core's runtime down
+/// before the interpreter finalizes, the GIL released meanwhile.
+#[pyfunction]
+fn shutdown(py: Python<'_>) {
+    py.detach(|| runtime::shutdown(std::time::Duration::from_millis(500)));
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log::install();
@@ -31,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<term::PyTerm>()?;
     m.add_class::<run::PyRunner>()?;
     m.add_function(wrap_pyfunction!(set_log_level, m)?)?;
+    m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(ops::status, m)?)?;
     m.add_function(wrap_pyfunction!(ops::pause, m)?)?;
     m.add_function(wrap_pyfunction!(ops::unpause, m)?)?;

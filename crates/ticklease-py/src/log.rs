@@ -118,6 +118,9 @@ fn send(line: Line) {
 }
 
 fn emit(mut line: Line) {
+    if crate::runtime::finishing() {
+        return;
+    }
     let dropped = DROPPED.swap(0, Ordering::Relaxed);
     if dropped > 0 {
         line.fields.push(("log_lines_dropped", dropped.to_string()));

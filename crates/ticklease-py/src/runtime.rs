@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
@@ -41,6 +42,31 @@ pub(crate) fn runtime() -> Arc<Tokio> {
     );
     *slot = Some((pid, rt.clone()));
     rt
+}
+
+/// Whether the interpreter is finishing (`atexit` ran [`shutdown`]): from
+/// then on nothing of ours calls into Python (a thread that takes the GIL
+/// while the interpreter finalizes is ended under our frames).
+static FINISHING: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn finishing() -> bool {
+    FINISHING.load(Ordering::Acquire)
+}
+
+/// At the interpreter's exit: no more calls into Python, and this process's
+/// runtime shut down (its tasks dropped, its blocking threads given up to
+/// `bound`), so none of its threads outlives the interpreter.
+pub(crate) fn shutdown(bound: std::time::Duration) {
+    FINISHING.store(true, Ordering::Release);
+    let taken = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some((pid, rt)) = taken {
+        match Arc::try_unwrap(rt) {
+            Ok(rt) if pid == std::process::id() => rt.shutdown_timeout(bound),
+            // Another thread is inside `block_on`, or the runtime is a parent's: leave it be.
+            Ok(rt) => std::mem::forget(rt),
+            Err(rt) => std::mem::forget(rt),
+        }
+    }
 }
 
 /// Runs `fut` to its end on this process's runtime, from a thread that is

@@ -136,6 +136,10 @@ struct CancelOnDrop(Option<Py<PyAny>>);
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         let Some(task) = self.0.take() else { return };
+        if crate::runtime::finishing() {
+            std::mem::forget(task);
+            return;
+        }
         let cancel = move || {
             Python::attach(|py| {
                 let _ = task.call_method0(py, "cancel");

@@ -11,13 +11,12 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 import psycopg
 import pytest
-
 import ticklease
 
 #: How long the postmaster may take to accept connections.
@@ -57,7 +56,7 @@ class Cluster:
         return (self.root / "log").read_text(errors="replace")[-4000:]
 
 
-def _as_postgres() -> Optional[pwd.struct_passwd]:
+def _as_postgres() -> pwd.struct_passwd | None:
     return pwd.getpwnam("postgres") if os.geteuid() == 0 else None
 
 
@@ -86,9 +85,21 @@ def cluster() -> Iterator[Cluster]:
     log = open(root / "log", "wb")  # noqa: SIM115 (the postmaster's, for the session)
     process = subprocess.Popen(
         [
-            bins / "postgres", "-D", root / "data", "-p", str(port), "-k", root / "sock",
-            "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200",
-            "-c", "track_commit_timestamp=on",
+            bins / "postgres",
+            "-D",
+            root / "data",
+            "-p",
+            str(port),
+            "-k",
+            root / "sock",
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "max_connections=200",
+            "-c",
+            "track_commit_timestamp=on",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -145,6 +156,4 @@ def db(cluster: Cluster) -> Database:
 #: The crate's test timings (TTL 2 s, heartbeat 300 ms, statement timeout 500 ms, abandon 1.2 s, poll 200 ms):
 #: generous on a loaded two-core machine.
 def scaled_config() -> ticklease.Config:
-    return ticklease.Config(
-        lease_ttl=2.0, heartbeat_every=0.3, statement_timeout=0.5, abandon_after=1.2, max_poll=0.2
-    )
+    return ticklease.Config(lease_ttl=2.0, heartbeat_every=0.3, statement_timeout=0.5, abandon_after=1.2, max_poll=0.2)

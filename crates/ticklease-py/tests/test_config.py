@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-
 import ticklease
 
 
@@ -29,7 +28,7 @@ def test_a_config_takes_seconds_or_timedeltas_and_keeps_the_defaults_it_was_not_
 )
 def test_a_bad_config_value_is_a_value_error_naming_the_knob(knobs: dict[str, float], named: str) -> None:
     with pytest.raises(ValueError, match=named):
-        ticklease.Config(**knobs)  # type: ignore[arg-type]
+        ticklease.Config(**knobs)
 
 
 def test_a_duration_of_another_type_is_a_type_error() -> None:

@@ -8,10 +8,9 @@ import threading
 import time
 from typing import Any, Callable
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import psycopg
 import pytest
-
 import ticklease
 from conftest import Database, scaled_config
 
@@ -29,8 +28,7 @@ def claim_psycopg(conn: psycopg.Connection[Any], term: ticklease.Term) -> int:
 
 def history(db: Database, role: str) -> list[tuple[object, ...]]:
     return db.sql(
-        "SELECT token, outcome, reason, error FROM leader_history WHERE role = %s AND token IS NOT NULL "
-        "ORDER BY id",
+        "SELECT token, outcome, reason, error FROM leader_history WHERE role = %s AND token IS NOT NULL ORDER BY id",
         role,
     )
 
@@ -97,7 +95,11 @@ def test_a_thread_job_runs_under_run_blocking_and_a_stop_from_another_thread_end
         assert term.wait(30) is True
         assert term.cause == "shutdown"
 
-    stopper = threading.Thread(target=lambda: (started.wait(30), s.stop()))
+    def stop_once_started() -> None:
+        started.wait(30)
+        s.stop()
+
+    stopper = threading.Thread(target=stop_once_started)
     stopper.start()
     stopped = s.run_blocking(handle_signals=False)
     stopper.join()
@@ -192,7 +194,9 @@ def test_a_stale_terms_fence_claims_nothing_through_asyncpg(db: Database) -> Non
                 async with conn.transaction():
                     status = await conn.execute(
                         f"INSERT INTO claims (role, token) SELECT $1, $2 WHERE {term.fence.predicate(3)}",
-                        term.role, term.token, *term.fence.args,
+                        term.role,
+                        term.token,
+                        *term.fence.args,
                     )
                 counts.append(int(status.split()[-1]))
             return counts[0], counts[1]
@@ -207,7 +211,6 @@ def test_a_stale_terms_fence_claims_nothing_through_asyncpg(db: Database) -> Non
 
 def test_metrics_come_from_the_core_and_through_prometheus_client(db: Database) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
-
     from ticklease.prometheus import Collector
 
     s = ticklease.Scheduler(db.app_url, config=scaled_config())
@@ -228,6 +231,7 @@ def test_metrics_come_from_the_core_and_through_prometheus_client(db: Database) 
 
 def test_operator_calls_pause_unpause_and_run_now_from_a_script(db: Database) -> None:
     s = ticklease.Scheduler(db.app_url, config=scaled_config())
+
     def nightly(term: ticklease.Term) -> None:
         raise ticklease.Failed("upstream down")  # a failed tick waits its interval: a cooldown to clear
 

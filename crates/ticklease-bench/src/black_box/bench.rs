@@ -18,9 +18,12 @@ pub struct Paths {
     pub root: PathBuf,
 }
 
-/// The Rust `Scheduler`, `ticklease run` and the Python client.
+/// The Rust `Scheduler`, `ticklease run` and the Python package's replica
+/// program, run by `TICKLEASE_PYTHON` (an interpreter with the `ticklease`
+/// package installed; `python3` when unset).
 pub fn repository_clients(paths: &Paths) -> Vec<ClientUnderCheck> {
     let quoted = |p: &Path| format!("'{}'", p.display());
+    let python = std::env::var("TICKLEASE_PYTHON").unwrap_or_else(|_| "python3".into());
     vec![
         ClientUnderCheck {
             name: "rust-scheduler".into(),
@@ -35,7 +38,8 @@ pub fn repository_clients(paths: &Paths) -> Vec<ClientUnderCheck> {
         ClientUnderCheck {
             name: "python".into(),
             command: format!(
-                "python3 {}",
+                "{} {}",
+                quoted(Path::new(&python)),
                 quoted(&paths.root.join("clients/python/blackbox.py"))
             ),
             env: Vec::new(),

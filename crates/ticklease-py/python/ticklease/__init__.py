@@ -5,6 +5,8 @@ the timeline rule of multi-host URLs, cron with zones and catch-up, families, me
 Python's idioms. See the README for a quick start.
 """
 
+import atexit
+
 from ticklease import _native
 from ticklease._config import Config, Family, Schedule
 from ticklease._native import TickleaseError
@@ -13,6 +15,9 @@ from ticklease._scheduler import Scheduler, Stopped
 from ticklease._term import Failed, Fence, Server, Term
 
 __version__: str = _native.__version__
+
+# The core's threads end before the interpreter finalizes.
+atexit.register(_native.shutdown)
 
 __all__ = [
     "Config",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Literal, Optional, Sequence, Union
+from typing import Literal, Union
 
 from ticklease import _native
 
@@ -18,7 +19,7 @@ def seconds(knob: str, value: Seconds) -> float:
     return float(value)
 
 
-def optional_seconds(knob: str, value: Optional[Seconds]) -> Optional[float]:
+def optional_seconds(knob: str, value: Seconds | None) -> float | None:
     return None if value is None else seconds(knob, value)
 
 
@@ -32,11 +33,11 @@ class Config:
     def __init__(
         self,
         *,
-        lease_ttl: Optional[Seconds] = None,
-        heartbeat_every: Optional[Seconds] = None,
-        statement_timeout: Optional[Seconds] = None,
-        abandon_after: Optional[Seconds] = None,
-        max_poll: Optional[Seconds] = None,
+        lease_ttl: Seconds | None = None,
+        heartbeat_every: Seconds | None = None,
+        statement_timeout: Seconds | None = None,
+        abandon_after: Seconds | None = None,
+        max_poll: Seconds | None = None,
     ) -> None:
         self._native = _native.Config(
             optional_seconds("lease_ttl", lease_ttl),
@@ -102,10 +103,10 @@ class Schedule:
         cls,
         expression: str,
         *,
-        zone: Optional[str] = None,
-        catch_up: Optional[CatchUp] = None,
+        zone: str | None = None,
+        catch_up: CatchUp | None = None,
         catch_up_max: int = 10,
-        starting_deadline: Optional[Seconds] = None,
+        starting_deadline: Seconds | None = None,
     ) -> Schedule:
         """Due at each occurrence of ``expression`` (five fields, or six with seconds first; ``CRON_TZ=`` prefix
         or ``zone``, an IANA name; UTC otherwise). Each occurrence runs once across the replicas, on the
@@ -127,15 +128,13 @@ class Schedule:
 
     def retry(self, attempts: int, backoff: Seconds, backoff_max: Seconds) -> Schedule:
         """This schedule, with a failed tick retried ``attempts - 1`` times, the wait doubling from ``backoff``."""
-        return Schedule(
-            self._native.retry(attempts, seconds("backoff", backoff), seconds("backoff_max", backoff_max))
-        )
+        return Schedule(self._native.retry(attempts, seconds("backoff", backoff), seconds("backoff_max", backoff_max)))
 
     def __repr__(self) -> str:
         return repr(self._native)
 
 
-def as_schedule(schedule: Union[Schedule, Seconds]) -> Schedule:
+def as_schedule(schedule: Schedule | Seconds) -> Schedule:
     return schedule if isinstance(schedule, Schedule) else Schedule.every(schedule)
 
 
@@ -144,7 +143,7 @@ class Family:
 
     __slots__ = ("_native",)
 
-    def __init__(self, name: str, keys: Sequence[str] = (), *, max_terms: Optional[int] = None) -> None:
+    def __init__(self, name: str, keys: Sequence[str] = (), *, max_terms: int | None = None) -> None:
         self._native = _native.Family(name, list(keys), max_terms)
 
     @property

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, List, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from ticklease import _native
 
-_TIMES = ("acquired_at", "expires_at", "db_now", "paused_at", "last_tick_ended_at", "not_before", "next_occurrence")
+_TIMES = (
+    "acquired_at",
+    "expires_at",
+    "db_now",
+    "paused_at",
+    "last_tick_ended_at",
+    "not_before",
+    "next_occurrence",
+)
 
 
 class Status(NamedTuple):
     """``leader_status`` as read: at most ``limit`` rows (paused, then held, first) and how many exist."""
 
-    rows: List[Dict[str, Any]]
+    rows: list[dict[str, Any]]
     total: int
 
 
-def _row(raw: Dict[str, Any]) -> Dict[str, Any]:
+def _row(raw: dict[str, Any]) -> dict[str, Any]:
     row = dict(raw)
     for key in _TIMES:
         if row[key] is not None:

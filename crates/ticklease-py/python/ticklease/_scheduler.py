@@ -8,10 +8,11 @@ import inspect
 import logging
 import signal
 import threading
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Awaitable, Callable, Iterator, Optional, TypeVar, Union, overload
-from contextlib import contextmanager
+from typing import Any, Callable, TypeVar, Union, overload
 
 from ticklease import _native
 from ticklease._config import Config, Family, Schedule, Seconds, as_schedule, optional_seconds
@@ -49,7 +50,10 @@ class Stopped:
 def _is_async(work: Callable[..., Any]) -> bool:
     while isinstance(work, functools.partial):
         work = work.func
-    return inspect.iscoroutinefunction(work) or inspect.iscoroutinefunction(getattr(work, "__call__", None))
+    if inspect.iscoroutinefunction(work):
+        return True
+    # An object whose class defines `async def __call__`.
+    return not inspect.isroutine(work) and inspect.iscoroutinefunction(type(work).__call__)
 
 
 class Scheduler:
@@ -69,10 +73,10 @@ class Scheduler:
         self,
         url: str,
         *,
-        config: Optional[Config] = None,
-        direct_url: Optional[str] = None,
+        config: Config | None = None,
+        direct_url: str | None = None,
         pool_size: int = 8,
-        shutdown_timeout: Optional[Seconds] = None,
+        shutdown_timeout: Seconds | None = None,
     ) -> None:
         self.config = config or Config()
         self._has_async = False
@@ -85,12 +89,10 @@ class Scheduler:
         )
 
     @overload
-    def job(self, role: str, schedule: Union[Schedule, Seconds]) -> Callable[[W], W]: ...
+    def job(self, role: str, schedule: Schedule | Seconds) -> Callable[[W], W]: ...
     @overload
-    def job(self, role: str, schedule: Union[Schedule, Seconds], work: W) -> W: ...
-    def job(
-        self, role: str, schedule: Union[Schedule, Seconds], work: Optional[W] = None
-    ) -> Union[W, Callable[[W], W]]:
+    def job(self, role: str, schedule: Schedule | Seconds, work: W) -> W: ...
+    def job(self, role: str, schedule: Schedule | Seconds, work: W | None = None) -> W | Callable[[W], W]:
         """Adds the job of ``role``: ``work`` runs once per tick (an interval in seconds or a
         :class:`Schedule`). Usable as a decorator."""
         sched = as_schedule(schedule)
@@ -104,12 +106,10 @@ class Scheduler:
         return add if work is None else add(work)
 
     @overload
-    def family(self, family: Family, schedule: Union[Schedule, Seconds]) -> Callable[[W], W]: ...
+    def family(self, family: Family, schedule: Schedule | Seconds) -> Callable[[W], W]: ...
     @overload
-    def family(self, family: Family, schedule: Union[Schedule, Seconds], work: W) -> W: ...
-    def family(
-        self, family: Family, schedule: Union[Schedule, Seconds], work: Optional[W] = None
-    ) -> Union[W, Callable[[W], W]]:
+    def family(self, family: Family, schedule: Schedule | Seconds, work: W) -> W: ...
+    def family(self, family: Family, schedule: Schedule | Seconds, work: W | None = None) -> W | Callable[[W], W]:
         """Adds the job of every key of ``family``, as its keys change (the term's role names the key)."""
         sched = as_schedule(schedule)
 
@@ -171,7 +171,7 @@ def _signals_stop(stop: Callable[[], None], handle: bool) -> Iterator[None]:
         yield
         return
 
-    def handler(signum: int, frame: Optional[FrameType]) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         stop()
 
     previous = {sig: signal.signal(sig, handler) for sig in _SIGNALS}
@@ -183,7 +183,7 @@ def _signals_stop(stop: Callable[[], None], handle: bool) -> Iterator[None]:
 
 
 @contextmanager
-def _loop_thread(needed: bool) -> Iterator[Optional[asyncio.AbstractEventLoop]]:
+def _loop_thread(needed: bool) -> Iterator[asyncio.AbstractEventLoop | None]:
     if not needed:
         yield None
         return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Dict, NamedTuple, Optional, Tuple, Union
+from typing import NamedTuple
 
 from ticklease import _native
 
@@ -20,7 +20,7 @@ class Server(NamedTuple):
 
     host: str
     port: int
-    hostaddr: Optional[str]
+    hostaddr: str | None
 
 
 class Fence:
@@ -58,7 +58,7 @@ class Fence:
         return self._native.predicate(first_param)
 
     @property
-    def args(self) -> Tuple[str, int]:
+    def args(self) -> tuple[str, int]:
         """The predicate's two values, in order: the role and the token."""
         return (self._native.role, self._native.token)
 
@@ -66,7 +66,7 @@ class Fence:
     sql = "(SELECT leader_fence(%(ticklease_role)s, %(ticklease_token)s))"
 
     @property
-    def params(self) -> Dict[str, Union[str, int]]:
+    def params(self) -> dict[str, str | int]:
         """The values of :attr:`sql`'s placeholders."""
         return {"ticklease_role": self._native.role, "ticklease_token": self._native.token}
 
@@ -99,14 +99,14 @@ class Term:
         return self._native.token
 
     @property
-    def occurrence(self) -> Optional[datetime]:
+    def occurrence(self) -> datetime | None:
         """The scheduled instant this term runs (UTC) on a cron schedule, the same for every attempt of it:
         a key for the work's effects (the billing period). ``None`` on an interval and for a manual run."""
         at = self._native.occurrence
         return None if at is None else datetime.fromtimestamp(at, timezone.utc)
 
     @property
-    def server(self) -> Optional[Server]:
+    def server(self) -> Server | None:
         """The server the term started on (of a multi-host URL, the one the core chose by timeline)."""
         s = self._native.server
         return None if s is None else Server(*s)
@@ -116,7 +116,7 @@ class Term:
         return self._native.is_cancelled()
 
     @property
-    def cause(self) -> Optional[str]:
+    def cause(self) -> str | None:
         """Why the term was cancelled: ``lost:<reason>``, ``shutdown`` or ``removed``; ``None`` while live."""
         return self._native.cause()
 
@@ -124,7 +124,7 @@ class Term:
         """Resolves with the cause once the term is cancelled."""
         return await self._native.cancelled()
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         """Blocks (the GIL released) until the term is cancelled or ``timeout`` seconds passed; ``True`` when
         it was cancelled: stop the work."""
         return self._native.wait(timeout)

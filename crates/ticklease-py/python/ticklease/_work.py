@@ -11,14 +11,14 @@ import asyncio
 import inspect
 import logging
 from concurrent.futures import Future
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from ticklease import _native
 from ticklease._term import Failed, Term
 
 logger = logging.getLogger("ticklease")
 
-Outcome = Tuple[str, Optional[str]]
+Outcome = tuple[str, Optional[str]]
 
 #: The longest message a failure or panic passes to the core (the history keeps 500 characters).
 MESSAGE_MAX = 500
@@ -61,7 +61,7 @@ def start_async(
     loop: asyncio.AbstractEventLoop,
     work: Callable[[Term], Any],
     native: _native.Term,
-    done: Callable[[str, Optional[str]], None],
+    done: Callable[[str, str | None], None],
 ) -> Future[None]:
     """Starts an ``async def`` work as a task of ``loop``; ``done`` gets its outcome."""
     term = Term(native)

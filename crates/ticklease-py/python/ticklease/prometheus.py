@@ -1,13 +1,13 @@
 """The core's metrics through ``prometheus_client`` (``pip install ticklease[prometheus]``)::
 
-    from prometheus_client import REGISTRY
-    from ticklease.prometheus import Collector
-    REGISTRY.register(Collector(scheduler))
+from prometheus_client import REGISTRY
+from ticklease.prometheus import Collector
+REGISTRY.register(Collector(scheduler))
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -25,4 +25,4 @@ class Collector(_Collector):
     def collect(self) -> Iterator[Metric]:
         text = self._scheduler.metrics_text()
         if text:
-            yield from text_string_to_metric_families(text)
+            yield from text_string_to_metric_families(text)  # type: ignore[no-untyped-call]

@@ -1,0 +1,119 @@
+"""Python's process model: signals under a plain script and under uvicorn, a SIGKILLed holder taken over through
+the coordination session, and a fork after the core started."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Database
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-u", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=PROGRAMS,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def line_starting(proc: subprocess.Popen[str], prefix: str, within_s: float) -> str:
+    """The first line of ``proc``'s output that starts with ``prefix``, waited for at most ``within_s``."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + within_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if not sel.select(left):
+                break
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if line.startswith(prefix):
+                return line.strip()
+    raise AssertionError(f"no line {prefix!r} within {within_s} s; output:\n{''.join(seen[-30:])}")
+
+
+def last_outcome(db: Database, role: str) -> object:
+    rows = db.sql("SELECT outcome FROM leader_history WHERE role = %s AND kind = 'term' ORDER BY id DESC", role)
+    return rows[0][0] if rows else None
+
+
+@pytest.mark.parametrize("mode", [[], ["--threads"]], ids=["asyncio", "threads"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_releases_the_term_as_interrupted_and_the_script_exits_0(
+    db: Database, mode: list[str], sig: signal.Signals
+) -> None:
+    p = spawn("replica.py", db.app_url, "billing", *mode)
+    try:
+        line_starting(p, "leading", 30)
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        # The bound: the work returns at once (it waits on its term), then one RELEASE (S = 0.5 s).
+        assert line_starting(p, "stopped", 5) == "stopped True"
+        assert p.wait(5) == 0
+        assert time.monotonic() - t0 < 5
+    finally:
+        p.kill()
+        p.wait()
+    assert last_outcome(db, "billing") == "interrupted"
+    assert db.sql("SELECT holder_id FROM leader_leases WHERE role = 'billing'") == [(None,)]
+
+
+def test_a_sigkilled_holders_role_is_taken_over_long_before_its_lease_expires(db: Database) -> None:
+    # TTL 10 s: a takeover by expiry would take seconds; the holder's coordination session ends with it.
+    first = spawn("replica.py", db.app_url, "outbox", "--direct", "--ttl", "10")
+    second = None
+    try:
+        line_starting(first, "leading", 30)
+        second = spawn("replica.py", db.app_url, "outbox", "--direct", "--ttl", "10")
+        time.sleep(1.5)  # the second replica is up and following (its first look found the role held)
+        t0 = time.monotonic()
+        first.kill()
+        line_starting(second, "leading", 10)
+        took = time.monotonic() - t0
+        assert took < 3.0, f"taken over after {took:.2f} s"
+    finally:
+        for p in (first, second):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_a_forked_child_leads_on_a_runtime_of_its_own(db: Database) -> None:
+    p = spawn("forked.py", db.app_url, "forked")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    assert "child led 1 released True" in out
+    assert "parent sees ['forked']" in out
+
+
+def test_uvicorn_shutdown_stops_the_scheduler_in_the_lifespan_and_releases_the_term(db: Database) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    env = {"TICKLEASE_URL": db.app_url, "TICKLEASE_ROLE": "web_outbox"}
+    p = spawn("-m", "uvicorn", "fastapi_app:app", "--port", "0", env=env)
+    try:
+        line_starting(p, "leading", 30)
+        p.send_signal(signal.SIGTERM)
+        assert line_starting(p, "stopped", 10) == "stopped True"
+        # uvicorn raises the signal again once it has shut down (its exit status says why it stopped).
+        assert p.wait(10) in (0, -signal.SIGTERM)
+    finally:
+        p.kill()
+        p.wait()
+    assert last_outcome(db, "web_outbox") == "interrupted"
