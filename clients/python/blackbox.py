@@ -52,7 +52,8 @@ async def claim(url: str, replica: str, term: ticklease.Term) -> bool:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=5)
         async with conn, conn.transaction():
             cur = await conn.execute(
-                CLAIM + term.fence.sql, {"role": term.role, "token": term.token, "replica": replica, **term.fence.params}
+                CLAIM + term.fence.sql,
+                {"role": term.role, "token": term.token, "replica": replica, **term.fence.params},
             )
             claimed = cur.rowcount == 1
     except psycopg.errors.SerializationFailure:
@@ -66,7 +67,9 @@ async def claim(url: str, replica: str, term: ticklease.Term) -> bool:
 
 async def main() -> int:
     replica = os.environ.get("TICKLEASE_REPLICA", "r?")
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=f"%(asctime)s {replica} %(levelname)s %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format=f"%(asctime)s {replica} %(levelname)s %(message)s"
+    )
     try:
         url, role = os.environ["TICKLEASE_URL"], os.environ["TICKLEASE_ROLE"]
         config = ticklease.Config(

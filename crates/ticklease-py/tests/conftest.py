@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
 import ticklease
 
 #: How long the postmaster may take to accept connections.

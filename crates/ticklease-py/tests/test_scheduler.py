@@ -11,6 +11,7 @@ from typing import Any, Callable
 import asyncpg  # type: ignore[import-untyped]
 import psycopg
 import pytest
+
 import ticklease
 from conftest import Database, scaled_config
 
@@ -211,6 +212,7 @@ def test_a_stale_terms_fence_claims_nothing_through_asyncpg(db: Database) -> Non
 
 def test_metrics_come_from_the_core_and_through_prometheus_client(db: Database) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
+
     from ticklease.prometheus import Collector
 
     s = ticklease.Scheduler(db.app_url, config=scaled_config())
