@@ -44,10 +44,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def as_postgres() -> pwd.struct_passwd | None:
+    """The server's user: Postgres refuses to run as root."""
+    return pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+
+
 @dataclass
-class Cluster:
-    port: int
+class Postmaster:
+    """A Postgres server in ``root`` (its data, socket directory and log), on ``port``."""
+
     root: Path
+    port: int
     process: subprocess.Popen[bytes]
 
     def url(self, user: str, db: str = "postgres") -> str:
@@ -56,75 +63,71 @@ class Cluster:
     def log(self) -> str:
         return (self.root / "log").read_text(errors="replace")[-4000:]
 
-
-def _as_postgres() -> pwd.struct_passwd | None:
-    return pwd.getpwnam("postgres") if os.geteuid() == 0 else None
-
-
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    user = _as_postgres()
-    root = Path(tempfile.mkdtemp(prefix="ticklease-py-"))
-    (root / "sock").mkdir()
-    if user:
-        for p in (root, root / "sock"):
-            os.chown(p, user.pw_uid, user.pw_gid)
-
+    @staticmethod
     def demote() -> None:
+        user = as_postgres()
         if user:
             os.setgid(user.pw_gid)
             os.setuid(user.pw_uid)
 
-    bins = bindir()
-    subprocess.run(
-        [bins / "initdb", "-D", root / "data", "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
-        check=True,
-        capture_output=True,
-        preexec_fn=demote,
-    )
-    port = free_port()
-    log = open(root / "log", "wb")  # noqa: SIM115 (the postmaster's, for the session)
-    process = subprocess.Popen(
-        [
-            bins / "postgres",
-            "-D",
-            root / "data",
-            "-p",
-            str(port),
-            "-k",
-            root / "sock",
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            "fsync=off",
-            "-c",
-            "max_connections=200",
-            "-c",
-            "track_commit_timestamp=on",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        preexec_fn=demote,
-    )
-    c = Cluster(port, root, process)
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)  # a fast shutdown
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_postmaster(root: Path, port: int, *, initdb: bool = True) -> Postmaster:
+    """Starts a server in ``root`` (``root/data`` made by initdb unless it exists) and waits until it answers."""
+    user = as_postgres()
+    (root / "sock").mkdir(parents=True, exist_ok=True)
+    if user:
+        for p in (root, root / "sock"):
+            os.chown(p, user.pw_uid, user.pw_gid)
+    if initdb:
+        subprocess.run(
+            [bindir() / "initdb", "-D", root / "data", "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
+            check=True,
+            capture_output=True,
+            preexec_fn=Postmaster.demote,
+        )
+    settings = {
+        "listen_addresses": "127.0.0.1",
+        "fsync": "off",
+        "max_connections": "200",
+        "track_commit_timestamp": "on",
+    }
+    args: list[str | Path] = [bindir() / "postgres", "-D", root / "data", "-p", str(port), "-k", root / "sock"]
+    for name, value in settings.items():
+        args += ["-c", f"{name}={value}"]
+    with open(root / "log", "wb") as log:
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=Postmaster.demote)
+    pm = Postmaster(root, port, process)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         try:
-            psycopg.connect(c.url("postgres"), connect_timeout=2).close()
-            break
+            psycopg.connect(pm.url("postgres"), connect_timeout=2).close()
+            return pm
         except psycopg.OperationalError:
             if time.monotonic() > deadline or process.poll() is not None:
-                pytest.exit(f"the postmaster did not start: {c.log()}", returncode=2)
+                pm.stop()
+                pytest.exit(f"the postmaster did not start: {pm.log()}", returncode=2)
             time.sleep(0.1)
-    with psycopg.connect(c.url("postgres"), autocommit=True) as conn:
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Postmaster]:
+    root = Path(tempfile.mkdtemp(prefix="ticklease-py-"))
+    pm = start_postmaster(root, free_port())
+    with psycopg.connect(pm.url("postgres"), autocommit=True) as conn:
         conn.execute("CREATE ROLE ticklease_app NOLOGIN")
         conn.execute("CREATE ROLE ticklease_operator NOLOGIN")
         conn.execute("CREATE ROLE app_login LOGIN IN ROLE ticklease_app")
         conn.execute("CREATE ROLE ops_login LOGIN IN ROLE ticklease_operator")
-    yield c
-    process.send_signal(signal.SIGINT)  # a fast shutdown
-    process.wait(timeout=30)
-    log.close()
+    yield pm
+    pm.stop()
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -145,7 +148,7 @@ class Database:
 
 
 @pytest.fixture
-def db(cluster: Cluster) -> Database:
+def db(cluster: Postmaster) -> Database:
     name = f"t{os.getpid()}_{next(_numbers)}"
     with psycopg.connect(cluster.url("postgres"), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
