@@ -15,8 +15,7 @@ pub(crate) fn seconds(knob: &str, value: f64) -> PyResult<Duration> {
             "{knob} must be a finite number of seconds >= 0, not {value}"
         )));
     }
-    Duration::try_from_secs_f64(value)
-        .map_err(|e| PyValueError::new_err(format!("{knob} = {value} s: {e}")))
+    Duration::try_from_secs_f64(value).map_err(|e| PyValueError::new_err(format!("{knob} = {value} s: {e}")))
 }
 
 pub(crate) fn value_error(e: impl std::fmt::Display) -> PyErr {

@@ -134,9 +134,29 @@ fn emit(mut line: Line) {
 /// a field named like a `LogRecord` attribute goes in as `ticklease_<name>`.
 fn emit_with_gil(py: Python<'_>, line: &Line) -> PyResult<()> {
     const RESERVED: &[&str] = &[
-        "name", "msg", "args", "levelname", "levelno", "pathname", "filename", "module", "exc_info",
-        "exc_text", "stack_info", "lineno", "funcName", "created", "msecs", "relativeCreated",
-        "thread", "threadName", "processName", "process", "message", "asctime", "taskName",
+        "name",
+        "msg",
+        "args",
+        "levelname",
+        "levelno",
+        "pathname",
+        "filename",
+        "module",
+        "exc_info",
+        "exc_text",
+        "stack_info",
+        "lineno",
+        "funcName",
+        "created",
+        "msecs",
+        "relativeCreated",
+        "thread",
+        "threadName",
+        "processName",
+        "process",
+        "message",
+        "asctime",
+        "taskName",
     ];
     let logger = py.import("logging")?.call_method1("getLogger", ("ticklease",))?;
     let extra = PyDict::new(py);

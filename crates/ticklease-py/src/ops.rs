@@ -32,7 +32,12 @@ fn role(name: &str) -> PyResult<Role> {
 /// `leader_status`, by role: at most `limit` rows (paused, then held, first) and how many there are.
 #[pyfunction]
 #[pyo3(signature = (url, limit=1000, statement_timeout=2.0))]
-pub(crate) fn status(py: Python<'_>, url: &str, limit: usize, statement_timeout: f64) -> PyResult<(Vec<Py<PyDict>>, u64)> {
+pub(crate) fn status(
+    py: Python<'_>,
+    url: &str,
+    limit: usize,
+    statement_timeout: f64,
+) -> PyResult<(Vec<Py<PyDict>>, u64)> {
     if !(1..=STATUS_ROWS_MAX).contains(&limit) {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
             "limit must be within 1..={STATUS_ROWS_MAX}, not {limit}"
@@ -73,7 +78,14 @@ fn status_row(py: Python<'_>, r: &LeaseStatus) -> PyResult<Py<PyDict>> {
 /// Pauses `role`; `True` when this call paused it.
 #[pyfunction]
 #[pyo3(signature = (url, role_name, by, reason, statement_timeout=2.0))]
-pub(crate) fn pause(py: Python<'_>, url: &str, role_name: &str, by: &str, reason: &str, statement_timeout: f64) -> PyResult<bool> {
+pub(crate) fn pause(
+    py: Python<'_>,
+    url: &str,
+    role_name: &str,
+    by: &str,
+    reason: &str,
+    statement_timeout: f64,
+) -> PyResult<bool> {
     let role = role(role_name)?;
     py.detach(|| {
         let store = connect(url, statement_timeout)?;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use ticklease::prometheus_client::registry::Registry;
 use ticklease::{
-    CancellationToken, Family, Manager, Metrics, PgConnect, PgStore, PgStoreOptions, Role, Schedule, Scheduler,
-    Stopped,
+    CancellationToken, Family, Manager, Metrics, PgConnect, PgStore, PgStoreOptions, Role, Schedule,
+    Scheduler, Stopped,
 };
 
 use crate::config::{seconds, value_error, PyConfig, PyFamily, PySchedule};
@@ -74,7 +74,12 @@ impl PyRunner {
 
     fn take_plan(&self) -> PyResult<Plan> {
         self.with_plan(|_| Ok(()))?;
-        Ok(self.plan.lock().unwrap_or_else(PoisonError::into_inner).take().expect("checked"))
+        Ok(self
+            .plan
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .expect("checked"))
     }
 
     fn work(&self, work: Py<PyAny>, is_async: bool) -> Arc<PyWork> {
@@ -143,7 +148,13 @@ impl PyRunner {
     }
 
     /// Adds the job of every key of `family`.
-    fn family(&self, family: &PyFamily, schedule: &PySchedule, work: Py<PyAny>, is_async: bool) -> PyResult<()> {
+    fn family(
+        &self,
+        family: &PyFamily,
+        schedule: &PySchedule,
+        work: Py<PyAny>,
+        is_async: bool,
+    ) -> PyResult<()> {
         schedule.inner.check_family().map_err(value_error)?;
         let work = self.work(work, is_async);
         self.with_plan(|plan| {
@@ -176,7 +187,11 @@ impl PyRunner {
     /// handlers run every 50 ms meanwhile (a handler calls `stop`). `async
     /// def` work runs on `event_loop` (a loop another thread runs).
     #[pyo3(signature = (event_loop=None))]
-    fn run_blocking(&self, py: Python<'_>, event_loop: Option<Py<PyAny>>) -> PyResult<(bool, bool, usize, String)> {
+    fn run_blocking(
+        &self,
+        py: Python<'_>,
+        event_loop: Option<Py<PyAny>>,
+    ) -> PyResult<(bool, bool, usize, String)> {
         let plan = self.take_plan()?;
         *self.event_loop.lock().unwrap_or_else(PoisonError::into_inner) = event_loop;
         let (stop, running) = (self.stop.clone(), self.running.clone());

@@ -51,9 +51,7 @@ impl PyWork {
         match kind.as_str() {
             "completed" => Ok(()),
             "failed" => Err(WorkFailed(message.unwrap_or_else(|| "failed".into()))),
-            _ => std::panic::resume_unwind(Box::new(
-                message.unwrap_or_else(|| "the work raised".into()),
-            )),
+            _ => std::panic::resume_unwind(Box::new(message.unwrap_or_else(|| "the work raised".into()))),
         }
     }
 
