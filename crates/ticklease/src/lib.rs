@@ -870,6 +870,31 @@
 //! offers TLS but checks no certificate; the cancel of a timed-out statement
 //! goes with the same TLS. See [`tls`] for what each mode checks.
 //!
+//! ## Other languages
+//!
+//! The `ticklease` Python package (`crates/ticklease-py`) is this crate behind
+//! a PyO3 binding: its `Scheduler` is [`Scheduler`] over a [`PgStore`], its
+//! `Term` a [`Tick`], and every guarantee above holds for it with the bounds
+//! above (the black-box harness and its own suite check it). What the
+//! binding adds, and what it relies on:
+//!
+//! - An `async def` work is a task of the caller's asyncio loop: when the
+//!   crate drops a lost term's work, the task is cancelled. A plain function
+//!   runs in a thread of the runtime's blocking pool and cannot be stopped
+//!   from outside: it stops when it polls or waits on its term, so after a
+//!   loss it may run on (its fenced claims claim nothing, as any work after
+//!   the abandon cut).
+//! - Python's outcomes map onto the crate's: a return is `Ok`, the
+//!   package's `Failed` exception an `Err`, any other exception a panic.
+//! - The GIL is never held while the crate waits on the network, and no
+//!   runtime worker (where heartbeats run) waits for it: calls into Python
+//!   run on the blocking pool, log lines go through a bounded queue to a
+//!   thread of their own.
+//! - The runtime is per process: a forked child builds its own; at
+//!   interpreter exit it is shut down before the interpreter finalizes.
+//!
+//! Any other language follows `docs/sql-api.md`, the protocol's reference.
+//!
 //! ## Layers
 //!
 //! The source is a folder per layer; a module uses only its own layer and
