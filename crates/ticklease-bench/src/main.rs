@@ -170,17 +170,22 @@ enum Cmd {
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
-    /// The black-box check (docs/black-box.md) of the Rust Scheduler, `ticklease run` and the Python
-    /// client, `rounds` times each: the figures per fault go to black-box.md.
+    /// The black-box check (docs/black-box.md) of the Rust Scheduler, `ticklease run`, the Python
+    /// package and any client given with --client, `rounds` times each: the figures per fault go to black-box.md.
     BlackBox {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// The ticklease binary (build it with `cargo build --release -p ticklease-cli`).
         #[arg(long, default_value = "target/release/ticklease")]
         ticklease: PathBuf,
-        /// Only the clients of these names (rust-scheduler, ticklease-run, python).
+        /// Only the repository's clients of these names (rust-scheduler, ticklease-run, python); an
+        /// unknown name is refused.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+        /// A client of your own, `NAME=COMMAND` (repeatable): checked under NAME, started as `sh -c "exec
+        /// COMMAND"`. With --client and no --only, only the given clients are checked.
+        #[arg(long = "client", value_parser = ticklease_bench::black_box::bench::parse_client)]
+        clients: Vec<ticklease_bench::black_box::ClientUnderCheck>,
         #[arg(long, default_value = "docs/benchmarks")]
         out: PathBuf,
     },
@@ -382,6 +387,7 @@ async fn main() -> anyhow::Result<()> {
             rounds,
             ticklease,
             only,
+            clients,
             out,
         } => {
             use ticklease_bench::black_box::bench;
@@ -390,10 +396,7 @@ async fn main() -> anyhow::Result<()> {
                 ticklease: std::fs::canonicalize(&ticklease)?,
                 root: std::env::current_dir()?,
             };
-            let clients: Vec<_> = bench::repository_clients(&paths)
-                .into_iter()
-                .filter(|c| only.is_empty() || only.contains(&c.name))
-                .collect();
+            let clients = bench::choose(bench::repository_clients(&paths), &only, clients)?;
             let reports = bench::run(&clients, rounds, &out).await?;
             let violations: usize = reports.iter().map(|r| r.violations.len()).sum();
             anyhow::ensure!(violations == 0, "{violations} violation(s)");

@@ -47,6 +47,58 @@ pub fn repository_clients(paths: &Paths) -> Vec<ClientUnderCheck> {
     ]
 }
 
+/// A client given on the command line as `NAME=COMMAND` (`--client`).
+pub fn parse_client(spec: &str) -> Result<ClientUnderCheck, String> {
+    let (name, command) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("--client {spec:?}: NAME=COMMAND (e.g. node=\"node client.js\")"))?;
+    let valid = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !valid || command.trim().is_empty() {
+        return Err(format!(
+            "--client {spec:?}: NAME of letters, digits, - and _, then a command to run"
+        ));
+    }
+    Ok(ClientUnderCheck {
+        name: name.into(),
+        command: command.into(),
+        env: Vec::new(),
+    })
+}
+
+/// The clients to check: the repository's named in `only` (all when
+/// `only` and `given` are empty), then the `given` ones. A name in `only`
+/// that is no repository client, or a name given twice, is refused.
+pub fn choose(
+    repository: Vec<ClientUnderCheck>,
+    only: &[String],
+    given: Vec<ClientUnderCheck>,
+) -> anyhow::Result<Vec<ClientUnderCheck>> {
+    if let Some(unknown) = only.iter().find(|n| !repository.iter().any(|c| &c.name == *n)) {
+        let known: Vec<&str> = repository.iter().map(|c| c.name.as_str()).collect();
+        anyhow::bail!(
+            "--only {unknown:?}: no such client (the repository's: {}; give another with --client NAME=COMMAND)",
+            known.join(", ")
+        );
+    }
+    let take_all = only.is_empty() && given.is_empty();
+    let mut chosen: Vec<ClientUnderCheck> = repository
+        .into_iter()
+        .filter(|c| take_all || only.contains(&c.name))
+        .collect();
+    for client in given {
+        anyhow::ensure!(
+            !chosen.iter().any(|c| c.name == client.name),
+            "client {:?} is named twice",
+            client.name
+        );
+        chosen.push(client);
+    }
+    Ok(chosen)
+}
+
 /// Checks each client `rounds` times; writes the figures; returns every report.
 pub async fn run(clients: &[ClientUnderCheck], rounds: usize, out: &Path) -> anyhow::Result<Vec<Report>> {
     let mut reports = Vec::new();
@@ -107,4 +159,53 @@ fn markdown(reports: &[Report], rounds: usize) -> String {
         }
     }
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repository() -> Vec<ClientUnderCheck> {
+        let paths = Paths {
+            bench: "/b".into(),
+            ticklease: "/t".into(),
+            root: "/r".into(),
+        };
+        repository_clients(&paths)
+    }
+
+    fn names(clients: &[ClientUnderCheck]) -> Vec<&str> {
+        clients.iter().map(|c| c.name.as_str()).collect()
+    }
+
+    #[test]
+    fn an_unknown_name_in_only_is_refused_not_ignored() {
+        let e = choose(repository(), &["node".into()], Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("\"node\": no such client"), "{e}");
+    }
+
+    #[test]
+    fn a_client_given_as_a_command_is_checked_under_its_own_name() {
+        let node = parse_client("node=node clients/node/blackbox.js").unwrap();
+        assert_eq!(node.command, "node clients/node/blackbox.js");
+        let chosen = choose(repository(), &["python".into()], vec![node]).unwrap();
+        assert_eq!(names(&chosen), ["python", "node"]);
+        let alone = choose(repository(), &[], vec![parse_client("x=./x").unwrap()]).unwrap();
+        assert_eq!(names(&alone), ["x"]);
+        assert_eq!(names(&choose(repository(), &[], Vec::new()).unwrap()).len(), 3);
+    }
+
+    #[test]
+    fn a_client_spec_without_a_name_or_command_or_named_twice_is_refused() {
+        assert!(parse_client("node").is_err());
+        assert!(parse_client("=node x.js").is_err());
+        assert!(parse_client("node= ").is_err());
+        assert!(parse_client("no de=x").is_err());
+        let twice = choose(
+            repository(),
+            &["python".into()],
+            vec![parse_client("python=./p").unwrap()],
+        );
+        assert!(twice.unwrap_err().to_string().contains("named twice"));
+    }
 }
