@@ -44,5 +44,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::unpause, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_now, m)?)?;
     m.add_function(wrap_pyfunction!(ops::migrate, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::history, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::escape, m)?)?;
     Ok(())
 }

@@ -4,7 +4,10 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use ticklease::{LeaseStatus, LeaseStore, MigrateOptions, PgConnect, PgStore, PgStoreOptions, Role};
+use ticklease::{
+    HistoryEntry, HistoryKind, HistoryStore, LeaseStatus, LeaseStore, MigrateOptions, PgConnect, PgStore,
+    PgStoreOptions, Role,
+};
 
 use crate::config::{seconds, value_error};
 use crate::errors::{store_error, TickleaseError};
@@ -73,6 +76,88 @@ fn status_row(py: Python<'_>, r: &LeaseStatus) -> PyResult<Py<PyDict>> {
     d.set_item("long_lived", r.long_lived)?;
     d.set_item("tick_interval", r.tick_interval.map(|i| i.as_secs_f64()))?;
     Ok(d.unbind())
+}
+
+/// The history of `role` (every role when `None`) over the last `since`
+/// seconds, newest first, at most `limit` entries; text as stored (the
+/// Python layer says how to show it).
+#[pyfunction]
+#[pyo3(signature = (url, role_name=None, since=86_400.0, limit=100, statement_timeout=2.0))]
+pub(crate) fn history(
+    py: Python<'_>,
+    url: &str,
+    role_name: Option<&str>,
+    since: f64,
+    limit: usize,
+    statement_timeout: f64,
+) -> PyResult<Vec<Py<PyDict>>> {
+    if !(1..=ticklease::HISTORY_LIMIT_MAX).contains(&limit) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "limit must be within 1..={}, not {limit}",
+            ticklease::HISTORY_LIMIT_MAX
+        )));
+    }
+    let role = role_name.map(role).transpose()?;
+    let since = seconds("since", since)?;
+    let entries = py.detach(|| {
+        let store = connect(url, statement_timeout)?;
+        block_on(store.history(role.as_ref(), since, limit)).map_err(store_error)
+    })?;
+    entries.iter().map(|e| history_entry(py, e)).collect()
+}
+
+fn history_entry(py: Python<'_>, e: &HistoryEntry) -> PyResult<Py<PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("role", &e.role)?;
+    d.set_item("at", epoch_seconds(e.at))?;
+    match &e.kind {
+        HistoryKind::Term {
+            token,
+            holder,
+            acquired_at,
+            outcome,
+            reason,
+            error,
+            output,
+            manual_by,
+        } => {
+            d.set_item("kind", "term")?;
+            d.set_item("token", token)?;
+            d.set_item("holder", holder)?;
+            d.set_item("acquired_at", acquired_at.map(epoch_seconds))?;
+            d.set_item("outcome", outcome)?;
+            d.set_item("reason", reason)?;
+            d.set_item("error", error)?;
+            d.set_item("output", output)?;
+            d.set_item("manual_by", manual_by)?;
+        }
+        HistoryKind::Pause { by, reason } => {
+            d.set_item("kind", "pause")?;
+            d.set_item("by", by)?;
+            d.set_item("reason", reason)?;
+        }
+        HistoryKind::Unpause { by } => {
+            d.set_item("kind", "unpause")?;
+            d.set_item("by", by)?;
+        }
+        HistoryKind::RunNow { by } => {
+            d.set_item("kind", "run_now")?;
+            d.set_item("by", by)?;
+        }
+        HistoryKind::Skipped { reason, summary } => {
+            d.set_item("kind", "skipped")?;
+            d.set_item("reason", reason)?;
+            d.set_item("summary", summary)?;
+        }
+        _ => d.set_item("kind", "other")?,
+    }
+    Ok(d.unbind())
+}
+
+/// The crate's one escaping rule for database text shown on a terminal or a page.
+#[pyfunction]
+pub(crate) fn escape(text: &str) -> String {
+    HistoryEntry::escape(text)
 }
 
 /// Pauses `role`; `True` when this call paused it.

@@ -34,6 +34,8 @@ struct FamilyJob {
 struct Plan {
     url: PgConnect,
     direct_url: Option<PgConnect>,
+    /// With the direct URL: holder keys (a dead replica's terms end with its session) or wake-ups only.
+    holder_keys: bool,
     config: ticklease::Config,
     pool_size: usize,
     shutdown_timeout: Option<Duration>,
@@ -94,11 +96,12 @@ impl PyRunner {
 #[pymethods]
 impl PyRunner {
     #[new]
-    #[pyo3(signature = (url, config, direct_url=None, pool_size=8, shutdown_timeout=None))]
+    #[pyo3(signature = (url, config, direct_url=None, holder_keys=true, pool_size=8, shutdown_timeout=None))]
     fn new(
         url: &str,
         config: &PyConfig,
         direct_url: Option<&str>,
+        holder_keys: bool,
         pool_size: usize,
         shutdown_timeout: Option<f64>,
     ) -> PyResult<Self> {
@@ -111,6 +114,7 @@ impl PyRunner {
         let plan = Plan {
             url: parse_url("url", url)?,
             direct_url: direct_url.map(|d| parse_url("direct_url", d)).transpose()?,
+            holder_keys,
             config: config.inner,
             pool_size,
             shutdown_timeout: shutdown_timeout
@@ -251,9 +255,11 @@ async fn run(plan: Plan, stop: CancellationToken, running: Arc<Mutex<Option<Runn
         statement_timeout: config.statement_timeout(),
     };
     let mut store = PgStore::connect(plan.url, options).await.map_err(store_error)?;
-    if let Some(direct) = plan.direct_url {
-        store = store.with_direct(direct).await.map_err(store_error)?;
-    }
+    store = match plan.direct_url {
+        Some(direct) if plan.holder_keys => store.with_direct(direct).await.map_err(store_error)?,
+        Some(direct) => store.with_direct_wakeups(direct).await.map_err(store_error)?,
+        None => store,
+    };
     let roles: Vec<Role> = plan.jobs.iter().map(|j| j.role.clone()).collect();
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, roles.clone());

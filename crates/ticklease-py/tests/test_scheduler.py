@@ -260,3 +260,58 @@ def test_a_scheduler_runs_once() -> None:
         s.run_blocking(handle_signals=False)
     with pytest.raises(RuntimeError, match="runs once"):
         s.run_blocking(handle_signals=False)
+
+
+def test_a_familys_keys_are_each_led_and_a_removed_key_is_cancelled_as_removed(db: Database) -> None:
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+    family = ticklease.Family("tenant_sync", ["acme", "globex"])
+    assert family.add("initech") == "tenant_sync:initech"
+    led: dict[str, int] = {}
+    causes: list[str | None] = []
+
+    @s.family(family, 0.05)
+    def sync(term: ticklease.Term) -> None:
+        led[term.role] = term.token
+        if term.role == "tenant_sync:globex":
+            assert term.wait(30)
+            causes.append(term.cause)
+
+    def remove_then_stop() -> None:
+        deadline = time.monotonic() + 30
+        while len(led) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        family.remove("globex")
+        while not causes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s.stop()
+
+    t = threading.Thread(target=remove_then_stop)
+    t.start()
+    stopped = s.run_blocking(handle_signals=False)
+    t.join()
+    assert stopped.all_released, stopped
+    assert sorted(led) == ["tenant_sync:acme", "tenant_sync:globex", "tenant_sync:initech"]
+    assert causes == ["removed"]
+    assert family.keys() == ["acme", "initech"]
+
+
+def test_the_history_reads_terms_and_operator_events_and_escape_hides_nothing(db: Database) -> None:
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+
+    @s.job("audited", 3600.0)
+    def audited(term: ticklease.Term) -> None:
+        term.keep_output("sent 3 invoices")
+        raise ticklease.Failed("provider \u202edown")
+
+    stop_when(s, lambda: bool(history(db, "audited")))
+    s.run_blocking(handle_signals=False)
+    ticklease.pause(db.operator_url, "audited", by="alice\x1b[31m", reason="rotation")
+    entries = ticklease.history(db.operator_url, "audited")
+    assert [e["kind"] for e in entries] == ["pause", "term"]
+    term = entries[1]
+    assert (term["outcome"], term["output"]) == ("failed", "sent 3 invoices")
+    assert term["error"] == "Failed: provider \u202edown"  # as stored: escape before showing it
+    assert ticklease.escape(term["error"]) == "Failed: provider \\u{202e}down"
+    assert ticklease.escape(entries[0]["by"]) == "alice\\u{1b}[31m"
+    with pytest.raises(ValueError, match="limit"):
+        ticklease.history(db.operator_url, limit=0)

@@ -120,7 +120,9 @@ def test_a_fresh_process_leads_only_on_the_promoted_server(pair: Pair) -> None:
     assert rows_after(pair, pair.old_port, "-infinity") == 0
 
 
-def test_a_process_leading_on_the_old_primary_moves_to_the_promoted_one_and_never_claims_there_again(pair: Pair) -> None:
+def test_a_process_leading_on_the_old_primary_moves_to_the_promoted_one_and_never_claims_there_again(
+    pair: Pair,
+) -> None:
     claims = lead_and_claim(pair, stop_after_s=6.0, promote_at_s=1.5)
     ports = [port for _, port in claims]
     assert ports[0] == pair.old_port and ports[-1] == pair.new_port, ports

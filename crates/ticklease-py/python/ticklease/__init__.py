@@ -10,7 +10,7 @@ import atexit
 from ticklease import _native
 from ticklease._config import Config, Family, Schedule
 from ticklease._native import TickleaseError
-from ticklease._ops import Status, migrate, pause, run_now, status, unpause
+from ticklease._ops import Status, escape, history, migrate, pause, run_now, status, unpause
 from ticklease._scheduler import Scheduler, Stopped
 from ticklease._term import Failed, Fence, Server, Term
 
@@ -32,6 +32,8 @@ __all__ = [
     "Term",
     "TickleaseError",
     "__version__",
+    "escape",
+    "history",
     "migrate",
     "pause",
     "run_now",

@@ -42,6 +42,26 @@ def status(url: str, *, limit: int = 1000) -> Status:
     return Status([_row(r) for r in rows], total)
 
 
+def history(
+    url: str, role: str | None = None, *, since: timedelta = timedelta(days=1), limit: int = 100
+) -> list[dict[str, Any]]:
+    """The history of ``role`` (every role when ``None``) over the last ``since``, newest first: each term's
+    outcome, reason, error and output, pauses, unpauses, run-nows and skipped occurrences. Text is as stored, and
+    any login of the app role can write some of it: pass it through :func:`escape` before a terminal or a page."""
+    entries = _native.history(url, role, since.total_seconds(), limit)
+    for e in entries:
+        for key in ("at", "acquired_at"):
+            if e.get(key) is not None:
+                e[key] = datetime.fromtimestamp(e[key], timezone.utc)
+    return entries
+
+
+def escape(text: str) -> str:
+    """The core's one escaping rule for database text: control, bidi and zero-width characters shown as
+    ``\\u{…}``, everything else kept."""
+    return _native.escape(text)
+
+
 def pause(url: str, role: str, *, by: str, reason: str) -> bool:
     """Pauses ``role`` (its term ends at once, no term starts until unpaused); ``True`` if this call did."""
     return _native.pause(url, role, by, reason)
@@ -64,4 +84,4 @@ def migrate(
     return _native.migrate(owner_url, app_role, operator_role)
 
 
-__all__ = ["Status", "migrate", "pause", "run_now", "status", "unpause"]
+__all__ = ["Status", "escape", "history", "migrate", "pause", "run_now", "status", "unpause"]

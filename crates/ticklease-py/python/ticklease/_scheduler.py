@@ -66,7 +66,9 @@ class Scheduler:
     ``url`` is a libpq URL (several hosts: the core picks the writable one on the newest timeline; TLS as
     ``sslmode`` says). ``direct_url``, a connection straight to Postgres (not through PgBouncer), adds the
     coordination session: a dead replica's roles are taken over in milliseconds, releases and pauses are heard
-    at once.
+    at once. ``holder_keys=False`` keeps the wake-ups but no takeover when a session ends: for work the fence
+    cannot stop (a side effect outside the database), since a session's end (a link cut on the server's side, a
+    restart) does not prove that the replica's work stopped; a dead holder's role then waits for its lease.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Scheduler:
         *,
         config: Config | None = None,
         direct_url: str | None = None,
+        holder_keys: bool = True,
         pool_size: int = 8,
         shutdown_timeout: Seconds | None = None,
     ) -> None:
@@ -84,6 +87,7 @@ class Scheduler:
             url,
             self.config._native,
             direct_url,
+            holder_keys,
             pool_size,
             optional_seconds("shutdown_timeout", shutdown_timeout),
         )
