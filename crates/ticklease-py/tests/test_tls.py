@@ -80,5 +80,5 @@ def test_verify_full_leads_with_the_right_ca_and_is_refused_with_another(tls_ser
         row = conn.execute("SELECT count(*) FROM pg_stat_ssl WHERE ssl").fetchone()
         assert row is not None and row[0] >= 1  # this very check, over TLS, at least
     wrong = pm.url("app_login") + f"?sslmode=verify-full&sslrootcert={certs / 'other.pem'}"
-    with pytest.raises(ticklease.TickleaseError, match="(?i)certificate"):
+    with pytest.raises(ticklease.TickleaseError, match=r"(?i)certificate"):
         ticklease.Scheduler(wrong, config=scaled_config()).run_blocking(handle_signals=False)
