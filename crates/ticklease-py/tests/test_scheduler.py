@@ -315,3 +315,38 @@ def test_the_history_reads_terms_and_operator_events_and_escape_hides_nothing(db
     assert ticklease.escape(entries[0]["by"]) == "alice\\u{1b}[31m"
     with pytest.raises(ValueError, match="limit"):
         ticklease.history(db.operator_url, limit=0)
+
+
+def test_the_gil_is_released_while_the_core_waits_on_the_network() -> None:
+    # A server that accepts and never answers: the core waits its statement timeout on it.
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    port = silent.getsockname()[1]
+    spins = 0
+    done = threading.Event()
+
+    def spin() -> None:
+        nonlocal spins
+        while not done.is_set():
+            spins += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ticklease.TickleaseError):
+            ticklease.status(f"postgres://nobody@127.0.0.1:{port}/x?connect_timeout=30")
+        waited = time.monotonic() - t0
+        before = spins
+        time.sleep(0.2)
+        per_second_free = (spins - before) / 0.2
+    finally:
+        done.set()
+        t.join()
+        silent.close()
+    assert waited >= 1.5, "the core waited (its statement timeout, 2 s) on the silent server"
+    # While the core waited, the other thread ran at (a good part of) its free speed: the GIL was released.
+    assert before / waited > per_second_free / 10, (before, waited, per_second_free)
