@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from datetime import datetime
 from typing import Any, Callable
 
 import asyncpg  # type: ignore[import-untyped]
@@ -350,3 +351,26 @@ def test_the_gil_is_released_while_the_core_waits_on_the_network() -> None:
     assert waited >= 1.5, "the core waited (its statement timeout, 2 s) on the silent server"
     # While the core waited, the other thread ran at (a good part of) its free speed: the GIL was released.
     assert before / waited > per_second_free / 10, (before, waited, per_second_free)
+
+
+def test_a_cron_job_runs_occurrences_and_a_long_lived_job_is_recorded_as_such(db: Database) -> None:
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+    occurrences: list[datetime] = []
+
+    @s.job("every_second", ticklease.Schedule.cron("* * * * * *", zone="Europe/Berlin", catch_up="skip"))
+    async def every_second(term: ticklease.Term) -> None:
+        assert term.occurrence is not None
+        occurrences.append(term.occurrence)
+
+    @s.job("relay", ticklease.Schedule.long_lived(restart=1.0))
+    async def relay(term: ticklease.Term) -> None:
+        await term.cancelled()
+
+    stop_when(s, lambda: len(occurrences) >= 3)
+    s.run_blocking(handle_signals=False)
+    assert len(occurrences) >= 3
+    assert all(o.microsecond == 0 and o.tzinfo is not None for o in occurrences)
+    assert occurrences == sorted(set(occurrences)), "each occurrence once, in order"
+    rows = {r["role"]: r for r in ticklease.status(db.operator_url).rows}
+    assert rows["relay"]["long_lived"] is True
+    assert rows["every_second"]["schedule"] is not None
