@@ -120,7 +120,7 @@ def test_a_fresh_process_leads_only_on_the_promoted_server(pair: Pair) -> None:
     assert rows_after(pair, pair.old_port, "-infinity") == 0
 
 
-def test_a_process_leading_on_the_old_primary_moves_to_the_promoted_one_and_never_claims_there_again(
+def test_a_leader_on_the_old_primary_moves_to_the_promoted_one_for_good(
     pair: Pair,
 ) -> None:
     claims = lead_and_claim(pair, stop_after_s=6.0, promote_at_s=1.5)
