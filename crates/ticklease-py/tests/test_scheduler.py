@@ -138,6 +138,12 @@ def test_outcomes_are_pythons_returned_failed_and_any_other_exception_panicked(
     raised = [r for r in caplog.records if "work of role broken raised" in r.getMessage()]
     assert raised and raised[0].exc_info is not None and "row 17" in str(raised[0].exc_info[1])
     assert getattr(raised[0], "role", None) == "broken"
+    # The core's own lines reach `logging` too (from a thread of their own), each field in the record's extra.
+    deadline = time.monotonic() + 5
+    while not (core := [r for r in caplog.records if r.getMessage().startswith("tick panicked")]):
+        assert time.monotonic() < deadline, "the core's line reached logging"
+        time.sleep(0.01)
+    assert core and core[0].levelno == logging.ERROR and getattr(core[0], "role", None) == "broken"
 
 
 def test_a_pause_cancels_an_async_works_task_and_the_term_says_why(db: Database) -> None:
