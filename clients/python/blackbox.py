@@ -48,8 +48,13 @@ def env_ms_text(text: str) -> float:
 
 async def claim(url: str, replica: str, term: ticklease.Term) -> bool:
     """One fenced claim, committed; False when the fence or the commit check refused it."""
+    server = term.server
+    # The term's own server (of a multi-host URL, the one the core chose by timeline), not the URL's host order.
+    where: dict[str, str] = {} if server is None else {"host": server.host, "port": str(server.port)}
+    if server is not None and server.hostaddr is not None:
+        where["hostaddr"] = server.hostaddr
     try:
-        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=5)
+        conn = await psycopg.AsyncConnection.connect(psycopg.conninfo.make_conninfo(url, **where), connect_timeout=5)
         async with conn, conn.transaction():
             cur = await conn.execute(
                 CLAIM + term.fence.sql,

@@ -17,15 +17,15 @@ use ticklease_testkit::PgCluster;
 use ticklease_testkit::TEST_TIMING_FLAGS as TIMINGS;
 const TTL: Duration = Duration::from_secs(2);
 
-/// A child that records its start and end (uptime, token, runner) and keeps
+/// A child that records its start and end (the wall clock in ns, token, runner) and keeps
 /// a grandchild `sleep` in its group: `child.sh DIR HOLD_SECONDS`.
 const CHILD: &str = r#"#!/bin/sh
 dir=$1
-echo "start $(cut -d' ' -f1 /proc/uptime) $TICKLEASE_TOKEN $RUNNER" >> "$dir/log"
+echo "start $(date +%s.%N) $TICKLEASE_TOKEN $RUNNER" >> "$dir/log"
 sleep 300 &
 echo "$! $$" > "$dir/pids.$TICKLEASE_TOKEN"
 sleep "$2"
-echo "end $(cut -d' ' -f1 /proc/uptime) $TICKLEASE_TOKEN $RUNNER" >> "$dir/log"
+echo "end $(date +%s.%N) $TICKLEASE_TOKEN $RUNNER" >> "$dir/log"
 "#;
 
 struct Fixture {
@@ -696,7 +696,7 @@ async fn a_lost_terms_group_is_gone_before_the_next_child_starts() {
     let f = fixture().await;
     let log = f.dir.path().join("alive");
     let body = format!(
-        "#!/bin/sh\ntrap '' TERM\nwhile true; do echo \"$(cut -d' ' -f1 /proc/uptime) $TICKLEASE_TOKEN\" >> {}; sleep 0.05; done\n",
+        "#!/bin/sh\ntrap '' TERM\nwhile true; do echo \"$(date +%s.%N) $TICKLEASE_TOKEN\" >> {}; sleep 0.05; done\n",
         log.display()
     );
     let stubborn = f.script("alive.sh", &body);
@@ -820,14 +820,19 @@ async fn orphans_that_come_back_to_the_guard_are_reaped_while_the_child_runs() {
     assert_eq!(zombies, 0, "zombies under the guard {guard}");
 }
 
-/// Seconds since boot, the clock the recording child logs with.
-fn uptime() -> f64 {
-    let text = std::fs::read_to_string("/proc/uptime").unwrap();
-    text.split(' ').next().unwrap().parse().unwrap()
+/// The clock the recording child logs with: the wall clock to the
+/// nanosecond (`date +%s.%N`). `/proc/uptime` counts in 10 ms, too coarse
+/// to order a group's death and the next start in one slot (CI once saw
+/// both at the same 10 ms).
+fn now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
-/// The uptime of the `n`th start line.
-fn start_uptime(f: &Fixture, n: usize) -> f64 {
+/// The instant of the `n`th start line.
+fn start_at(f: &Fixture, n: usize) -> f64 {
     let starts: Vec<Vec<String>> = f.log().into_iter().filter(|l| l[0] == "start").collect();
     starts[n - 1][1].parse().unwrap()
 }
@@ -839,9 +844,9 @@ async fn gone_before_the_next_starts(f: &Fixture, pids: &[Pid], within: Duration
     gone(pids, within)
         .await
         .unwrap_or_else(|| panic!("the first group outlived {within:?}: {:?}", f.log()));
-    let seen_gone = uptime();
+    let seen_gone = now_s();
     f.started(2, Duration::from_secs(10)).await;
-    let next = start_uptime(f, 2);
+    let next = start_at(f, 2);
     assert!(
         next > seen_gone,
         "the next child started at {next} while the last one's group ran until {seen_gone}: {:?}",

@@ -100,7 +100,7 @@ fn send(line: Line) {
             let (sender, receiver) = sync_channel::<Line>(QUEUE_MAX);
             let started = std::thread::Builder::new()
                 .name("ticklease-log".into())
-                .spawn(move || receiver.into_iter().for_each(emit));
+                .spawn(move || log_thread(receiver));
             if started.is_err() {
                 return;
             }
@@ -117,17 +117,29 @@ fn send(line: Line) {
     }
 }
 
-fn emit(mut line: Line) {
-    if crate::runtime::finishing() {
-        return;
-    }
-    let dropped = DROPPED.swap(0, Ordering::Relaxed);
-    if dropped > 0 {
-        line.fields.push(("log_lines_dropped", dropped.to_string()));
-    }
-    Python::attach(|py| {
+/// Hands the queue's lines to `logging`. The thread keeps one Python thread
+/// state for its life (attached once, the GIL released while it waits): a
+/// thread state made and freed per line takes the interpreter's head lock
+/// each time, which a `fork` in another thread could catch held. Once the
+/// interpreter is finishing it never takes the GIL again.
+fn log_thread(receiver: std::sync::mpsc::Receiver<Line>) {
+    // Borrowed while the GIL is released: shared, so behind a (never contended) lock.
+    let receiver = Mutex::new(receiver);
+    Python::attach(|py| loop {
+        let next = py.detach(|| {
+            let next = receiver.lock().unwrap_or_else(PoisonError::into_inner).recv();
+            while crate::runtime::finishing() {
+                std::thread::park();
+            }
+            next
+        });
+        let Ok(mut line) = next else { return };
+        let dropped = DROPPED.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            line.fields.push(("log_lines_dropped", dropped.to_string()));
+        }
         let _ = emit_with_gil(py, &line);
-    });
+    })
 }
 
 /// `logging.getLogger("ticklease").log(level, "message k=v …", extra={k: v})`;

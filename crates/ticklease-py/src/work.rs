@@ -4,9 +4,11 @@
 //!
 //! An `async def` runs as a task of the scheduler's asyncio loop; when the
 //! crate drops the work (the term was lost), the task is cancelled. A plain
-//! function runs in a thread of the runtime's blocking pool; Python cannot
-//! stop a thread, so it polls or waits on its term. No runtime worker ever
-//! waits for the GIL: every call into Python runs on the blocking pool.
+//! function runs on a daemon thread of Python's (the interpreter's exit
+//! neither waits for it nor crashes on it); Python cannot stop a thread, so
+//! it polls or waits on its term. Either way the work reports its outcome
+//! once, through [`Done`]. No runtime worker ever waits for the GIL: the
+//! calls that start a work run on the blocking pool.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -55,17 +57,28 @@ impl PyWork {
         }
     }
 
+    /// A plain function on a Python daemon thread (`ticklease._work.start_sync`):
+    /// nothing can stop it, so dropping this future only stops waiting for it.
     async fn call_sync(self: Arc<Self>, tick: Tick) -> Outcome {
-        let ran = tokio::task::spawn_blocking(move || {
-            Python::attach(|py| -> PyResult<Outcome> {
+        let (sender, receiver) = oneshot::channel();
+        let started = tokio::task::spawn_blocking(move || {
+            Python::attach(|py| -> PyResult<()> {
                 let term = Py::new(py, PyTerm { tick })?;
+                let done = Py::new(py, Done(Mutex::new(Some(sender))))?;
                 py.import("ticklease._work")?
-                    .call_method1("outcome_sync", (self.func.clone_ref(py), term))?
-                    .extract()
+                    .call_method1("start_sync", (self.func.clone_ref(py), term, done))?;
+                Ok(())
             })
         })
         .await;
-        flatten(ran)
+        match started {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return panicked(format!("could not start the work: {e}")),
+            Err(e) => return panicked(format!("the work's thread failed: {e}")),
+        }
+        receiver
+            .await
+            .unwrap_or_else(|_| panicked("the work's thread ended without an outcome".into()))
     }
 
     async fn call_async(self: Arc<Self>, tick: Tick) -> Outcome {
@@ -103,15 +116,6 @@ impl PyWork {
 
 fn panicked(message: String) -> Outcome {
     ("panicked".into(), Some(message))
-}
-
-/// A join's result, its failures (a Python error, a panic in the thread) as a panicked outcome.
-fn flatten(joined: Result<PyResult<Outcome>, tokio::task::JoinError>) -> Outcome {
-    match joined {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(e)) => panicked(format!("could not run the work: {e}")),
-        Err(e) => panicked(format!("the work's thread failed: {e}")),
-    }
 }
 
 /// The asyncio side's completion: called once, on the loop's thread, with the outcome.

@@ -133,3 +133,37 @@ def test_the_interpreter_exits_cleanly_after_a_run_every_time(db: Database) -> N
             p.kill()
             p.wait()
     assert codes == [0] * 8
+
+
+def test_a_sigterm_releases_the_term_within_the_grace_while_the_work_blocks_the_event_loop(db: Database) -> None:
+    # The work blocks the loop (time.sleep(30)): the loop's own signal handlers could not have run for 30 s;
+    # Python's run between bytecodes, and the core releases the term on its own threads.
+    p = spawn("replica.py", db.app_url, "blocked", "--stuck")
+    try:
+        line_starting(p, "leading", 30)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        # The shutdown grace (the TTL, 2 s), the abandon's RELEASE (S, 0.5 s), and a margin for a loaded machine.
+        while last_outcome(db, "blocked") != "interrupted":
+            assert time.monotonic() - t0 < 8, "released within the grace"
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_plain_function_that_never_returns_is_abandoned_and_the_interpreter_still_exits_cleanly(
+    db: Database,
+) -> None:
+    # The interpreter used to exit with a thread of the core inside Python: a crash (134 or 139) every time.
+    for _ in range(3):
+        p = spawn("replica.py", db.app_url, "stuck", "--stuck", "--threads")
+        try:
+            line_starting(p, "leading", 30)
+            p.send_signal(signal.SIGTERM)
+            assert line_starting(p, "stopped", 8).startswith("stopped")
+            assert p.wait(10) == 0
+        finally:
+            p.kill()
+            p.wait()
+        assert last_outcome(db, "stuck") == "interrupted"

@@ -380,3 +380,35 @@ def test_a_cron_job_runs_occurrences_and_a_long_lived_job_is_recorded_as_such(db
     rows = {r["role"]: r for r in ticklease.status(db.operator_url).rows}
     assert rows["relay"]["long_lived"] is True
     assert rows["every_second"]["schedule"] is not None
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+def test_every_async_work_reports_one_outcome_whatever_it_raises(db: Database) -> None:
+    # A CancelledError of the work's own, an exception whose str() raises: each is panicked and the role is led
+    # again, never held by a replica whose work is gone.
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+
+    @s.job("cancels_itself", 0.05)
+    async def cancels_itself(term: ticklease.Term) -> None:
+        raise asyncio.CancelledError()
+
+    @s.job("unprintable", 0.05)
+    async def unprintable(term: ticklease.Term) -> None:
+        raise Unprintable()
+
+    @s.job("unprintable_failed", 0.05)
+    def unprintable_failed(term: ticklease.Term) -> None:
+        raise type("UnprintableFailed", (ticklease.Failed,), {"__str__": Unprintable.__str__})()
+
+    roles = ("cancels_itself", "unprintable", "unprintable_failed")
+    stop_when(s, lambda: all(len(history(db, r)) >= 2 for r in roles), bound_s=20)
+    s.run_blocking(handle_signals=False)
+    outcomes = {r: [h[1] for h in history(db, r)] for r in roles}
+    assert outcomes["cancels_itself"][:2] == ["panicked", "panicked"], outcomes
+    assert outcomes["unprintable"][:2] == ["panicked", "panicked"], outcomes
+    assert outcomes["unprintable_failed"][0] == "failed", outcomes
+    assert history(db, "unprintable")[0][3] == "Unprintable: (its str() raised)"

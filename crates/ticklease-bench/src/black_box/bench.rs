@@ -22,7 +22,8 @@ pub struct Paths {
 /// program, run by `TICKLEASE_PYTHON` (an interpreter with the `ticklease`
 /// package installed; `python3` when unset).
 pub fn repository_clients(paths: &Paths) -> Vec<ClientUnderCheck> {
-    let quoted = |p: &Path| format!("'{}'", p.display());
+    // One shell word, whatever the path holds (a `'` included).
+    let quoted = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
     let python = std::env::var("TICKLEASE_PYTHON").unwrap_or_else(|_| "python3".into());
     vec![
         ClientUnderCheck {

@@ -16,7 +16,23 @@ def seconds(knob: str, value: Seconds) -> float:
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{knob} must be seconds (a number) or a timedelta, not {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{knob} = {value} s is too long") from None
+
+
+def count(knob: str, value: int, low: int, high: int) -> int:
+    """A whole number within ``low ..= high``: a ``ValueError`` naming ``knob`` otherwise (a ``bool`` is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{knob} must be a whole number, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{knob} must be within {low}..={high}, not {value}")
+    return value
+
+
+#: The largest count the core takes (a u32).
+COUNT_MAX = 2**32 - 1
 
 
 def optional_seconds(knob: str, value: Seconds | None) -> float | None:
@@ -51,7 +67,7 @@ class Config:
     def scaled_down(cls, factor: int) -> Config:
         """Every default divided by ``factor`` (tests)."""
         config = cls.__new__(cls)
-        config._native = _native.Config.scaled_down(factor)
+        config._native = _native.Config.scaled_down(count("factor", factor, 1, 1000))
         return config
 
     @property
@@ -116,7 +132,7 @@ class Schedule:
                 expression,
                 zone,
                 catch_up,
-                catch_up_max,
+                count("catch_up_max", catch_up_max, 1, COUNT_MAX),
                 optional_seconds("starting_deadline", starting_deadline),
             )
         )
@@ -144,7 +160,9 @@ class Family:
     __slots__ = ("_native",)
 
     def __init__(self, name: str, keys: Sequence[str] = (), *, max_terms: int | None = None) -> None:
-        self._native = _native.Family(name, list(keys), max_terms)
+        self._native = _native.Family(
+            name, _keys(keys), None if max_terms is None else count("max_terms", max_terms, 1, COUNT_MAX)
+        )
 
     @property
     def name(self) -> str:
@@ -159,10 +177,16 @@ class Family:
         return self._native.remove(key)
 
     def set(self, keys: Sequence[str]) -> None:
-        self._native.set(list(keys))
+        self._native.set(_keys(keys))
 
     def keys(self) -> list[str]:
         return self._native.keys()
 
     def __len__(self) -> int:
         return len(self._native)
+
+
+def _keys(keys: Sequence[str]) -> list[str]:
+    if isinstance(keys, str):
+        raise TypeError("keys must be a sequence of keys, not one string")
+    return list(keys)

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 from ticklease import _native
+from ticklease._config import Seconds, count, seconds
 
 _TIMES = (
     "acquired_at",
@@ -37,18 +38,20 @@ def _row(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def status(url: str, *, limit: int = 1000) -> Status:
-    """The roles' rows: who holds what, since when, paused by whom, the last tick and the next occurrence."""
-    rows, total = _native.status(url, limit)
+    """The roles' rows: who holds what, since when, paused by whom, the last tick and the next occurrence. Text is
+    as stored, and any login of the app role can write some of it (holder ids): pass it through :func:`escape`
+    before a terminal or a page."""
+    rows, total = _native.status(url, count("limit", limit, 1, 10_000))
     return Status([_row(r) for r in rows], total)
 
 
 def history(
-    url: str, role: str | None = None, *, since: timedelta = timedelta(days=1), limit: int = 100
+    url: str, role: str | None = None, *, since: Seconds = timedelta(days=1), limit: int = 100
 ) -> list[dict[str, Any]]:
     """The history of ``role`` (every role when ``None``) over the last ``since``, newest first: each term's
     outcome, reason, error and output, pauses, unpauses, run-nows and skipped occurrences. Text is as stored, and
     any login of the app role can write some of it: pass it through :func:`escape` before a terminal or a page."""
-    entries = _native.history(url, role, since.total_seconds(), limit)
+    entries = _native.history(url, role, seconds("since", since), count("limit", limit, 1, 10_000))
     for e in entries:
         for key in ("at", "acquired_at"):
             if e.get(key) is not None:

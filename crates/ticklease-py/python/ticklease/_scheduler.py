@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any, Callable, TypeVar, Union, overload
 
 from ticklease import _native
-from ticklease._config import Config, Family, Schedule, Seconds, as_schedule, optional_seconds
+from ticklease._config import Config, Family, Schedule, Seconds, as_schedule, count, optional_seconds
 from ticklease._term import Term
 
 Work = Union[Callable[[Term], Awaitable[None]], Callable[[Term], None]]
@@ -88,7 +88,7 @@ class Scheduler:
             self.config._native,
             direct_url,
             holder_keys,
-            pool_size,
+            count("pool_size", pool_size, 1, 64),
             optional_seconds("shutdown_timeout", shutdown_timeout),
         )
 
@@ -126,7 +126,8 @@ class Scheduler:
         return add if work is None else add(work)
 
     def stop(self) -> None:
-        """Stops the run: running work is cancelled and every term released as interrupted. Safe from any
+        """Stops the run: each running work is told (its term is cancelled with cause ``shutdown``), a work still
+        running after the shutdown grace is dropped, and every term is released as interrupted. Safe from any
         thread and from a signal handler."""
         self._runner.stop()
 
@@ -141,12 +142,8 @@ class Scheduler:
         ``handle_signals=False`` and call :meth:`stop` from its shutdown (a FastAPI lifespan)."""
         loop = asyncio.get_running_loop()
         _native.set_log_level(logger.getEffectiveLevel())
-        installed = []
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
-                loop.add_signal_handler(sig, self.stop)
-                installed.append(sig)
-        try:
+        # Python-level handlers, not the loop's: they run between bytecodes even while a work blocks the loop.
+        with _signals_stop(self.stop, handle_signals):
             ran = self._runner.run_async(loop)
             try:
                 result = await asyncio.shield(ran)
@@ -155,9 +152,6 @@ class Scheduler:
                 self.stop()
                 await ran
                 raise
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
         return Stopped(*result)
 
     def run_blocking(self, *, handle_signals: bool = True) -> Stopped:

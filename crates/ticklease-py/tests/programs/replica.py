@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 
 import ticklease
 
@@ -36,6 +37,7 @@ def main() -> int:
     p.add_argument("--ttl", type=float, default=2.0)
     p.add_argument("--direct", action="store_true", help="a coordination session on the same URL")
     p.add_argument("--threads", action="store_true")
+    p.add_argument("--stuck", action="store_true", help="the work ignores its term and never returns")
     a = p.parse_args()
     s = ticklease.Scheduler(a.url, config=config(a.ttl), direct_url=a.url if a.direct else None)
     if a.threads:
@@ -43,6 +45,8 @@ def main() -> int:
         @s.job(a.role, 0.05)
         def hold(term: ticklease.Term) -> None:
             say(f"leading {term.token}")
+            while a.stuck:
+                time.sleep(0.01)
             term.wait()
 
         stopped = s.run_blocking()
@@ -51,6 +55,8 @@ def main() -> int:
         @s.job(a.role, 0.05)
         async def hold_async(term: ticklease.Term) -> None:
             say(f"leading {term.token}")
+            if a.stuck:
+                time.sleep(30)  # blocks the event loop itself
             await term.cancelled()
 
         stopped = asyncio.run(s.run())
