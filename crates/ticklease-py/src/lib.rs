@@ -24,7 +24,7 @@ fn set_log_level(level: u8) {
 /// before the interpreter finalizes, the GIL released meanwhile.
 #[pyfunction]
 fn shutdown(py: Python<'_>) {
-    py.detach(|| runtime::shutdown(std::time::Duration::from_millis(500)));
+    py.detach(|| runtime::shutdown(std::time::Duration::from_secs(1)));
 }
 
 #[pymodule]

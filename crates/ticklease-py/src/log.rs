@@ -120,19 +120,30 @@ fn send(line: Line) {
 /// Hands the queue's lines to `logging`. The thread keeps one Python thread
 /// state for its life (attached once, the GIL released while it waits): a
 /// thread state made and freed per line takes the interpreter's head lock
-/// each time, which a `fork` in another thread could catch held. Once the
-/// interpreter is finishing it never takes the GIL again.
+/// each time, which a `fork` in another thread could catch held. It takes
+/// the GIL again only through the gate; once the gate is closed (the
+/// interpreter is finishing) it never does.
 fn log_thread(receiver: std::sync::mpsc::Receiver<Line>) {
     // Borrowed while the GIL is released: shared, so behind a (never contended) lock.
     let receiver = Mutex::new(receiver);
+    let Some(first) = crate::runtime::enter() else {
+        return;
+    };
+    let mut pass = Some(first);
     Python::attach(|py| loop {
         let next = py.detach(|| {
+            drop(pass.take());
             let next = receiver.lock().unwrap_or_else(PoisonError::into_inner).recv();
-            while crate::runtime::finishing() {
-                std::thread::park();
+            match crate::runtime::enter() {
+                Some(p) => (p, next),
+                // The interpreter is finishing: never return (returning takes the GIL again).
+                None => loop {
+                    std::thread::park();
+                },
             }
-            next
         });
+        let (p, next) = next;
+        pass = Some(p);
         let Ok(mut line) = next else { return };
         let dropped = DROPPED.swap(0, Ordering::Relaxed);
         if dropped > 0 {

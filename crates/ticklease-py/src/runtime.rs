@@ -2,15 +2,15 @@
 //! (gunicorn, Celery, `multiprocessing`) inherits the parent's runtime
 //! without its threads, so it gets a runtime of its own on first use; the
 //! inherited one is never dropped (dropping would wait for threads that do
-//! not exist in the child).
+//! not exist in the child). And the gate through which the runtime's
+//! threads enter Python, closed at the interpreter's exit.
 //!
 //! [`Rt`] is that runtime as `pyo3-async-runtimes` sees it, so its bridges
 //! (a Rust future as a Python awaitable, cancelled from Python) spawn here.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
 use pyo3_async_runtimes::generic::{ContextExt, JoinError, Runtime};
@@ -44,28 +44,66 @@ pub(crate) fn runtime() -> Arc<Tokio> {
     rt
 }
 
-/// Whether the interpreter is finishing (`atexit` ran [`shutdown`]): from
-/// then on nothing of ours calls into Python (a thread that takes the GIL
-/// while the interpreter finalizes is ended under our frames).
-static FINISHING: AtomicBool = AtomicBool::new(false);
+/// The gate through which the core's own threads enter Python. At the
+/// interpreter's exit (`atexit` runs [`shutdown`]) it closes: it waits for
+/// the threads inside to leave, and from then on lets none in. A thread that
+/// takes the GIL while the interpreter finalizes is ended by Python under our
+/// frames (an abort or a segmentation fault at exit): none may.
+static GATE: Mutex<Gate> = Mutex::new(Gate {
+    closed: false,
+    inside: 0,
+});
+static GATE_LEFT: Condvar = Condvar::new();
 
-pub(crate) fn finishing() -> bool {
-    FINISHING.load(Ordering::Acquire)
+struct Gate {
+    closed: bool,
+    inside: usize,
 }
 
-/// At the interpreter's exit: no more calls into Python, and this process's
-/// runtime shut down (its tasks dropped, its blocking threads given up to
-/// `bound`), so none of its threads outlives the interpreter.
+/// A thread's pass through the gate: it may take the GIL until dropped.
+pub(crate) struct Pass(());
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
+        gate.inside -= 1;
+        GATE_LEFT.notify_all();
+    }
+}
+
+/// A pass, or `None` once the interpreter is finishing (then the caller must not touch Python).
+pub(crate) fn enter() -> Option<Pass> {
+    let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
+    if gate.closed {
+        return None;
+    }
+    gate.inside += 1;
+    Some(Pass(()))
+}
+
+/// Runs `f` with the GIL through the gate; `None` once the interpreter is finishing.
+pub(crate) fn with_python<T>(f: impl for<'py> FnOnce(pyo3::Python<'py>) -> T) -> Option<T> {
+    let _pass = enter()?;
+    Some(pyo3::Python::attach(f))
+}
+
+/// At the interpreter's exit, the GIL released: closes the gate, waiting up
+/// to `bound` for the threads inside. The runtime runs on (Rust alone: every
+/// way into Python goes through the gate) until the process ends; it is not
+/// shut down, since a thread that asked for it afterwards would build another.
 pub(crate) fn shutdown(bound: std::time::Duration) {
-    FINISHING.store(true, Ordering::Release);
-    let taken = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner).take();
-    if let Some((pid, rt)) = taken {
-        match Arc::try_unwrap(rt) {
-            Ok(rt) if pid == std::process::id() => rt.shutdown_timeout(bound),
-            // Another thread is inside `block_on`, or the runtime is a parent's: leave it be.
-            Ok(rt) => std::mem::forget(rt),
-            Err(rt) => std::mem::forget(rt),
+    let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
+    gate.closed = true;
+    let deadline = std::time::Instant::now() + bound;
+    while gate.inside > 0 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
         }
+        gate = GATE_LEFT
+            .wait_timeout(gate, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
     }
 }
 
@@ -115,11 +153,18 @@ impl Runtime for Rt {
         Joined(runtime().spawn(fut))
     }
 
+    /// `pyo3-async-runtimes` completes a Python future here, with the GIL:
+    /// through the gate, like every other way into Python (once it is
+    /// closed, the future is left as it is: the interpreter is exiting).
     fn spawn_blocking<F>(f: F) -> Joined
     where
         F: FnOnce() + Send + 'static,
     {
-        Joined(runtime().spawn_blocking(f))
+        Joined(runtime().spawn_blocking(move || {
+            if let Some(_pass) = enter() {
+                f();
+            }
+        }))
     }
 }
 

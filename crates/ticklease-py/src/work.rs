@@ -62,7 +62,7 @@ impl PyWork {
     async fn call_sync(self: Arc<Self>, tick: Tick) -> Outcome {
         let (sender, receiver) = oneshot::channel();
         let started = tokio::task::spawn_blocking(move || {
-            Python::attach(|py| -> PyResult<()> {
+            crate::runtime::with_python(|py| -> PyResult<()> {
                 let term = Py::new(py, PyTerm { tick })?;
                 let done = Py::new(py, Done(Mutex::new(Some(sender))))?;
                 py.import("ticklease._work")?
@@ -72,8 +72,9 @@ impl PyWork {
         })
         .await;
         match started {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return panicked(format!("could not start the work: {e}")),
+            Ok(Some(Ok(()))) => {}
+            Ok(Some(Err(e))) => return panicked(format!("could not start the work: {e}")),
+            Ok(None) => return panicked(FINISHING.into()),
             Err(e) => return panicked(format!("the work's thread failed: {e}")),
         }
         receiver
@@ -85,7 +86,7 @@ impl PyWork {
         let (sender, receiver) = oneshot::channel();
         let event_loop = self.event_loop.clone();
         let started = tokio::task::spawn_blocking(move || {
-            Python::attach(|py| -> PyResult<Py<PyAny>> {
+            crate::runtime::with_python(|py| -> PyResult<Py<PyAny>> {
                 let event_loop = event_loop
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -102,8 +103,9 @@ impl PyWork {
         })
         .await;
         let task = match started {
-            Ok(Ok(task)) => task,
-            Ok(Err(e)) => return panicked(format!("could not start the work: {e}")),
+            Ok(Some(Ok(task))) => task,
+            Ok(Some(Err(e))) => return panicked(format!("could not start the work: {e}")),
+            Ok(None) => return panicked(FINISHING.into()),
             Err(e) => return panicked(format!("the work's thread failed: {e}")),
         };
         // Dropped with this future when the crate drops the work: the task is cancelled.
@@ -113,6 +115,9 @@ impl PyWork {
             .unwrap_or_else(|_| panicked("the work's task ended without an outcome".into()))
     }
 }
+
+/// Why no work starts once the interpreter is finishing.
+const FINISHING: &str = "the interpreter is exiting";
 
 fn panicked(message: String) -> Outcome {
     ("panicked".into(), Some(message))
@@ -138,18 +143,16 @@ struct CancelOnDrop(Option<Py<PyAny>>);
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         let Some(task) = self.0.take() else { return };
-        if crate::runtime::finishing() {
-            std::mem::forget(task);
-            return;
-        }
         let cancel = move || {
-            Python::attach(|py| {
+            crate::runtime::with_python(|py| {
                 let _ = task.call_method0(py, "cancel");
             })
         };
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => drop(handle.spawn_blocking(cancel)),
-            Err(_) => cancel(),
+            Err(_) => {
+                cancel();
+            }
         }
     }
 }

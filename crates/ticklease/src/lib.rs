@@ -890,8 +890,10 @@
 //!   runtime worker (where heartbeats run) waits for it: calls into Python
 //!   run on the blocking pool, log lines go through a bounded queue to a
 //!   thread of their own.
-//! - The runtime is per process: a forked child builds its own; at
-//!   interpreter exit it is shut down before the interpreter finalizes.
+//! - The runtime is per process: a forked child builds its own. Its threads
+//!   enter Python only through a gate that closes at interpreter exit (it
+//!   waits for the threads inside, then lets none in), so none of them
+//!   touches the finalizing interpreter.
 //!
 //! Any other language follows `docs/sql-api.md`, the protocol's reference.
 //!
