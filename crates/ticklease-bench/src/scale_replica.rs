@@ -509,6 +509,12 @@ impl LeaseStore for Timed {
     async fn status(&self) -> Result<Vec<LeaseStatus>, StoreError> {
         self.inner.status().await
     }
+    async fn status_bounded(&self, limit: usize) -> Result<(Vec<LeaseStatus>, u64), StoreError> {
+        self.inner.status_bounded(limit).await
+    }
+    async fn status_of(&self, roles: &[Role]) -> Result<Vec<LeaseStatus>, StoreError> {
+        self.inner.status_of(roles).await
+    }
 
     fn signals(&self) -> Option<&Signals> {
         self.inner.signals()

@@ -149,11 +149,18 @@ ticklease-alerts.test.yml && promtool test rules ticklease-alerts.test.yml"
     /// The guard of `run`'s child (internal).
     #[command(name = "__guard", hide = true)]
     Guard(GuardCmd),
-    /// Serve the cluster-fact metrics of every role in leader_leases on /metrics, and /healthz.
+    /// Serve the cluster-fact metrics of your roles (--roles), or of the roles in leader_leases, on /metrics,
+    /// and /healthz.
     #[command(
-        after_help = "Examples:\n  ticklease metrics --metrics-addr 0.0.0.0:9187\n  ticklease metrics --metrics-addr 127.0.0.1:0 --prefix myapp"
+        after_help = "Name your roles: any app login can create rows, and an exporter that follows the rows exports \
+                      at most 1,000 of them (the first by name, paused ones first); named roles are read by name \
+                      and always exported.\n\nExamples:\n  ticklease metrics --metrics-addr 0.0.0.0:9187 --roles billing,dunning\n  ticklease metrics --metrics-addr 127.0.0.1:0 --prefix myapp"
     )]
     Metrics {
+        /// The roles to export, read by name whatever else is in the table (comma-separated; repeatable).
+        /// Without: the rows of leader_leases, at most 1,000.
+        #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+        roles: Vec<Role>,
         /// Address to listen on (port 0 picks a free port; the bound address is printed).
         #[arg(long, default_value = "127.0.0.1:9187")]
         metrics_addr: std::net::SocketAddr,

@@ -57,7 +57,11 @@ pub async fn run(url: &str, command: Command) -> anyhow::Result<()> {
             None => cmd_worker(db, run).await,
         },
         Command::Demo { .. } => unreachable!("handled before the database URL is required"),
-        Command::Metrics { metrics_addr, prefix } => cmd_metrics(db, metrics_addr, prefix).await,
+        Command::Metrics {
+            metrics_addr,
+            prefix,
+            roles,
+        } => cmd_metrics(db, metrics_addr, prefix, roles).await,
         Command::Run(run) => cmd_run(db, run).await,
         Command::Guard(_) => unreachable!("main runs the guard before anything else"),
     }
@@ -200,11 +204,31 @@ async fn cmd_grant(db: Db, roles: RoleNames) -> anyhow::Result<()> {
 
 async fn cmd_status(db: Db, json: bool, watch: bool, role: Option<Role>) -> anyhow::Result<()> {
     let store = db.store().await?;
+    // One role by name, or a bounded part of the table (any app login may
+    // create rows): what is left out is said on stderr, the output's shape stays.
     let read = || async {
-        let mut rows = store.status().await?;
-        if let Some(role) = &role {
-            rows.retain(|r| r.role == role.as_str());
-        }
+        let rows = match &role {
+            Some(role) => store.status_of(std::slice::from_ref(role)).await?,
+            None => {
+                let (rows, total) = store.status_bounded(STATUS_ROWS_MAX).await?;
+                let left_out = total.saturating_sub(rows.len() as u64);
+                if left_out > 0 {
+                    eprintln!(
+                        "{}",
+                        format_args!(
+                            "{left_out}{} more roles not shown (paused ones first, then by name): \
+                         ticklease status --role NAME shows any one",
+                            if total >= ticklease::STATUS_COUNTED_MAX {
+                                " or"
+                            } else {
+                                ""
+                            }
+                        )
+                    );
+                }
+                rows
+            }
+        };
         anyhow::Ok(rows)
     };
     if json {
@@ -282,21 +306,21 @@ async fn cmd_unpause(db: Db, role: Role) -> anyhow::Result<()> {
 
 async fn cmd_run_now(db: Db, role: Role) -> anyhow::Result<()> {
     let store = db.store().await?;
-    let cleared = store
+    let cooldown = store
         .run_now(&role)
         .await
         .with_context(|| format!("could not run {role} now"))?;
-    let rows = store.status().await?;
-    let row = rows.iter().find(|r| r.role == role.as_str());
+    let rows = store.status_of(std::slice::from_ref(&role)).await?;
+    let row = rows.first();
     let cron = row.is_some_and(|r| r.schedule.is_some());
     let paused = row.is_some_and(|r| r.paused_at.is_some());
     println!(
         "{role}: {}",
-        match (cron, paused, cleared) {
-            (true, true, _) => "paused: a manual run starts once it is unpaused",
+        match (cron, paused, cooldown) {
+            (_, true, _) => "paused: a manual run starts once it is unpaused",
             (true, false, _) => "a manual run starts at once (its next occurrence still runs)",
-            (false, _, true) => "cooldown cleared",
-            (false, _, false) => "had no cooldown",
+            (false, false, true) => "a manual run starts at once (its cooldown stays for the ticks after)",
+            (false, false, false) => "a manual run starts at once (the next interval counts from its end)",
         }
     );
     Ok(())
@@ -362,17 +386,30 @@ async fn cmd_worker(db: Db, run: WorkerRun) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Most roles `ticklease status` shows (`--role` shows any one).
+const STATUS_ROWS_MAX: usize = 1_000;
+
 /// Most roles `ticklease metrics` exports (about a dozen series each): any
 /// app login may create rows, and each would be a series of every scrape.
 const METRICS_ROLES_MAX: usize = 1_000;
 
-async fn cmd_metrics(db: Db, addr: std::net::SocketAddr, prefix: String) -> anyhow::Result<()> {
+async fn cmd_metrics(
+    db: Db,
+    addr: std::net::SocketAddr,
+    prefix: String,
+    roles: Vec<Role>,
+) -> anyhow::Result<()> {
     let store = db.store().await?;
-    // The rows as each scrape reads them (paused, held and most recently
-    // ticked first; leader_status_rows_left_out counts the rest): a role
-    // created later is exported too.
     let mut registry = prometheus_client::registry::Registry::with_prefix(prefix);
-    let metrics = ticklease::Metrics::register_following_rows(&mut registry, METRICS_ROLES_MAX);
+    // Named roles are read by name (a stalled one is exported whatever rows
+    // any app login created); without, the rows as each scrape reads them
+    // (paused first, then by role; leader_status_rows_left_out counts the
+    // rest): a role created later is exported too.
+    let metrics = if roles.is_empty() {
+        ticklease::Metrics::register_following_rows(&mut registry, METRICS_ROLES_MAX)
+    } else {
+        ticklease::Metrics::register(&mut registry, roles)
+    };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("could not listen on {addr}"))?;

@@ -393,7 +393,9 @@ pub async fn every_acquire_issues_a_larger_token_never_below_the_clock<S: LeaseS
     }
 }
 
-pub async fn run_now_clears_a_cooldown_and_names_unknown_roles<S: LeaseStore>(store: &S) {
+pub async fn run_now_starts_one_manual_term_over_a_cooldown_and_names_unknown_roles<S: LeaseStore>(
+    store: &S,
+) {
     let r = role("billing");
     let t = acquired(store, &r, "a", Duration::from_millis(1)).await;
     assert!(store
@@ -409,13 +411,25 @@ pub async fn run_now_clears_a_cooldown_and_names_unknown_roles<S: LeaseStore>(st
     ));
     assert!(
         store.run_now(&r).await.expect("RUN NOW"),
-        "a cooldown was cleared"
+        "the role had a cooldown"
     );
     assert!(
-        !store.run_now(&r).await.expect("RUN NOW"),
-        "nothing left to clear"
+        store.run_now(&r).await.expect("RUN NOW"),
+        "asked twice: one manual run, the cooldown still there"
     );
-    acquired(store, &r, "b", Duration::from_millis(1)).await;
+    let manual = acquired(store, &r, "b", Duration::from_millis(1)).await;
+    assert!(store
+        .release(&r, manual, Release::Completed, HOUR)
+        .await
+        .expect("RELEASE"));
+    // The manual run is consumed; the hour's cooldown stays for the ticks after it.
+    assert!(matches!(
+        store
+            .acquire(&r, "b", TTL, Duration::from_millis(1))
+            .await
+            .expect("ACQUIRE"),
+        Acquire::Refused(Refusal::NotDue { .. })
+    ));
     assert!(matches!(
         store.run_now(&role("nope")).await,
         Err(StoreError::UnknownRole { .. })
@@ -726,8 +740,8 @@ pub async fn run_now_of_a_cron_role_starts_one_manual_term<S: LeaseStore>(store:
         .await
         .expect("RELEASE"));
     assert!(
-        !store.run_now(&r).await.expect("run now"),
-        "a cron role's cooldown stays"
+        store.run_now(&r).await.expect("run now"),
+        "a cron role's cooldown is reported (and stays)"
     );
     store.pause(&r, "ops", "").await.expect("pause");
     let paused = store
@@ -832,6 +846,14 @@ pub async fn an_interval_term_clears_what_a_cron_schedule_recorded<S: LeaseStore
         !store.run_now(&r).await.expect("run now"),
         "an interval role had no cooldown"
     );
+    // Its interval (an hour) is not over: the run-now starts a manual term all the same, which consumes it.
+    let Acquire::Acquired(manual) = store.acquire(&r, "a", TTL, HOUR).await.expect("ACQUIRE") else {
+        panic!("a run-now of an interval role that is not due starts a term")
+    };
+    assert!(store
+        .release(&r, manual.token, Release::Completed, HOUR)
+        .await
+        .expect("RELEASE"));
     let back = store.acquire_occurrence(&r, "a", TTL, &look).await.expect("look");
     assert!(
         matches!(back.acquire, Acquire::Refused(_)) && !back.run_now_pending,
@@ -1066,7 +1088,7 @@ macro_rules! conformance_suite {
             seed_creates_missing_rows_and_leaves_existing_ones,
             acquire_recreates_a_missing_row,
             every_acquire_issues_a_larger_token_never_below_the_clock,
-            run_now_clears_a_cooldown_and_names_unknown_roles,
+            run_now_starts_one_manual_term_over_a_cooldown_and_names_unknown_roles,
             acquire_many_starts_at_most_limit_terms_in_the_order_given,
             acquire_many_refuses_as_acquire_does_and_recreates_missing_rows,
             renew_many_renews_each_live_term_and_names_each_loss,

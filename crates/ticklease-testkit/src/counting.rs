@@ -133,6 +133,12 @@ impl<S: LeaseStore> LeaseStore for Counting<S> {
     async fn status(&self) -> Result<Vec<ticklease::LeaseStatus>, StoreError> {
         self.inner.status().await
     }
+    async fn status_bounded(&self, limit: usize) -> Result<(Vec<ticklease::LeaseStatus>, u64), StoreError> {
+        self.inner.status_bounded(limit).await
+    }
+    async fn status_of(&self, roles: &[Role]) -> Result<Vec<ticklease::LeaseStatus>, StoreError> {
+        self.inner.status_of(roles).await
+    }
     fn release_ending(
         &self,
         role: &Role,

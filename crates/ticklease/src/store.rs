@@ -196,6 +196,10 @@ pub const ERROR_SUMMARY_MAX: usize = 500;
 /// The most of a term's output the history keeps, in characters (the last ones).
 pub const OUTPUT_KEPT_MAX: usize = 4_000;
 
+/// Where a bounded STATUS stops counting rows ([`LeaseStore::status_bounded`]):
+/// the count says "at least this many" beyond it, and costs no more.
+pub const STATUS_COUNTED_MAX: u64 = 100_000;
+
 impl Ending {
     /// What the outcome alone says (no reason, no error).
     pub fn of(outcome: Release) -> Self {
@@ -491,8 +495,11 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// `true` when this call unpaused the role. Leaves `not_before` alone.
     fn unpause(&self, role: &Role) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Clears the role's cooldown (`not_before`) so it runs at its next poll
-    /// once due; `StoreError::UnknownRole` when it has no row.
+    /// Asks for a manual run: the role's next term starts at its next ACQUIRE
+    /// whatever its interval, cooldown or schedule (not before a pause's
+    /// wait), and its history names who asked. `true` when the role had a
+    /// cooldown (passed over, left in place); `StoreError::UnknownRole` when
+    /// it has no row.
     fn run_now(&self, role: &Role) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Creates the rows of roles that have none; existing rows are untouched.
@@ -502,28 +509,33 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn status(&self) -> impl Future<Output = Result<Vec<LeaseStatus>, StoreError>> + Send;
 
     /// At most `limit` rows of `leader_status`, by role, and how many rows
-    /// there are in all: any app login may create rows (`leader_seed`), so
-    /// what is rendered or exported reads a bounded part. The rows an
-    /// operator looks for come first: paused, then held, then the most
-    /// recently ticked, then by role.
+    /// there are in all, counted up to [`STATUS_COUNTED_MAX`]: any app login
+    /// may create rows (`leader_seed`), so what is rendered or exported reads
+    /// a bounded part, and its work is bounded too (it never reads or sorts
+    /// every row). The paused rows come first (an operator's doing), then
+    /// the others by role.
     fn status_bounded(
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<(Vec<LeaseStatus>, u64), StoreError>> + Send {
         async move {
             let mut rows = self.status().await?;
-            let total = rows.len() as u64;
-            rows.sort_by_key(|r| {
-                (
-                    r.paused_at.is_none(),
-                    !r.held,
-                    std::cmp::Reverse(r.last_tick_ended_at),
-                    r.role.clone(),
-                )
-            });
+            let total = (rows.len() as u64).min(STATUS_COUNTED_MAX);
+            rows.sort_by_key(|r| (r.paused_at.is_none(), r.role.clone()));
             rows.truncate(limit);
             rows.sort_by(|a, b| a.role.cmp(&b.role));
             Ok((rows, total))
+        }
+    }
+
+    /// The rows of `leader_status` of `roles` (those that have one), by
+    /// role: read by name, so its work is the roles asked whatever other
+    /// rows any login created.
+    fn status_of(&self, roles: &[Role]) -> impl Future<Output = Result<Vec<LeaseStatus>, StoreError>> + Send {
+        async move {
+            let mut rows = self.status().await?;
+            rows.retain(|r| roles.iter().any(|role| role.as_str() == r.role));
+            Ok(rows)
         }
     }
 

@@ -103,6 +103,71 @@ async fn a_scrape_flood_over_a_slow_link_costs_no_heartbeat() {
     assert!(served >= 100, "the flood was served: {served} scrapes");
 }
 
+/// Concurrent scrapes share one refresh (the review: once a refresh took
+/// 1 s, 16 scrapes refreshed one after another, the last answered after
+/// 32 s): with the table locked, every refresh waits out its statement
+/// timeout (1 s), and 16 scrapes sent together all answer within a few.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_scrapes_during_a_slow_refresh_share_it() {
+    let cluster = PgCluster::shared();
+    let name = cluster.create_database().await.unwrap();
+    let mut owner = connect(&cluster.config(&name)).await.unwrap();
+    ticklease::migrate(&mut owner).await.unwrap();
+    let config = Config::builder()
+        .lease_ttl(Duration::from_secs(4))
+        .heartbeat_every(Duration::from_millis(500))
+        .statement_timeout(Duration::from_secs(1))
+        .abandon_after(Duration::from_secs(2))
+        .max_poll(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let store = PgStore::connect(cluster.config(&name), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let mut registry = Registry::with_prefix("ticklease");
+    let metrics = Metrics::register(&mut registry, [Role::new("billing").unwrap()]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(ticklease::metrics::serve(
+        listener,
+        Arc::new(registry),
+        metrics,
+        store,
+        stop.clone(),
+    ));
+    let locker = owner.transaction().await.unwrap();
+    locker
+        .batch_execute("LOCK TABLE leader_leases IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let scrapes: Vec<_> = (0..16)
+        .map(|_| {
+            tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                let response = get(addr, "/metrics").await.unwrap();
+                (response, started.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for scrape in scrapes {
+        let (response, took) = scrape.await.unwrap();
+        assert!(
+            response.starts_with("HTTP/1.1 200") && response.contains("ticklease_leader_status_unreadable 1"),
+            "{response:.500}"
+        );
+        slowest = slowest.max(took);
+    }
+    locker.rollback().await.unwrap();
+    stop.cancel();
+    // One refresh (1 s) and some; one after another would be 16 s.
+    assert!(
+        slowest < Duration::from_secs(5),
+        "the slowest scrape took {slowest:?}"
+    );
+}
+
 /// The routes join the application's own router, merged at its root or
 /// mounted under a path of a router with state, beside the app's routes;
 /// the re-exported crates are the ones the API takes.

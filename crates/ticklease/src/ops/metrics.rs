@@ -54,6 +54,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::error::StoreError;
 pub use crate::ops::alerts::{alert_rule_tests, alert_rules, DEFAULT_PREFIX};
 pub(crate) use crate::ops::outcome::{LostReason, TickOutcome};
 use crate::store::{LeaseStatus, LeaseStore};
@@ -146,6 +147,7 @@ struct Inner {
     occurrence_late: Family<RoleLabel, FloatGauge>,
     occurrences_skipped: Family<ReasonLabels, Counter>,
     rows_left_out: Gauge,
+    status_unreadable: Gauge,
 }
 
 /// Most rows of `leader_leases` one refresh of the cluster facts reads.
@@ -192,9 +194,15 @@ impl Inner {
     fn register_into(&self, r: &mut Registry) {
         r.register(
             "leader_status_rows_left_out",
-            "Rows of leader_leases the last refresh did not read (it reads at most 10,000), or, for an \
-             exporter following the rows, did not export (cluster fact)",
+            "Rows of leader_leases an exporter following the rows did not export (it reads at most \
+             10,000 and counts up to 100,000; cluster fact)",
             self.rows_left_out.clone(),
+        );
+        r.register(
+            "leader_status_unreadable",
+            "1 when this replica's last refresh of the cluster facts could not read leader_leases \
+             (exists at 0 from the start)",
+            self.status_unreadable.clone(),
         );
         r.register(
             "leader_last_tick_age_seconds",
@@ -383,6 +391,7 @@ impl Metrics {
             occurrence_late: Family::default(),
             occurrences_skipped: Family::default(),
             rows_left_out: Gauge::default(),
+            status_unreadable: Gauge::default(),
         };
         inner.register_into(registry);
         for role in &inner.roles {
@@ -473,57 +482,86 @@ impl Metrics {
     }
 
     /// Reads the cluster facts from the store. A failure is exported as
-    /// `state="error"`, never as a value.
+    /// `state="error"` and `leader_status_unreadable 1`, never as a value.
+    /// Declared roles (and the keys of the families this replica runs) are
+    /// read by name, so the read costs what they are, whatever rows any
+    /// login added; an exporter following the rows reads a bounded part.
     pub async fn refresh<S: LeaseStore>(&self, store: &S) {
-        let inner = &self.inner;
         if let Some(events) = store.connection_events() {
             self.connection_events(events);
         }
-        match store.status_bounded(REFRESH_ROWS_MAX).await {
-            Ok((rows, total)) => {
-                let left_out = total.saturating_sub(rows.len() as u64);
-                let roles = self.roles_of(Some((&rows, left_out == 0)));
-                // Following rows, the roles not exported are left out too.
-                let not_exported = match &inner.following {
-                    Some(_) => total.saturating_sub(roles.len() as u64),
-                    None => left_out,
-                };
-                inner
-                    .rows_left_out
-                    .set(i64::try_from(not_exported).unwrap_or(i64::MAX));
-                if let Some(lead) = token_lead_seconds(&rows) {
-                    inner.token_lead.set(lead);
-                }
-                let by_role: std::collections::HashMap<&str, &LeaseStatus> =
-                    rows.iter().map(|s| (s.role.as_str(), s)).collect();
-                for role in &roles {
-                    let row = by_role.get(role.as_str()).copied();
-                    if row.is_none() && left_out > 0 {
-                        // Its row may exist among those not read: unknown, not never ran.
-                        self.unknown_role(role);
-                        continue;
-                    }
-                    self.refresh_role(role, row);
-                }
-                for family in self.families() {
-                    self.refresh_family(&family, &rows);
-                }
+        let read = match &self.inner.following {
+            None => store.status_of(&self.names_read()).await.map(|rows| (rows, None)),
+            Some(_) => store
+                .status_bounded(REFRESH_ROWS_MAX)
+                .await
+                .map(|(rows, total)| (rows, Some(total))),
+        };
+        self.inner.status_unreadable.set(i64::from(read.is_err()));
+        match read {
+            Ok((rows, total)) => self.refreshed(&rows, total),
+            Err(error) => self.unreadable(&error),
+        }
+    }
+
+    /// The roles a refresh of declared roles reads: those and every key of
+    /// the families this replica runs.
+    fn names_read(&self) -> Vec<Role> {
+        let mut names = self.inner.roles.clone();
+        for family in self.families() {
+            names.extend(family.key_list().iter().filter_map(|key| family.role(key).ok()));
+        }
+        names
+    }
+
+    /// The facts from the rows read; `total`: the table's rows (counted up to
+    /// a bound) when the rows read are a bounded part of it, `None` when they
+    /// are every declared role's.
+    fn refreshed(&self, rows: &[LeaseStatus], total: Option<u64>) {
+        let inner = &self.inner;
+        let left_out = total.map_or(0, |t| t.saturating_sub(rows.len() as u64));
+        let roles = self.roles_of(Some((rows, left_out == 0)));
+        // Following rows, the roles not exported are left out too.
+        let not_exported = match total {
+            Some(total) => total.saturating_sub(roles.len() as u64),
+            None => 0,
+        };
+        inner
+            .rows_left_out
+            .set(i64::try_from(not_exported).unwrap_or(i64::MAX));
+        if let Some(lead) = token_lead_seconds(rows) {
+            inner.token_lead.set(lead);
+        }
+        let by_role: std::collections::HashMap<&str, &LeaseStatus> =
+            rows.iter().map(|s| (s.role.as_str(), s)).collect();
+        for role in &roles {
+            let row = by_role.get(role.as_str()).copied();
+            if row.is_none() && left_out > 0 {
+                // Its row may exist among those not read: unknown, not never ran.
+                self.unknown_role(role);
+                continue;
             }
-            Err(error) => {
-                tracing::warn!(
-                    error = &error as &dyn std::error::Error,
-                    "could not read leader_leases for metrics"
-                );
-                for family in self.families() {
-                    let label = family_label(family.name());
-                    inner.family_age_max.remove(&label);
-                    inner.family_never_ran.remove(&label);
-                    inner.family_paused.remove(&label);
-                }
-                for role in &self.roles_of(None) {
-                    self.unknown_role(role);
-                }
-            }
+            self.refresh_role(role, row);
+        }
+        for family in self.families() {
+            self.refresh_family(&family, rows);
+        }
+    }
+
+    /// No row could be read: every fact is unknown.
+    fn unreadable(&self, error: &StoreError) {
+        tracing::warn!(
+            error = error as &dyn std::error::Error,
+            "could not read leader_leases for metrics"
+        );
+        for family in self.families() {
+            let label = family_label(family.name());
+            self.inner.family_age_max.remove(&label);
+            self.inner.family_never_ran.remove(&label);
+            self.inner.family_paused.remove(&label);
+        }
+        for role in &self.roles_of(None) {
+            self.unknown_role(role);
         }
     }
 
@@ -950,6 +988,53 @@ fn page_route<S: LeaseStore + crate::ops::history::HistoryStore + Clone>(
     axum::routing::get(page)
 }
 
+/// One refresh of the cluster facts at a time, shared: a scrape that arrives
+/// while one runs waits for it and serves its result (16 scrapes during a
+/// refresh of 2 s cost one refresh, not 16 one after another), and one
+/// that arrives within [`SCRAPE_REFRESH_MIN`] of the last start serves the
+/// last snapshot.
+#[cfg(feature = "http")]
+#[derive(Default)]
+struct SharedRefresh {
+    /// When the last refresh started.
+    started: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Refreshes finished (or abandoned) so far.
+    finished: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(feature = "http")]
+impl SharedRefresh {
+    async fn refresh<S: LeaseStore>(&self, metrics: &Metrics, store: &S) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let arrived = self.finished.load(SeqCst);
+        let mut started = self.started.lock().await;
+        if self.finished.load(SeqCst) != arrived {
+            // One finished while this scrape waited for the lock: its result is this scrape's.
+            return;
+        }
+        if started.is_some_and(|t| t.elapsed() < SCRAPE_REFRESH_MIN) {
+            return;
+        }
+        // Stamped first: a scraper that hangs up mid-refresh (dropping it)
+        // does not earn the next one a refresh; counted however it ends.
+        *started = Some(tokio::time::Instant::now());
+        let _finished = scopeguard_finish(&self.finished);
+        metrics.refresh(store).await;
+    }
+}
+
+/// Counts a refresh as finished when dropped (it completed, or its scraper hung up).
+#[cfg(feature = "http")]
+fn scopeguard_finish(finished: &std::sync::atomic::AtomicU64) -> impl Drop + '_ {
+    struct Finish<'a>(&'a std::sync::atomic::AtomicU64);
+    impl Drop for Finish<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    Finish(finished)
+}
+
 /// `/metrics`: at most one refresh of the cluster facts a second, at most
 /// [`SCRAPES_MAX`] scrapes at once.
 #[cfg(feature = "http")]
@@ -960,7 +1045,7 @@ fn scrape_route<S: LeaseStore + Clone>(
 ) -> axum::routing::MethodRouter {
     use axum::http::header::CONTENT_TYPE;
     use axum::http::StatusCode;
-    let refreshed: Arc<tokio::sync::Mutex<Option<tokio::time::Instant>>> = Arc::default();
+    let refreshed = Arc::new(SharedRefresh::default());
     let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_MAX));
     let scrape = move || {
         let (registry, metrics, store) = (registry.clone(), metrics.clone(), store.clone());
@@ -976,15 +1061,7 @@ fn scrape_route<S: LeaseStore + Clone>(
             let Ok(_slot) = slots.try_acquire_owned() else {
                 return text(StatusCode::SERVICE_UNAVAILABLE, "too many scrapes at once\n");
             };
-            {
-                let mut last = refreshed.lock().await;
-                if last.is_none_or(|t| t.elapsed() >= SCRAPE_REFRESH_MIN) {
-                    // Stamped first: a scraper that hangs up mid-refresh
-                    // (dropping it) does not earn the next one a refresh.
-                    *last = Some(tokio::time::Instant::now());
-                    metrics.refresh(&store).await;
-                }
-            }
+            refreshed.refresh(&metrics, &store).await;
             let mut body = String::new();
             match prometheus_client::encoding::text::encode(&mut body, &registry) {
                 Ok(()) => (

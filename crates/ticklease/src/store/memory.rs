@@ -229,15 +229,16 @@ fn acquire_row(
         .into_iter()
         .flatten()
         .max();
-    if let Some(refusal) = blocked(row, now, due_at) {
+    // A run-now is due at once, but for a pause's wait.
+    let manual = row.run_now_by.is_some() && !row.pause_waits(now);
+    if let Some(refusal) = blocked(row, now, due_at.filter(|_| !manual)) {
         return Acquire::Refused(refusal);
     }
     if !start {
         return Acquire::Refused(Refusal::OverLimit);
     }
     row.occurrence = None;
-    row.manual_by = None;
-    row.run_now_by = None;
+    row.manual_by = row.run_now_by.take();
     row.schedule = None;
     row.next_occurrence = None;
     row.long_lived = long_lived;
@@ -665,17 +666,14 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn run_now(&self, role: &Role) -> Result<bool, StoreError> {
+        let now = self.now();
         self.with(|s| {
             let row = s.rows.get_mut(role.as_str()).ok_or(StoreError::UnknownRole {
                 role: role.to_string(),
             })?;
-            if row.schedule.is_some() {
-                // A cron role: a manual run; its cooldown stays.
-                row.run_now_by = Some("memory".into());
-                return Ok(false);
-            }
-            // A cooldown is cleared; a pause's wait stays.
-            Ok(row.not_before.take().is_some())
+            // A manual run, whatever the schedule; its cooldown stays, as a pause's wait.
+            row.run_now_by = Some("memory".into());
+            Ok(row.not_before.is_some_and(|t| t > now))
         })
     }
 

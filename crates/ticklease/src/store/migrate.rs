@@ -96,6 +96,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "long_lived",
         sql: include_str!("migrations/0011_long_lived.sql"),
     },
+    Migration {
+        version: 12,
+        name: "status_bounds",
+        sql: include_str!("migrations/0012_status_bounds.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).

@@ -35,6 +35,7 @@ const RENEW: &str = include_str!("renew.sql");
 const RELEASE: &str = include_str!("release.sql");
 const STATUS: &str = include_str!("status.sql");
 const STATUS_BOUNDED: &str = include_str!("status_bounded.sql");
+const STATUS_OF: &str = include_str!("status_of.sql");
 const ACQUIRE_MANY: &str = include_str!("acquire_many.sql");
 const ACQUIRE_OCCURRENCE: &str = include_str!("acquire_occurrence.sql");
 const RENEW_MANY: &str = include_str!("renew_many.sql");
@@ -867,8 +868,8 @@ impl LeaseStore for PgStore {
             .await
             .map_err(|e| unknown_role(e, role))?;
         let changed: bool = one("RUN NOW", rows)?.get(0);
-        // An operator's command: it waits for the notification (bounded). Sent
-        // also when no cooldown was cleared: a cron role's manual run is asked for.
+        // An operator's command: it waits for the notification (bounded), so
+        // the role's replicas ask for the manual run at once.
         let _ = self.tell("run_now", &[role]).await;
         Ok(changed)
     }
@@ -886,8 +887,13 @@ impl LeaseStore for PgStore {
 
     async fn status_bounded(&self, limit: usize) -> Result<(Vec<LeaseStatus>, u64), StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let counted = i64::try_from(crate::store::STATUS_COUNTED_MAX).unwrap_or(i64::MAX);
         let rows = self
-            .query("STATUS", STATUS_BOUNDED, &[(&limit, Type::INT8)])
+            .query(
+                "STATUS",
+                STATUS_BOUNDED,
+                &[(&limit, Type::INT8), (&counted, Type::INT8)],
+            )
             .await?;
         // Each row carries the count of all (none when there are none, or for a limit of 0).
         let total = rows.first().map_or(0, |r| r.get::<_, i64>("total"));
@@ -895,6 +901,14 @@ impl LeaseStore for PgStore {
             rows.iter().map(status_row).collect(),
             u64::try_from(total).unwrap_or(0),
         ))
+    }
+
+    async fn status_of(&self, roles: &[Role]) -> Result<Vec<LeaseStatus>, StoreError> {
+        let names: Vec<&str> = roles.iter().map(Role::as_str).collect();
+        let rows = self
+            .query("STATUS", STATUS_OF, &[(&names, Type::TEXT_ARRAY)])
+            .await?;
+        Ok(rows.iter().map(status_row).collect())
     }
 
     fn signals(&self) -> Option<&Signals> {

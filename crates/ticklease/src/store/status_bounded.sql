@@ -1,14 +1,31 @@
--- STATUS, bounded: at most $1 rows of the operator view, the ones an
--- operator looks for first (paused, then held, then the most recently
--- ticked, then by role), returned by role, each with the count of all rows.
+-- STATUS, bounded by its own work: at most $1 rows of the operator view (the
+-- paused ones first, an operator's doing, then by role), returned by role,
+-- each with the count of all rows up to $2. Any app login may create rows
+-- (leader_seed), so nothing here reads or sorts every row: the paused rows
+-- come from their partial index (migration 0012), the others from the
+-- primary key, and the count stops at $2.
 -- Calls: nothing (reads the view leader_status)
-SELECT *
-  FROM (SELECT role, held, holder_id, holder_token, acquired_at, expires_at, db_now,
-               extract(epoch FROM remaining)::float8 AS remaining_seconds,
-               paused_at, paused_by, pause_reason, last_tick_ended_at, last_tick_holder, not_before, last_outcome,
-               schedule, last_occurrence, next_occurrence, long_lived, tick_interval_ms,
-               count(*) OVER () AS total
-          FROM leader_status
-         ORDER BY paused_at IS NULL, NOT held, last_tick_ended_at DESC NULLS LAST, role
-         LIMIT $1::int8) AS first
- ORDER BY role
+WITH chosen AS (
+    SELECT c.role
+      FROM ((SELECT l.role, 0 AS rank FROM leader_leases AS l WHERE l.paused_at IS NOT NULL
+              ORDER BY l.role LIMIT $1::int8)
+            UNION ALL
+            (SELECT l.role, 1 AS rank FROM leader_leases AS l ORDER BY l.role LIMIT $1::int8)) AS c
+     GROUP BY c.role
+     ORDER BY min(c.rank), c.role
+     LIMIT $1::int8
+),
+counted AS (
+    SELECT count(*) AS total FROM (SELECT 1 FROM leader_leases AS l LIMIT $2::int8) AS c
+)
+SELECT s.role, s.held, s.holder_id, s.holder_token, s.acquired_at, s.expires_at, s.db_now,
+       extract(epoch FROM s.remaining)::float8 AS remaining_seconds,
+       s.paused_at, s.paused_by, s.pause_reason, s.last_tick_ended_at, s.last_tick_holder, s.not_before,
+       s.last_outcome, s.schedule, s.last_occurrence, s.next_occurrence, s.long_lived, s.tick_interval_ms,
+       counted.total
+  FROM leader_status AS s
+ CROSS JOIN counted
+ -- An array, so the view is read by the primary key for the chosen roles
+ -- alone (joined, the planner may compute the view for every row).
+ WHERE s.role = ANY (ARRAY(SELECT chosen.role FROM chosen))
+ ORDER BY s.role

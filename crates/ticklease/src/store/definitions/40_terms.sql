@@ -61,15 +61,19 @@ BEGIN
                -- An interval tick is no occurrence: a role moved off a cron schedule
                -- keeps only where its counting stands (last_occurrence).
                occurrence = NULL,
-               manual_by = NULL,
+               -- An operator's run-now that waited makes this term its manual run.
+               manual_by = l.run_now_by,
                run_now_by = NULL,
                schedule = NULL,
                next_occurrence = NULL
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
-           AND (l.last_tick_ended_at IS NULL
-                OR l.last_tick_ended_at <= now() - @schema@.leader_check_ms('interval', p_interval_ms))
-           AND coalesce(greatest(l.not_before, l.pause_wait_until) <= now(), true)
+           AND ((l.last_tick_ended_at IS NULL
+                 OR l.last_tick_ended_at <= now() - @schema@.leader_check_ms('interval', p_interval_ms))
+                AND coalesce(greatest(l.not_before, l.pause_wait_until) <= now(), true)
+                -- A run-now is due at once (generation 6), whatever the interval and
+                -- the cooldown, but not before a pause's wait (as a cron role's).
+                OR (l.run_now_by IS NOT NULL AND NOT @schema@.leader_pause_waits(l.pause_wait_until, now())))
         RETURNING l.holder_token
     ),
     taken_over AS (

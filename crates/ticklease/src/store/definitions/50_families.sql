@@ -8,11 +8,14 @@ LANGUAGE sql STABLE
 AS $fn$
     -- Whether a family key's row is due (leaving aside who holds it): on an
     -- interval (p_occurrence NULL) as ACQUIRE decides it; on a cron schedule
-    -- when p_occurrence is runnable, or an operator's run-now waits.
+    -- when p_occurrence is runnable; on either when an operator's run-now
+    -- waits (generation 6: an interval key's too).
     SELECT l.paused_at IS NULL
            AND CASE WHEN p_occurrence IS NULL
                     THEN (l.last_tick_ended_at IS NULL OR l.last_tick_ended_at <= now() - p_every)
                          AND coalesce(greatest(l.not_before, l.pause_wait_until) <= now(), true)
+                         OR (l.run_now_by IS NOT NULL
+                             AND NOT @schema@.leader_pause_waits(l.pause_wait_until, now()))
                     ELSE @schema@.leader_occurrence_runnable(p_occurrence, p_before,
                              coalesce(l.last_occurrence, l.occurrences_since), greatest(l.not_before, l.pause_wait_until))
                          OR (l.run_now_by IS NOT NULL
@@ -164,7 +167,8 @@ BEGIN
                -- term runs p_occurrence, or is the manual run that waited.
                occurrence = CASE WHEN k.runs THEN p_occurrence WHEN cron THEN l.occurrence END,
                failures = CASE WHEN k.runs AND l.occurrence IS DISTINCT FROM p_occurrence THEN 0 ELSE l.failures END,
-               manual_by = CASE WHEN cron AND NOT k.runs THEN l.run_now_by END,
+               -- A term that runs no occurrence is the manual run that waited, if one did.
+               manual_by = CASE WHEN NOT k.runs THEN l.run_now_by END,
                run_now_by = CASE WHEN k.runs THEN l.run_now_by END,
                schedule = CASE WHEN cron THEN p_schedule END,
                tick_interval_ms = CASE WHEN cron THEN NULL ELSE p_interval_ms END,

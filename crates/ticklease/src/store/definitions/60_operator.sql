@@ -82,23 +82,23 @@ $fn$;
 CREATE OR REPLACE FUNCTION @schema@.leader_run_now(p_role text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
--- Run now: an interval role is due at once (its cooldown cleared; true when it had one). A cron role
--- (one whose last ACQUIRE was of an occurrence) gets a manual run instead, which the next ACQUIRE of an
--- occurrence starts whatever its cooldown, without consuming an occurrence; its cooldown (a failed
--- occurrence's backoff) stays. Neither passes the wait a pause set for the term it ended
--- (leader_pause_waits). Recorded with the session's login user; it notifies no one (see leader_release).
+-- Run now: the role's next term starts at once, as a manual run that the next ACQUIRE starts whatever
+-- its interval, its cooldown or its schedule (generation 6: an interval role's too; before, an interval
+-- role only had its cooldown cleared, and one that was not due did nothing). A manual run of a cron role
+-- consumes no occurrence; its RELEASE stamps the tick of an interval role (its next interval counts
+-- from it) and leaves the cooldown (a failed tick's backoff) alone. It does not pass the wait a pause
+-- set for the term it ended (leader_pause_waits). Its term's history row names who asked (the session's
+-- login user), as does a 'run_now' row. Returns whether the role had a cooldown (now passed over).
+-- It notifies no one (see leader_release).
 DECLARE
     had boolean;
 BEGIN
-    SELECT l.schedule IS NULL AND l.not_before IS NOT NULL INTO had
+    SELECT l.not_before IS NOT NULL AND l.not_before > now() INTO had
       FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
     END IF;
-    UPDATE @schema@.leader_leases AS l
-       SET not_before = CASE WHEN l.schedule IS NULL THEN NULL ELSE l.not_before END,
-           run_now_by = CASE WHEN l.schedule IS NOT NULL THEN left(session_user, 200) END
-     WHERE l.role = p_role;
+    UPDATE @schema@.leader_leases AS l SET run_now_by = left(session_user, 200) WHERE l.role = p_role;
     PERFORM @schema@.leader_history_add(p_role, 'run_now', NULL, NULL, NULL, NULL, NULL, session_user, NULL);
     RETURN had;
 END

@@ -30,8 +30,11 @@ SELECT l.role,
        -- whichever is later.
        CASE WHEN l.pause_wait_until > statement_timestamp() THEN greatest(l.not_before, l.pause_wait_until)
             ELSE l.not_before END AS not_before,
+       -- Ordered as the index (role, id) is, so that index answers it: ordered
+       -- by id alone the planner may walk the whole history backwards from
+       -- its newest row (generation 6; 600 ms over 171,000 rows of 38 roles).
        (SELECT h.outcome FROM leader_history AS h
-         WHERE h.role = l.role AND h.kind = 'term' ORDER BY h.id DESC LIMIT 1) AS last_outcome,
+         WHERE h.role = l.role AND h.kind = 'term' ORDER BY h.role DESC, h.id DESC LIMIT 1) AS last_outcome,
        l.schedule,
        l.last_occurrence,
        CASE WHEN l.occurrence > coalesce(l.last_occurrence, '-infinity')

@@ -56,7 +56,7 @@ COMMENT ON FUNCTION @schema@.leader_unpause(text) IS
 'ticklease operator: unpauses a role; false when it was not paused. Notifies no one. Operator role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_run_now(text) IS
-'ticklease operator: an interval role''s cooldown is cleared (true when it had one); a cron role gets a manual run. Notifies no one. Operator role. See docs/sql-api.md.';
+'ticklease operator: asks for a manual run, which the next ACQUIRE starts whatever the interval, cooldown or schedule (true when the role had a cooldown, which stays). Notifies no one. Operator role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_forget(text) IS
 'ticklease operator: deletes an idle, unpaused role''s row and history; false while a term is live or it is paused. Operator role. See docs/sql-api.md.';
