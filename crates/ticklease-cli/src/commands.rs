@@ -232,7 +232,8 @@ async fn cmd_status(db: Db, json: bool, watch: bool, role: Option<Role>) -> anyh
         anyhow::Ok(rows)
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&status::json(&read().await?))?);
+        let json = serde_json::to_string_pretty(&status::json(&read().await?))?;
+        println!("{}", ticklease::HistoryEntry::escape_json(&json));
     } else if watch {
         // One listener for the whole watch: a Ctrl-C that arrives while a
         // status is read or printed is kept for the next wait, not lost (once
@@ -263,7 +264,8 @@ async fn cmd_history(
     let store = db.store().await?;
     let entries = store.history(role.as_ref(), since, usize::from(limit)).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&history::json(&entries))?);
+        let json = serde_json::to_string_pretty(&history::json(&entries))?;
+        println!("{}", ticklease::HistoryEntry::escape_json(&json));
     } else {
         let now = store
             .status()

@@ -674,6 +674,39 @@ async fn status_shows_control_characters_from_the_database_escaped() {
     );
 }
 
+/// `--json` is escaped by the same rule (issue 41: `history --json` kept raw
+/// bidi and zero-width characters): the bytes hold none of them, and a JSON
+/// reader gets the stored text exactly.
+#[tokio::test]
+async fn json_output_holds_no_hidden_character_and_reads_back_the_stored_text() {
+    let (url, owner) = migrated_url().await;
+    let reason = "eve\u{202e}gnp.exe\u{200b}\u{2066}\u{feff}\u{1b}[2J";
+    owner
+        .batch_execute("SELECT leader_seed(ARRAY['billing'])")
+        .await
+        .unwrap();
+    owner
+        .execute("SELECT leader_pause('billing', 'ops', $1)", &[&reason])
+        .await
+        .unwrap();
+    for args in [&["history", "--json"][..], &["status", "--json"][..]] {
+        let o = ticklease(&[args, &["--database-url", &url]].concat());
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let out = String::from_utf8(o.stdout).unwrap();
+        assert!(
+            !out.contains(['\u{1b}', '\u{202e}', '\u{200b}', '\u{2066}', '\u{feff}']),
+            "{args:?}: {out:?}"
+        );
+        let read: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        let field = if args[0] == "history" {
+            "reason"
+        } else {
+            "pause_reason"
+        };
+        assert_eq!(read[0][field], reason, "{args:?}: {out}");
+    }
+}
+
 #[test]
 fn a_connection_error_names_each_cause_once() {
     let o = ticklease(&["status", "--database-url", "postgres://postgres@127.0.0.1:1/x"]);

@@ -1082,3 +1082,32 @@ async fn a_full_stderr_pipe_delays_no_renewal() {
     assert_eq!(said, Ok(true), "the drops were reported");
     let _ = runner.start_kill();
 }
+
+/// The runner's own lines escape what a child wrote (issue 41: a child's raw
+/// escape sequences reached the runner's `WARN … tick failed … error=` line):
+/// the failed tick's line shows them escaped by the one rule.
+#[tokio::test]
+async fn the_runner_s_tick_failed_line_shows_the_child_s_escape_sequences_escaped() {
+    let f = fixture().await;
+    let script = r"printf 'bad \033]0;pwned\007\033[2J\342\200\256done\n' >&2; exit 3";
+    let run = f
+        .command(&["escaping", "--once", "--", "sh", "-c", script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(30), run.wait_with_output())
+        .await
+        .expect("the run ends")
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    let line = said
+        .lines()
+        .find(|l| l.contains("tick failed"))
+        .unwrap_or_else(|| panic!("no tick failed line: {said:?}"));
+    assert!(!line.contains(['\u{1b}', '\u{7}', '\u{202e}']), "{line:?}");
+    assert!(
+        line.contains(r"\u{1b}]0;pwned\u{7}\u{1b}[2J\u{202e}done"),
+        "{line}"
+    );
+}

@@ -5,3 +5,4 @@ pub(crate) mod coordination;
 pub mod hosts;
 mod timeline;
 pub mod tls;
+mod url;

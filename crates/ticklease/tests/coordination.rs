@@ -1163,7 +1163,7 @@ async fn decisions_commit_when_their_notification_cannot_be_sent() {
         .await
         .unwrap();
     assert!(store.run_now(&role).await.unwrap(), "run-now commits");
-    assert!(scalar::<bool>(&migrator, "SELECT not_before IS NULL FROM leader_leases").await);
+    assert!(scalar::<bool>(&migrator, "SELECT run_now_by IS NOT NULL FROM leader_leases").await);
 }
 
 /// Item 8 of issue 22: a flood of notifications on `ticklease` from logins

@@ -776,6 +776,73 @@ async fn with_a_coordination_session_a_run_now_is_heard_at_once() {
     run.await.unwrap();
 }
 
+/// Run-now of an interval role that is not due runs it now (issue 41: it
+/// did nothing, "had no cooldown"), as a manual term whose history row names
+/// who asked; the role's interval counts from that run.
+#[tokio::test]
+async fn a_run_now_runs_an_interval_role_that_is_not_due_at_once_and_names_who_asked() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let config = test_config();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap()
+        .with_direct(direct(&db))
+        .await
+        .unwrap();
+    let m = Manager::start(store, config, [role()]).await.unwrap();
+    let (ran, mut runs) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::new(m.clone())
+        .job(&role(), Schedule::every(Duration::from_secs(3600)), move |tick| {
+            let _ = ran.send(tick.token());
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .unwrap();
+    let run = tokio::spawn(scheduler.run(stop.clone()));
+    let first = tokio::time::timeout(Duration::from_secs(10), runs.recv())
+        .await
+        .expect("a role that never ran runs at once")
+        .unwrap();
+    // Its next tick is an hour off.
+    assert!(
+        tokio::time::timeout(config.max_poll() * 2, runs.recv())
+            .await
+            .is_err(),
+        "no second tick before the run-now"
+    );
+    let asked = tokio::time::Instant::now();
+    assert!(!m.store().run_now(&role()).await.unwrap(), "no cooldown");
+    let manual = tokio::time::timeout(Duration::from_secs(5), runs.recv())
+        .await
+        .expect("the manual run within 5 s of the run-now (the next tick is an hour off)")
+        .unwrap();
+    assert!(manual > first);
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "heard after {:?}",
+        asked.elapsed()
+    );
+    assert!(
+        tokio::time::timeout(config.max_poll() * 2, runs.recv())
+            .await
+            .is_err(),
+        "one run per run-now"
+    );
+    stop.cancel();
+    run.await.unwrap();
+    let client = connect(&db).await.unwrap();
+    let by: String = scalar(
+        &client,
+        &format!(
+            "SELECT by FROM leader_history WHERE kind = 'term' AND token = {}",
+            manual.0
+        ),
+    )
+    .await;
+    let user: String = scalar(&client, "SELECT session_user::text").await;
+    assert_eq!(by, user, "the manual term names who asked");
+}
+
 /// A manual term lost to a pause is recorded with who asked for it.
 #[tokio::test]
 async fn a_manual_term_lost_to_a_pause_names_who_asked_for_it() {

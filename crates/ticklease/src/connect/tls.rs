@@ -111,6 +111,16 @@ pub enum PgConnectError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// A host list parameter of a URL that libpq would refuse too.
+    #[error("{param} {value:?} in the URL is not {expected}")]
+    UrlParam {
+        /// `host`, `hostaddr` or `port`.
+        param: &'static str,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
     /// The CA file cannot be read.
     #[error("could not read sslrootcert {path:?}")]
     RootCertRead {
@@ -260,8 +270,18 @@ impl FromStr for PgConnect {
     /// `sslmode=disable|prefer|require|verify-ca|verify-full` and `sslrootcert`.
     fn from_str(s: &str) -> Result<Self, PgConnectError> {
         let (rest, params) = take_ssl_params(s);
-        let config: tokio_postgres::Config =
-            rest.parse().map_err(|source| PgConnectError::Config { source })?;
+        let config = super::url::parse(&rest).map_err(|e| match e {
+            super::url::UrlError::Config(source) => PgConnectError::Config { source },
+            super::url::UrlError::Param {
+                param,
+                value,
+                expected,
+            } => PgConnectError::UrlParam {
+                param,
+                value,
+                expected,
+            },
+        })?;
         let root_cert = params.root_cert.map(PathBuf::from);
         let ssl_mode = match params.mode {
             Some(mode) => mode.parse()?,

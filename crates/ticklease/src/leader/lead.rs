@@ -786,7 +786,9 @@ impl<S: LeaseStore> Manager<S> {
         let took = sent.elapsed();
         let settled = settle(token, ended, tick.is_cancelled());
         if let Ok(Lead::Failed { error, .. }) = &settled.lead {
-            tracing::warn!(%role, %token, error = %crate::error::chain(&**error), "tick failed");
+            // A work's error may carry what a command wrote: escaped by the one rule.
+            let error = crate::HistoryEntry::escape(&crate::error::chain(&**error));
+            tracing::warn!(%role, %token, %error, "tick failed");
         }
         let mut ending = ending(&settled);
         ending.output = tick.output.lock().expect("not poisoned").take();

@@ -193,6 +193,30 @@ impl HistoryEntry {
     }
 }
 
+impl HistoryEntry {
+    /// The same rule for JSON text (`--json` output): every character
+    /// [`HistoryEntry::escape`] shows escaped is written as a JSON `\uXXXX`
+    /// escape, so the bytes a terminal receives hold none of them while a
+    /// JSON reader gets the stored value exactly. `json` is serialized JSON
+    /// (the control characters in its strings already escaped; the others
+    /// can only stand inside its strings).
+    pub fn escape_json(json: &str) -> String {
+        let mut out = String::with_capacity(json.len());
+        for c in json.chars() {
+            // JSON's own whitespace stands between values, never in a string.
+            if hidden(c) && !matches!(c, '\n' | '\r' | '\t') {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+}
+
 /// A character [`HistoryEntry::escape`] shows escaped.
 fn hidden(c: char) -> bool {
     c.is_control()

@@ -35,13 +35,20 @@
 //!   and `leader_occurrences_skipped_total{role,reason}` (reason `deadline`,
 //!   `paused` or `catch_up`: occurrences it recorded passed over when it started a later one).
 //!
-//! Any app login can create role rows (`leader_seed`), so a refresh reads at
-//! most [`REFRESH_ROWS_MAX`] of them (paused, held and most recently ticked
-//! first) and exports `leader_status_rows_left_out` (the rows it did not
-//! read, or an exporter following the rows did not export; 0 normally; the
-//! `TickleaseRolesLeftOut` alert). A declared role whose row was left out shows
-//! `state="error"`, as when the read failed. The status page renders at
-//! most [`PAGE_ROLES_MAX`] roles and says how many it left out.
+//! Any app login can create role rows (`leader_seed`, an ACQUIRE of any
+//! name), so no read here is bounded by the rows: a replica's refresh reads
+//! its declared roles (and its families' keys) **by name**, whatever the
+//! table holds, so no row any login adds pushes one of them out or slows
+//! its read; an exporter following the rows ([`Metrics::register_following_rows`],
+//! `ticklease metrics` without `--roles`) reads at most [`REFRESH_ROWS_MAX`]
+//! of them by index (paused first, then by role; counted up to
+//! [`STATUS_COUNTED_MAX`](crate::STATUS_COUNTED_MAX)) and exports
+//! `leader_status_rows_left_out` (those it did not export: the
+//! `TickleaseRolesLeftOut` alert). `leader_status_unreadable` (1 when the
+//! last refresh could not read) exists at 0 from the start, so a read that
+//! cannot finish pages (`TickleaseStatusUnreadable`) even before any role
+//! series exists; a declared role then shows `state="error"`. The status
+//! page renders at most [`PAGE_ROLES_MAX`] roles and says how many it left out.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -410,10 +417,13 @@ impl Metrics {
     /// Registers the cluster facts of the roles in `leader_leases`, at most
     /// `roles_max` of them: a role once exported stays exported until its
     /// row is gone (a forgotten role drops out), and a role created later is
-    /// added at the next refresh while there is room. So rows any app login
-    /// creates never push a stalled role out; `leader_status_rows_left_out`
-    /// counts the roles not exported (the `TickleaseRolesLeftOut` alert).
-    /// For an exporter that leads no role (`ticklease metrics`).
+    /// added at the next refresh while there is room. A fresh start exports
+    /// the first rows it reads (paused first, then by role), so rows any app
+    /// login created may take the room of a role of yours: name your roles
+    /// ([`Metrics::register`], `ticklease metrics --roles`) for alerts no
+    /// login can blind. `leader_status_rows_left_out` counts the roles not
+    /// exported (the `TickleaseRolesLeftOut` alert). For an exporter that
+    /// leads no role (`ticklease metrics`).
     pub fn register_following_rows(registry: &mut Registry, roles_max: usize) -> Metrics {
         let mut metrics = Metrics::register(registry, []);
         Arc::get_mut(&mut metrics.inner)

@@ -156,9 +156,14 @@ fn left_out(out: &mut String, shown: usize, total: u64) {
     if total > shown as u64 {
         let _ = write!(
             out,
-            "<p id=\"left-out\" class=\"paused\">showing {shown} of {total} roles (paused, held and \
-             most recently ticked first); the rest: <code>ticklease status --role NAME</code>, or \
-             <code>SELECT * FROM leader_status WHERE role = 'NAME'</code></p>"
+            "<p id=\"left-out\" class=\"paused\">showing {shown} of {}{total} roles (paused first, then \
+             by name); the rest: <code>ticklease status --role NAME</code>, or \
+             <code>SELECT * FROM leader_status WHERE role = 'NAME'</code></p>",
+            if total >= crate::store::STATUS_COUNTED_MAX {
+                "at least "
+            } else {
+                ""
+            }
         );
     }
 }

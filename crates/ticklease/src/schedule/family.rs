@@ -230,7 +230,7 @@ fn ended(
         Ok(Ok(Lead::Lost { .. })) => Duration::ZERO,
         Ok(Ok(_)) => Duration::ZERO,
         Ok(Err(error)) => {
-            tracing::warn!(%role, error = %chain(&error), "term failed");
+            tracing::warn!(%role, error = %crate::HistoryEntry::escape(&chain(&error)), "term failed");
             config.max_poll()
         }
         Err(panic) => {
