@@ -847,6 +847,52 @@ async fn a_storm_of_forged_notifications_costs_a_statement_per_spacing() {
     lead.await.unwrap().unwrap();
 }
 
+/// A replica whose coordination session cannot open at the start (its
+/// direct link blackholed: a connection flood, a server slow to answer)
+/// starts all the same, leads without it, and opens it once the link passes
+/// (issue 41: it failed to start, 1 run in 3 beside other work).
+#[tokio::test]
+async fn a_replica_whose_session_cannot_open_at_start_starts_and_opens_it_later() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let proxy = FaultProxy::start(([127, 0, 0, 1], PgCluster::shared().port()).into())
+        .await
+        .unwrap();
+    proxy.set(Fault::Blackhole);
+    let mut via = tokio_postgres::Config::new();
+    via.host("127.0.0.1")
+        .port(proxy.port())
+        .user(direct(&db).get_user().unwrap())
+        .dbname(db.get_dbname().unwrap());
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap()
+        .with_direct(via)
+        .await
+        .expect("it starts without its session");
+    let owner = connect(&direct(&db)).await.unwrap();
+    let sessions = "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN ticklease' AND datname = current_database()";
+    assert_eq!(scalar::<i64>(&owner, sessions).await, 0);
+    let role = Role::new("billing").unwrap();
+    let Acquire::Acquired(term) = store.acquire(&role, "a", HOUR, HOUR).await.unwrap() else {
+        panic!("it leads without its session")
+    };
+    assert!(
+        scalar::<bool>(&owner, "SELECT holder_key IS NULL FROM leader_leases").await,
+        "no key is recorded without a session"
+    );
+    proxy.set(Fault::Pass);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scalar::<i64>(&owner, sessions).await == 0 {
+        assert!(Instant::now() < deadline, "the session never opened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(store
+        .release(&role, term.token, ticklease::Release::Completed, HOUR)
+        .await
+        .unwrap());
+}
+
 /// A direct URL through a transaction-mode pooler would hold the key on a
 /// shared server connection and hear no notifications: refused at connect.
 #[tokio::test]

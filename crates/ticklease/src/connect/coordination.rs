@@ -258,14 +258,21 @@ impl Signals {
     /// notification on that channel, which the session must then hear. The
     /// session listens on the probe channel alone until then, so nothing
     /// other logins send on `ticklease` stands in the probe's way.
+    ///
+    /// A session that cannot be opened at all at the start (the server does
+    /// not answer within the timeout, a connection flood) does not fail the
+    /// start: the replica leads without it (its terms then end by their
+    /// lease, as without a direct URL; `leader_coordination_up` 0) while the
+    /// session is opened again with backoff, checked the same way once it
+    /// opens. A session that opens and fails the check fails the start.
     pub(crate) async fn start<C, F>(
         direct: PgConnect,
         connect_timeout: Duration,
         check: C,
     ) -> Result<Self, StoreError>
     where
-        C: FnOnce(i64, String) -> F,
-        F: Future<Output = Result<(), StoreError>>,
+        C: Fn(i64, String) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), StoreError>> + Send + 'static,
     {
         let events = Arc::new(Events {
             key: watch::Sender::new(None),
@@ -276,36 +283,26 @@ impl Signals {
         });
         // Each host of a multi-host URL gets a share of the connect timeout.
         let direct = Arc::new(Hosts::new(&with_client_keepalives(direct), connect_timeout));
-        let connect_error = |source| StoreError::Connect {
-            statement: "coordination session",
-            source,
+        let first = match open_checked(&direct, connect_timeout, &events, &check).await {
+            Ok(session) => Some(session),
+            Err(Opening::Refused(error)) => return Err(error),
+            Err(Opening::Unreachable(error)) => {
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    "coordination session could not open; leading without it (terms end by their lease) \
+                     while it is opened again"
+                );
+                None
+            }
         };
-        let session = Session::open(&direct, connect_timeout, &events, Listen::Probe)
-            .await
-            .map_err(connect_error)?;
-        let mut probe = events.probe.subscribe();
-        let nonce = session.key.to_string();
-        check(session.key, probe_channel(session.key)).await?;
-        let heard = probe.wait_for(|heard| heard.iter().any(|h| *h == nonce));
-        if tokio::time::timeout(connect_timeout, heard).await.is_err() {
-            return Err(StoreError::Rejected {
-                statement: "coordination check",
-                problem: "the coordination session hears no notifications: the direct URL must reach \
-                          Postgres itself, not a transaction-mode pooler",
-            });
-        }
-        tokio::time::timeout(connect_timeout, session.listen())
-            .await
-            .map_err(|elapsed| connect_error(elapsed.into()))?
-            .map_err(|e| connect_error(e.into()))?;
-        events.key.send_replace(Some(session.key));
         let stop = CancellationToken::new();
-        tokio::spawn(keep(
+        tokio::spawn(keep_starting(
             direct.clone(),
             connect_timeout,
             events.clone(),
             stop.clone(),
-            session,
+            first,
+            check,
         ));
         Ok(Signals {
             inner: Arc::new(Inner {
@@ -479,6 +476,100 @@ fn probe_channel(key: i64) -> String {
 /// database checks the pid against the lock's holder).
 fn holder_key(pid: i32, random: u32) -> i64 {
     (i64::from(pid) << 32) | i64::from(random)
+}
+
+/// Why a session could not be opened and checked.
+enum Opening {
+    /// It could not be opened (or set up) in time: worth trying again.
+    Unreachable(StoreError),
+    /// It opened and the check refused it: the direct URL is wrong.
+    Refused(StoreError),
+}
+
+/// Opens a session listening on its probe channel, runs `check` through
+/// the pooled path, waits to hear its probe, then listens on the shared channel.
+async fn open_checked<C, F>(
+    direct: &Hosts,
+    connect_timeout: Duration,
+    events: &Arc<Events>,
+    check: &C,
+) -> Result<Session, Opening>
+where
+    C: Fn(i64, String) -> F,
+    F: Future<Output = Result<(), StoreError>>,
+{
+    let unreachable = |source| {
+        Opening::Unreachable(StoreError::Connect {
+            statement: "coordination session",
+            source,
+        })
+    };
+    let session = Session::open(direct, connect_timeout, events, Listen::Probe)
+        .await
+        .map_err(unreachable)?;
+    let mut probe = events.probe.subscribe();
+    let nonce = session.key.to_string();
+    check(session.key, probe_channel(session.key))
+        .await
+        .map_err(Opening::Refused)?;
+    let heard = probe.wait_for(|heard| heard.iter().any(|h| *h == nonce));
+    if tokio::time::timeout(connect_timeout, heard).await.is_err() {
+        return Err(Opening::Refused(StoreError::Rejected {
+            statement: "coordination check",
+            problem: "the coordination session hears no notifications: the direct URL must reach \
+                      Postgres itself, not a transaction-mode pooler",
+        }));
+    }
+    tokio::time::timeout(connect_timeout, session.listen())
+        .await
+        .map_err(|elapsed| unreachable(elapsed.into()))?
+        .map_err(|e| unreachable(e.into()))?;
+    Ok(session)
+}
+
+/// [`keep`], after opening the first session with backoff when the start
+/// could not. A check that refuses it then is logged as an error and the
+/// replica goes on without a session (as one started without a direct URL).
+async fn keep_starting<C, F>(
+    direct: Arc<Hosts>,
+    connect_timeout: Duration,
+    events: Arc<Events>,
+    stop: CancellationToken,
+    first: Option<Session>,
+    check: C,
+) where
+    C: Fn(i64, String) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), StoreError>> + Send + 'static,
+{
+    let mut backoff = RECONNECT_MIN;
+    let session = match first {
+        Some(session) => session,
+        None => loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            match open_checked(&direct, connect_timeout, &events, &check).await {
+                Ok(session) => break session,
+                Err(Opening::Refused(error)) => {
+                    tracing::error!(
+                        error = &error as &dyn std::error::Error,
+                        "coordination session refused by its check; leading without it"
+                    );
+                    return;
+                }
+                Err(Opening::Unreachable(error)) => {
+                    tracing::warn!(
+                        error = &error as &dyn std::error::Error,
+                        ?backoff,
+                        "coordination session could not open"
+                    );
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                }
+            }
+        },
+    };
+    keep(direct, connect_timeout, events, stop, session).await;
 }
 
 /// Keeps the session open until `stop`: when it ends, the key is withdrawn

@@ -156,7 +156,10 @@ impl PgStore {
     /// a notification sent there reaches the session (it is not pooled).
     pub async fn with_direct(mut self, direct: impl Into<PgConnect>) -> Result<Self, StoreError> {
         let pooled = self.clone();
-        let check = |key: i64, channel: String| async move { pooled.coordination_check(key, &channel).await };
+        let check = move |key: i64, channel: String| {
+            let pooled = pooled.clone();
+            async move { pooled.coordination_check(key, &channel).await }
+        };
         self.signals = Some(Signals::start(direct.into(), self.statement_timeout, check).await?);
         self.records_key = true;
         Ok(self)
