@@ -627,3 +627,26 @@ fn a_first_occurrence_up_to_a_minute_before_counting_started_runs_alone() {
     );
     assert_eq!(due.run, Some(at("2026-12-02T10:00:00Z")));
 }
+
+/// Every line of `docs/cron-vectors.tsv` (the file other languages' clients
+/// check their cron arithmetic against) holds for the library: the vectors
+/// say what the library does, and a change to it fails here first.
+#[test]
+fn every_cron_vector_in_the_docs_holds() {
+    let file = include_str!("../../../docs/cron-vectors.tsv");
+    let mut checked = 0;
+    for line in file.lines().filter(|l| !l.starts_with('#')).skip(1) {
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [spec, after, expected @ ..] = fields.as_slice() else {
+            panic!("a vector has a schedule, an instant and occurrences: {line:?}")
+        };
+        let schedule = Schedule::cron_tz(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        let mut t = at(after);
+        for want in expected {
+            t = schedule.next_after(t).unwrap_or_else(|| panic!("{spec}: none after {}", show(t)));
+            assert_eq!(t, at(want), "{spec} after {after}: got {}", show(t));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 25, "{checked} vectors");
+}
