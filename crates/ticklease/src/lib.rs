@@ -125,7 +125,17 @@
 //!
 //! With `lease_ttl` T, `heartbeat_every` H, `statement_timeout` S,
 //! `abandon_after` A and `max_poll` P (defaults 10 s, 3 s, 2 s, 6 s, 5 s;
-//! [`Config`] refuses any set where `A + S >= T` or `H >= A`):
+//! [`Config`] refuses any set where `A + S >= T` or `H >= A`). Each holds for
+//! the commits the database acknowledged **and kept**: durable commits
+//! (`fsync = on`, `synchronous_commit` `local` or above, the default `on`).
+//! With `synchronous_commit = off`, a crash loses acknowledged ACQUIREs,
+//! RELEASEs and claims (up to three `wal_writer_delay`s): a second holder may
+//! acquire while the first still believes it leads, and both work until the
+//! first's next RENEW fails (within A); the fence then refuses the first's
+//! claims, but work outside the database may run twice. An asynchronous
+//! failover loses the same for the replication lag (guarantee 1 below says
+//! what keeps tokens unique across it). The runbook's "Durability" section
+//! says what to configure.
 //!
 //! 1. **One live term per role.** ACQUIRE takes a row only when no term is
 //!    live on the database clock; racing ACQUIREs serialize on the row lock and
