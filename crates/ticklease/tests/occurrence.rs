@@ -843,6 +843,86 @@ async fn a_run_now_runs_an_interval_role_that_is_not_due_at_once_and_names_who_a
     assert_eq!(by, user, "the manual term names who asked");
 }
 
+/// An occurrence that started and never completed, overtaken by a later
+/// one (its holder killed mid-run, the next occurrence due before its lease
+/// expired), is recorded (issue 41: it was recorded nowhere, the term only
+/// `lost/expired`): a `skipped` row, reason `overtaken`, naming it.
+#[tokio::test]
+async fn an_occurrence_a_later_one_overtakes_is_recorded_as_skipped_overtaken() {
+    let db = migrated_db(PgCluster::shared()).await;
+    let m = manager(&db).await;
+    look(&m).await;
+    counting_since(&db, Duration::from_secs(3600)).await;
+    let hourly = "CRON_TZ=UTC 0 * * * *".to_string();
+    let now = m
+        .store()
+        .acquire_occurrence(&role(), "h", test_config().lease_ttl(), &OccurrenceAsk::default())
+        .await
+        .unwrap()
+        .db_now;
+    // Two past instants the test names occurrences: x, then y a second later.
+    let x = now - Duration::from_secs(2);
+    let y = now - Duration::from_secs(1);
+    let ask = |occurrence: SystemTime, next: SystemTime| OccurrenceAsk {
+        occurrence: Some(occurrence),
+        next: Some(next),
+        schedule: hourly.clone(),
+        ..OccurrenceAsk::default()
+    };
+    let ttl = Duration::from_millis(200);
+    let dies = m
+        .store()
+        .acquire_occurrence(&role(), "dead", ttl, &ask(x, y))
+        .await
+        .unwrap();
+    assert!(matches!(dies.acquire, Acquire::Acquired(_)), "{dies:?}");
+    // Its holder never renews: the lease runs out, and y is asked for.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let next = m
+        .store()
+        .acquire_occurrence(&role(), "h", ttl, &ask(y, now + Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    assert!(matches!(next.acquire, Acquire::Acquired(_)), "{next:?}");
+    let history = m
+        .store()
+        .history(Some(&role()), Duration::from_secs(60), 50)
+        .await
+        .unwrap();
+    let x_text = chrono::DateTime::<chrono::Utc>::from(x).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let overtaken: Vec<&HistoryKind> = history
+        .iter()
+        .map(|e| &e.kind)
+        .filter(|k| matches!(k, HistoryKind::Skipped { reason, .. } if reason == "overtaken"))
+        .collect();
+    assert_eq!(overtaken.len(), 1, "{history:?}");
+    let HistoryKind::Skipped { summary, .. } = overtaken[0] else {
+        unreachable!()
+    };
+    assert_eq!(summary, &format!("1 occurrence from {x_text} to {x_text}"));
+    // A retry of the same occurrence overtakes nothing.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let retry = m
+        .store()
+        .acquire_occurrence(&role(), "h2", ttl, &ask(y, now + Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    assert!(matches!(retry.acquire, Acquire::Acquired(_)), "{retry:?}");
+    let again = m
+        .store()
+        .history(Some(&role()), Duration::from_secs(60), 50)
+        .await
+        .unwrap();
+    assert_eq!(
+        again
+            .iter()
+            .filter(|e| matches!(&e.kind, HistoryKind::Skipped { reason, .. } if reason == "overtaken"))
+            .count(),
+        1,
+        "{again:?}"
+    );
+}
+
 /// A manual term lost to a pause is recorded with who asked for it.
 #[tokio::test]
 async fn a_manual_term_lost_to_a_pause_names_who_asked_for_it() {

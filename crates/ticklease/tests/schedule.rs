@@ -643,7 +643,9 @@ fn every_cron_vector_in_the_docs_holds() {
         let schedule = Schedule::cron_tz(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
         let mut t = at(after);
         for want in expected {
-            t = schedule.next_after(t).unwrap_or_else(|| panic!("{spec}: none after {}", show(t)));
+            t = schedule
+                .next_after(t)
+                .unwrap_or_else(|| panic!("{spec}: none after {}", show(t)));
             assert_eq!(t, at(want), "{spec} after {after}: got {}", show(t));
         }
         checked += 1;

@@ -284,7 +284,11 @@ impl Signals {
         // Each host of a multi-host URL gets a share of the connect timeout.
         let direct = Arc::new(Hosts::new(&with_client_keepalives(direct), connect_timeout));
         let first = match open_checked(&direct, connect_timeout, &events, &check).await {
-            Ok(session) => Some(session),
+            Ok(session) => {
+                // Up when the start returns: the first statements record the key.
+                events.key.send_replace(Some(session.key));
+                Some(session)
+            }
             Err(Opening::Refused(error)) => return Err(error),
             Err(Opening::Unreachable(error)) => {
                 tracing::warn!(

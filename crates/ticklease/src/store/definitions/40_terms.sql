@@ -138,6 +138,18 @@ AS $fn$
     SELECT coalesce(p_last, CASE WHEN p_started IS NULL THEN p_since - interval '1 minute' ELSE p_since END)
 $fn$;
 
+CREATE OR REPLACE FUNCTION @schema@.leader_overtaken_summary(p_occurrence timestamptz)
+RETURNS text
+LANGUAGE sql STABLE
+AS $fn$
+    -- The skipped summary of one occurrence a later one overtook (generation 6):
+    -- it started, never completed, and a term of a later occurrence began, so
+    -- it never runs (its holder died mid-run and the next occurrence came due
+    -- before its lease expired, or it was lost and the latest was asked for).
+    SELECT '1 occurrence from ' || to_char(p_occurrence AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+           || ' to ' || to_char(p_occurrence AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+$fn$;
+
 -- Generation 5: the explicit answer under a new name, as leader_acquire_v2.
 CREATE OR REPLACE FUNCTION @schema@.leader_acquire_occurrence_v2(p_role text, p_holder text, p_ttl_ms bigint,
                                                     p_occurrence timestamptz, p_before timestamptz, p_key bigint,
@@ -270,6 +282,14 @@ BEGIN
           FROM began AS a
           CROSS JOIN unnest(p_skipped_reasons, p_skipped_summaries) AS k (reason, summary)
          WHERE a.manual_by IS NULL
+        UNION ALL
+        -- The occurrence the row last started, never completed, that this later one overtakes.
+        SELECT @schema@.leader_history_add(p_role, 'skipped', NULL, NULL, NULL, NULL, 'overtaken', NULL,
+                   @schema@.leader_overtaken_summary(s.occurrence))
+          FROM began AS a
+          JOIN @schema@.leader_leases AS s ON s.role = p_role
+         WHERE a.manual_by IS NULL AND s.occurrence < p_occurrence
+           AND s.occurrence > coalesce(s.last_occurrence, s.occurrences_since)
     )
     SELECT a.holder_token,
            now(),

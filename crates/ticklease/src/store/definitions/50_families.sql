@@ -201,6 +201,12 @@ BEGIN
                  -- or recorded as skipped when it started) are not counted again.
                  WHERE k.runs AND o > greatest(k.after, k.occurrence)
                  GROUP BY 1, 2, k.after, k.occurrence) AS g
+        UNION ALL
+        -- The occurrence a key last started, never completed, that this later one overtakes.
+        SELECT @schema@.leader_history_add(k.role, 'skipped', NULL, NULL, NULL, NULL, 'overtaken', NULL,
+                   @schema@.leader_overtaken_summary(k.occurrence))
+          FROM locked AS k
+         WHERE k.runs AND k.occurrence < p_occurrence AND k.occurrence > k.after
     )
     SELECT coalesce(array_agg(t.role), '{}'), coalesce(array_agg(t.holder_token), '{}'),
            -- Referenced, so the planner keeps them.

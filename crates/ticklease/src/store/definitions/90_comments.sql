@@ -75,6 +75,7 @@ COMMENT ON FUNCTION @schema@.leader_history_add(text, text, bigint, text, timest
 COMMENT ON FUNCTION @schema@.leader_history_add(text, text, bigint, text, timestamptz, text, text, text, text, text) IS 'ticklease internal: appends a history row, with output. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_lease_live(text, timestamptz, timestamptz) IS 'ticklease internal: the expiry predicate (leader_status calls it with its reader''s rights). Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_live_keys() IS 'ticklease internal: the coordination keys held now (leader_status calls it). Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_overtaken_summary(timestamptz) IS 'ticklease internal: the history summary of an occurrence a later one overtook. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_occurrence_floor(timestamptz, timestamptz, timestamptz) IS 'ticklease internal: the instant at or before which a role''s occurrences never run (a first occurrence may be up to a minute older than the first look). Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_occurrence_runnable(timestamptz, timestamptz, timestamptz, timestamptz) IS 'ticklease internal: whether an occurrence may start now. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_pause_waits(timestamptz, timestamptz) IS 'ticklease internal: whether a pause''s wait still holds the next term back. Not for clients.';
