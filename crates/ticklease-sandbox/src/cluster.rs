@@ -507,6 +507,12 @@ impl PgCluster {
         self.spawn_postmaster()
     }
 
+    /// As [`PgCluster::restart`], stopping with a fast shutdown ([`PgCluster::stop_fast`]).
+    pub fn restart_fast(&self) -> Result<(), SandboxError> {
+        self.stop_fast();
+        self.spawn_postmaster()
+    }
+
     /// A client config for `dbname` as the superuser, over TCP on 127.0.0.1.
     pub fn config(&self, dbname: &str) -> tokio_postgres::Config {
         let mut c = tokio_postgres::Config::new();

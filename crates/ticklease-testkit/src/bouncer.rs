@@ -46,12 +46,19 @@ impl PgBouncer {
     /// Starts pgbouncer in transaction mode with `pool_size` server connections
     /// per database, forwarding every database name to `cluster`.
     pub fn start(cluster: &PgCluster, pool_size: u32) -> Result<PgBouncer, KitError> {
-        PgBouncer::start_inner(cluster, pool_size, false)
+        PgBouncer::start_inner(cluster, pool_size, "", false)
+    }
+
+    /// As [`PgBouncer::start`], with `settings` (lines of `[pgbouncer]`
+    /// settings, as docs/runbook.md gives them) added to its configuration.
+    pub fn start_with(cluster: &PgCluster, pool_size: u32, settings: &str) -> Result<PgBouncer, KitError> {
+        PgBouncer::start_inner(cluster, pool_size, settings, false)
     }
 
     pub(crate) fn start_inner(
         cluster: &PgCluster,
         pool_size: u32,
+        settings: &str,
         die_with_parent: bool,
     ) -> Result<PgBouncer, KitError> {
         let io = |what: &str| {
@@ -73,7 +80,7 @@ impl PgBouncer {
              auth_type = any\npool_mode = transaction\ndefault_pool_size = {pool_size}\n\
              max_client_conn = 1000\nmax_db_connections = 0\nserver_round_robin = 0\n\
              ignore_startup_parameters = extra_float_digits,options\n\
-             logfile = {log}\npidfile = {pid}\nadmin_users = postgres\n",
+             logfile = {log}\npidfile = {pid}\nadmin_users = postgres\n{settings}\n",
             pg = cluster.port(),
             log = dir.path().join("pgbouncer.log").display(),
             pid = dir.path().join("pgbouncer.pid").display(),

@@ -66,7 +66,9 @@ pub fn shared_bouncer() -> Option<&'static PgBouncer> {
         .get_or_init(|| match std::env::var("TICKLEASE_TEST_POOLER").as_deref() {
             Ok("pgbouncer") => {
                 let cluster = PgCluster::shared();
-                match ticklease_sandbox::on_lasting_thread(move || PgBouncer::start_inner(cluster, 2, true)) {
+                match ticklease_sandbox::on_lasting_thread(move || {
+                    PgBouncer::start_inner(cluster, 2, "", true)
+                }) {
                     Ok(b) => Some(b),
                     Err(e) => panic!("test kit could not start pgbouncer: {e}"),
                 }
