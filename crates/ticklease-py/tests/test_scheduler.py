@@ -252,8 +252,15 @@ def test_operator_calls_pause_unpause_and_run_now_from_a_script(db: Database) ->
     row = ticklease.status(db.operator_url).rows[0]
     assert (row["paused_by"], row["pause_reason"]) == ("alice", "key rotation")
     assert ticklease.unpause(db.operator_url, "nightly") is True
-    assert ticklease.run_now(db.operator_url, "nightly") is True
-    assert ticklease.status(db.operator_url).rows[0]["not_before"] is None
+    assert ticklease.run_now(db.operator_url, "nightly") is True  # it had a cooldown, which stays
+    assert ticklease.status(db.operator_url).rows[0]["not_before"] is not None
+    # The manual run starts at once, though the hour and the cooldown are not over.
+    ran: list[int] = []
+    again = ticklease.Scheduler(db.app_url, config=scaled_config())
+    again.job("nightly", 3600.0, lambda term: ran.append(term.token))
+    stop_when(again, lambda: bool(ran), bound_s=10.0)
+    again.run_blocking(handle_signals=False)
+    assert len(ran) == 1
     with pytest.raises(ticklease.TickleaseError):
         ticklease.pause(db.operator_url, "no_such_role", by="alice", reason="x")
     with pytest.raises(ValueError, match="role"):

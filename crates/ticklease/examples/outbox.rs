@@ -111,7 +111,7 @@ async fn main() -> anyhow::Result<()> {
                 println!("send {id}: {payload}");
                 Ok::<_, std::io::Error>(())
             };
-            let sent = dispatch(&mut *client.lock().await, &tick.fence(), send).await?;
+            let sent = dispatch(&mut *client.lock().await, tick.fence(), send).await?;
             println!("outbox: {sent} rows sent in term {}", tick.token());
             anyhow::Ok(())
         }

@@ -40,7 +40,7 @@ async fn rows_a_dead_term_claimed_are_reclaimed_by_the_next_and_sent_once() {
             let client = &mut client;
             async move {
                 let fence = tick.fence();
-                outbox::dispatch(client, &fence, |_, _| {
+                outbox::dispatch(client, fence, |_, _| {
                     Err(std::io::Error::other("the process died"))
                 })
                 .await
@@ -65,7 +65,7 @@ async fn rows_a_dead_term_claimed_are_reclaimed_by_the_next_and_sent_once() {
                 let (client, sends) = (&mut client, &mut sends);
                 async move {
                     let fence = tick.fence();
-                    outbox::dispatch(client, &fence, |id, _| {
+                    outbox::dispatch(client, fence, |id, _| {
                         sends.push(id);
                         Ok::<_, std::io::Error>(())
                     })

@@ -160,6 +160,14 @@ async fn the_operator_pauses_unpauses_and_reads_status_but_writes_nothing_else()
     assert_eq!(row.get::<_, String>(0), "alice");
     allowed(&client, "SELECT leader_unpause('email_outbox')").await;
     allowed(&client, "SELECT leader_run_now('email_outbox')").await;
+    // The reads `ticklease status`, `ticklease metrics` and the page make as an operator login.
+    let store = PgStore::connect(operator.clone(), PgStoreOptions::from_config(&test_config()))
+        .await
+        .unwrap();
+    let (rows, total) = store.status_bounded(10).await.expect("a bounded status");
+    assert_eq!((rows.len(), total), (1, 1));
+    let named = [Role::new("email_outbox").unwrap()];
+    assert_eq!(store.status_of(&named).await.expect("a status by name").len(), 1);
     denied(&client, "SELECT * FROM leader_leases").await;
     denied(&client, "UPDATE leader_leases SET not_before = NULL").await;
     denied(&client, "SELECT leader_acquire('email_outbox', 'op', 1000, 1000)").await;

@@ -76,7 +76,7 @@ def unpause(url: str, role: str) -> bool:
 
 
 def run_now(url: str, role: str) -> bool:
-    """Asks for a run of ``role`` at its next poll (its cooldown cleared; a manual term of a cron role)."""
+    """Asks for a manual run of ``role``: its next term starts at once, whatever its interval, cooldown or schedule."""
     return _native.run_now(url, role)
 
 

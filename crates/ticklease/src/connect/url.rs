@@ -32,7 +32,7 @@ pub(crate) fn parse(s: &str) -> Result<tokio_postgres::Config, UrlError> {
         .strip_prefix("postgres://")
         .or_else(|| s.strip_prefix("postgresql://"))
     else {
-        return s.parse().map_err(|source| UrlError::Config(source));
+        return s.parse().map_err(UrlError::Config);
     };
     let scheme = &s[..s.len() - after.len()];
     // As tokio-postgres: credentials up to the first '@', then the host list
@@ -66,7 +66,7 @@ pub(crate) fn parse(s: &str) -> Result<tokio_postgres::Config, UrlError> {
         rest.push('?');
         rest.push_str(&kept.join("&"));
     }
-    let mut config: tokio_postgres::Config = rest.parse().map_err(|source| UrlError::Config(source))?;
+    let mut config: tokio_postgres::Config = rest.parse().map_err(UrlError::Config)?;
     asked.apply(authority_items(authority_hosts)?, &mut config)?;
     Ok(config)
 }
@@ -130,7 +130,13 @@ fn authority_items(list: &str) -> Result<Vec<(String, Option<u16>)>, UrlError> {
             let (host, port_text) = match item.strip_prefix('[') {
                 Some(v6) => match v6.split_once(']') {
                     Some((host, rest)) => (host, rest.strip_prefix(':')),
-                    None => (item, None),
+                    None => {
+                        return Err(UrlError::Param {
+                            param: "host",
+                            value: item.to_string(),
+                            expected: "an IPv6 address closed by ]",
+                        })
+                    }
                 },
                 None => match item.rsplit_once(':') {
                     Some((host, p)) => (host, Some(p)),
@@ -212,6 +218,7 @@ mod tests {
             ("postgres://u@db:x/d", "port"),
             ("postgres://u@/d?host=a,b&port=1,y", "port"),
             ("postgres://u@/d?host=a&hostaddr=not-an-ip", "hostaddr"),
+            ("postgres://[::1/x", "host"),
         ] {
             match parse(url) {
                 Err(UrlError::Param { param, .. }) => assert_eq!(param, named, "{url}"),

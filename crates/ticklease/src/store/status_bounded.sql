@@ -4,11 +4,14 @@
 -- (leader_seed), so nothing here reads or sorts every row: the paused rows
 -- come from their partial index (migration 0012), the others from the
 -- primary key, and the count stops at $2.
--- Calls: nothing (reads the view leader_status)
+-- The operator role may read only the role column of leader_leases: the
+-- paused rows come through the view (whose columns not asked for are never
+-- computed), the others and the count from that column alone.
+-- Calls: nothing (reads the view leader_status and leader_leases.role)
 WITH chosen AS (
     SELECT c.role
-      FROM ((SELECT l.role, 0 AS rank FROM leader_leases AS l WHERE l.paused_at IS NOT NULL
-              ORDER BY l.role LIMIT $1::int8)
+      FROM ((SELECT v.role, 0 AS rank FROM leader_status AS v WHERE v.paused_at IS NOT NULL
+              ORDER BY v.role LIMIT $1::int8)
             UNION ALL
             (SELECT l.role, 1 AS rank FROM leader_leases AS l ORDER BY l.role LIMIT $1::int8)) AS c
      GROUP BY c.role
@@ -16,7 +19,7 @@ WITH chosen AS (
      LIMIT $1::int8
 ),
 counted AS (
-    SELECT count(*) AS total FROM (SELECT 1 FROM leader_leases AS l LIMIT $2::int8) AS c
+    SELECT count(*) AS total FROM (SELECT l.role FROM leader_leases AS l LIMIT $2::int8) AS c
 )
 SELECT s.role, s.held, s.holder_id, s.holder_token, s.acquired_at, s.expires_at, s.db_now,
        extract(epoch FROM s.remaining)::float8 AS remaining_seconds,
