@@ -1111,3 +1111,26 @@ async fn the_runner_s_tick_failed_line_shows_the_child_s_escape_sequences_escape
         "{line}"
     );
 }
+
+/// libpq's host list in a URL's query (`?host=a,b&hostaddr=…&port=p,q`) is
+/// read as libpq reads it (issue 41: it was one host named `a,b`, and a child
+/// was told `TICKLEASE_DB_HOST=a,b`): the first host refuses, the second
+/// answers, and the child is told the second.
+#[tokio::test]
+async fn a_url_s_host_list_in_its_query_reaches_the_host_that_answers_and_the_child_is_told_it() {
+    let f = fixture().await;
+    let port = PgCluster::shared().port();
+    let db = f.url.rsplit('/').next().unwrap().split('?').next().unwrap();
+    let url = format!("postgres://postgres@/{db}?host=db-a,db-b&hostaddr=127.0.0.1,127.0.0.1&port=1,{port}");
+    let out = Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["run", "--database-url", &url])
+        .args(TIMINGS)
+        .args(["hosts", "--once", "--shell", "--every", "1h", "--"])
+        .arg("echo \"$TICKLEASE_DB_HOST $TICKLEASE_DB_HOSTADDR $TICKLEASE_DB_PORT\"")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(said.trim(), format!("db-b 127.0.0.1 {port}"), "{out:?}");
+}
