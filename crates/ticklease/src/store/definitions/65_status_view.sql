@@ -30,11 +30,14 @@ SELECT l.role,
        -- whichever is later.
        CASE WHEN l.pause_wait_until > statement_timestamp() THEN greatest(l.not_before, l.pause_wait_until)
             ELSE l.not_before END AS not_before,
-       -- Ordered as the index (role, id) is, so that index answers it: ordered
-       -- by id alone the planner may walk the whole history backwards from
-       -- its newest row (generation 6; 600 ms over 171,000 rows of 38 roles).
+       -- Answered by the index (role, id) (generation 6). With `h.role = l.role`
+       -- and ORDER BY id the planner may walk the whole history backwards from
+       -- its newest row, betting on a match soon (600 ms over 171,000 rows of
+       -- 38 roles); it drops an ORDER BY on a column it knows is constant. As a
+       -- range the role is no constant, and only that index gives the order.
        (SELECT h.outcome FROM leader_history AS h
-         WHERE h.role = l.role AND h.kind = 'term' ORDER BY h.role DESC, h.id DESC LIMIT 1) AS last_outcome,
+         WHERE h.role >= l.role AND h.role <= l.role AND h.kind = 'term'
+         ORDER BY h.role DESC, h.id DESC LIMIT 1) AS last_outcome,
        l.schedule,
        l.last_occurrence,
        CASE WHEN l.occurrence > coalesce(l.last_occurrence, '-infinity')
