@@ -30,6 +30,18 @@ async fn manager(db: &tokio_postgres::Config) -> Manager<PgStore> {
     Manager::start(store, config, [role()]).await.unwrap()
 }
 
+/// A manager of the role with a coordination session (run-nows heard at once).
+async fn coordinated(db: &tokio_postgres::Config) -> Manager<PgStore> {
+    let config = test_config();
+    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap()
+        .with_direct(direct(db))
+        .await
+        .unwrap();
+    Manager::start(store, config, [role()]).await.unwrap()
+}
+
 /// The role's first look alone, starting nothing: a first lead would run an
 /// occurrence at most a minute old (a role's first occurrence may be up to a
 /// minute older than its first look), so a test of an hourly schedule that
@@ -728,14 +740,7 @@ async fn an_acquire_naming_a_next_occurrence_out_of_bounds_is_refused_and_writes
 #[tokio::test]
 async fn with_a_coordination_session_a_run_now_is_heard_at_once() {
     let db = migrated_db(PgCluster::shared()).await;
-    let config = test_config();
-    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
-        .await
-        .unwrap()
-        .with_direct(direct(&db))
-        .await
-        .unwrap();
-    let m = Manager::start(store, config, [role()]).await.unwrap();
+    let (config, m) = (test_config(), coordinated(&db).await);
     let (ran, mut runs) = mpsc::unbounded_channel();
     let stop = CancellationToken::new();
     let yearly = Schedule::cron("0 0 1 1 *").unwrap();
@@ -782,14 +787,7 @@ async fn with_a_coordination_session_a_run_now_is_heard_at_once() {
 #[tokio::test]
 async fn a_run_now_runs_an_interval_role_that_is_not_due_at_once_and_names_who_asked() {
     let db = migrated_db(PgCluster::shared()).await;
-    let config = test_config();
-    let store = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
-        .await
-        .unwrap()
-        .with_direct(direct(&db))
-        .await
-        .unwrap();
-    let m = Manager::start(store, config, [role()]).await.unwrap();
+    let (config, m) = (test_config(), coordinated(&db).await);
     let (ran, mut runs) = mpsc::unbounded_channel();
     let stop = CancellationToken::new();
     let scheduler = Scheduler::new(m.clone())
