@@ -21,7 +21,10 @@ _TIMES = (
 
 
 class Status(NamedTuple):
-    """``leader_status`` as read: at most ``limit`` rows (paused, then held, first) and how many exist."""
+    """``leader_status`` as read: at most ``limit`` rows (paused first, then by role) and how many exist.
+
+    ``total`` is counted up to 100,000: any app login may create rows, and the read's work stays bounded.
+    """
 
     rows: list[dict[str, Any]]
     total: int
