@@ -33,7 +33,9 @@
 //!   `leader_connections_lost_total` (its store's connections that ended with an
 //!   error), both as of the last scrape,
 //!   and `leader_occurrences_skipped_total{role,reason}` (reason `deadline`,
-//!   `paused` or `catch_up`: occurrences it recorded passed over when it started a later one).
+//!   `paused` or `catch_up`: occurrences it recorded passed over when it started a later one;
+//!   the history's fourth reason, `overtaken`, an occurrence whose holder died mid-run, is
+//!   written by the database at the takeover and read there, not counted here).
 //!
 //! Any app login can create role rows (`leader_seed`, an ACQUIRE of any
 //! name), so no read here is bounded by the rows: a replica's refresh reads

@@ -143,9 +143,9 @@ RETURNS text
 LANGUAGE sql STABLE
 AS $fn$
     -- The skipped summary of one occurrence a later one overtook (generation 6):
-    -- it started, never completed, and a term of a later occurrence began, so
-    -- it never runs (its holder died mid-run and the next occurrence came due
-    -- before its lease expired, or it was lost and the latest was asked for).
+    -- it started, its term was never released (its holder died or froze
+    -- mid-run), and a term of a later occurrence took over, so it never runs.
+    -- A released term's occurrence was attempted: it is not counted again.
     SELECT '1 occurrence from ' || to_char(p_occurrence AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
            || ' to ' || to_char(p_occurrence AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
 $fn$;
@@ -288,7 +288,7 @@ BEGIN
                    @schema@.leader_overtaken_summary(s.occurrence))
           FROM began AS a
           JOIN @schema@.leader_leases AS s ON s.role = p_role
-         WHERE a.manual_by IS NULL AND s.occurrence < p_occurrence
+         WHERE a.manual_by IS NULL AND s.holder_id IS NOT NULL AND s.occurrence < p_occurrence
            AND s.occurrence > coalesce(s.last_occurrence, s.occurrences_since)
     )
     SELECT a.holder_token,
