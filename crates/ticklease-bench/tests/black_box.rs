@@ -1,13 +1,14 @@
 //! The black-box check (docs/black-box.md) in CI: the Rust Scheduler,
 //! `ticklease run` and the Python client, each as three replica processes
-//! through SIGKILL, SIGSTOP, a pause, a cut link, a Postgres restart and a
-//! run-now, checked from the database. And the checks themselves: each
-//! finds the violation it names in a record that has one.
+//! through every fault of the harness and a run-now, checked from the
+//! database. Three clients broken on purpose, each failing it. And the
+//! checks themselves: each finds the violation it names in a record that
+//! has one.
 
 use std::path::PathBuf;
 
 use ticklease_bench::black_box::bench::{repository_clients, Paths};
-use ticklease_bench::black_box::{check, checks, cron, stop_fault_alone, Timings};
+use ticklease_bench::black_box::{check, checks, cron, faults_alone, server, Fault, Timings};
 
 fn paths() -> Paths {
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_ticklease-bench"));
@@ -56,30 +57,55 @@ async fn the_python_client_passes_the_black_box_check() {
     passes("python").await;
 }
 
-/// A client whose work claims again after its wait even when its term was
-/// lost meanwhile: the fence refuses that claim; without the fence the check
-/// finds it committed after its term ended (the mutation check of the
-/// harness: a client that breaks the contract does not pass).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_claim_is_refused_by_the_fence_and_caught_without_it() {
-    let rust = repository_clients(&paths())
+/// The Rust client broken on purpose (`BLACKBOX_BROKEN`), through
+/// `faults` alone: the harness must find a violation containing `named`.
+/// Each test gives its fault twice: the second runs only if the first found
+/// nothing (a RENEW can land in the few ms between a held claim's return and
+/// its COMMIT, and stop the work first).
+async fn fails(how: &str, faults: &[Fault], named: &str) {
+    let mut client = repository_clients(&paths())
         .into_iter()
         .find(|c| c.name == "rust-scheduler")
         .unwrap();
-    let broken = |how: &str| {
-        let mut c = rust.clone();
-        c.env.push(("BLACKBOX_BROKEN".into(), how.into()));
-        c
-    };
-    let fenced = stop_fault_alone(&broken("stale"), Timings::SCALED).await.unwrap();
-    assert_eq!(fenced, Vec::<String>::new(), "the fence refused the stale claim");
-    let unfenced = stop_fault_alone(&broken("unfenced"), Timings::SCALED)
+    client.name = format!("broken-{how}");
+    client.env.push(("BLACKBOX_BROKEN".into(), how.into()));
+    let report = faults_alone(&client, Timings::SCALED, faults)
         .await
-        .unwrap();
+        .expect("the faults ran");
+    println!("{}", report.summary());
     assert!(
-        unfenced.iter().any(|v| v.contains("after it ended")),
-        "a stale claim without the fence is found: {unfenced:?}"
+        report.violations.iter().any(|v| v.contains(named)),
+        "{how}: no violation naming {named:?} in {:?}\n{}",
+        report.violations,
+        report.tails
     );
+}
+
+/// Without the fence, a claim held between its statement and its COMMIT
+/// while its term ends commits after the term: the check finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_the_fence_fails() {
+    fails("no-fence", &[Fault::ClaimHeld; 2], "after it ended").await;
+}
+
+/// A holder whose RENEWs fail must stop its work within A of the last one
+/// that succeeded: one whose work runs on commits a claim past that bound
+/// (its lease still lets the claim through the fence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_keeps_working_after_a_failed_renew_fails() {
+    fails("ignore-renew", &[Fault::RenewRefused; 2], "its work had to stop").await;
+}
+
+/// A term whose claim failed (its session ended while the term was live)
+/// and that is released `completed` anyway did not make its claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_releases_a_lost_term_completed_fails() {
+    fails(
+        "lost-as-completed",
+        &[Fault::SessionEnded; 2],
+        "released completed with 1 of its 2 claims",
+    )
+    .await;
 }
 
 /// One statement, committed on its own (the checks read commit order).
@@ -192,6 +218,37 @@ async fn each_check_finds_the_violation_it_names() {
     );
     let paused = found("paused").await;
     assert!(paused.iter().any(|v| v.contains("while paused")), "{paused:?}");
+
+    // A term released completed with one claim of two; one with both passes.
+    for sql in [
+        claim("half", 1, 1),
+        term("half", 1),
+        claim("half", 2, 2),
+        claim("half", 2, 3),
+        term("half", 2),
+    ] {
+        commit(&owner, &sql).await;
+    }
+    let half = checks::completed(&owner, "half").await.unwrap();
+    assert_eq!(
+        half,
+        ["half: term 1 (r1) was released completed with 1 of its 2 claims"],
+        "only the term with one claim"
+    );
+
+    // What was acknowledged before a stop and is gone after it.
+    let before = server::acknowledged(&owner).await.unwrap();
+    assert_eq!(
+        server::vanished(&owner, &before).await.unwrap(),
+        Vec::<String>::new()
+    );
+    commit(&owner, "DELETE FROM blackbox_claims WHERE role = 'half'").await;
+    let lost = server::vanished(&owner, &before).await.unwrap();
+    assert!(
+        lost.iter()
+            .any(|v| v.starts_with("the last acknowledged claim (half/2/3/r1/")),
+        "{lost:?}"
+    );
 
     // A cron term that ran its occurrence ten seconds late.
     let now = db.now().await.unwrap();

@@ -105,10 +105,15 @@ pub async fn run(clients: &[ClientUnderCheck], rounds: usize, out: &Path) -> any
     let mut reports = Vec::new();
     for client in clients {
         for round in 0..rounds {
+            eprintln!("black-box {}: round {round}", client.name);
             let report = check(client, Timings::SCALED).await?;
             eprintln!("round {round}: {}", report.summary());
-            for v in &report.violations {
-                eprintln!("  VIOLATION {v}");
+            if !report.violations.is_empty() {
+                for v in &report.violations {
+                    eprintln!("  VIOLATION {}", ticklease::HistoryEntry::escape(v));
+                }
+                // The replicas' last lines, escaped when they were read.
+                eprint!("{}", report.tails);
             }
             reports.push(report);
         }
@@ -123,7 +128,8 @@ fn markdown(reports: &[Report], rounds: usize) -> String {
     let mut md = format!(
         "# The black-box check: figures per client\n\n`ticklease-bench black-box --rounds {rounds}` (docs/black-box.md): three replicas per client, \
          timings T {:?}, H {:?}, S {:?}, A {:?}, P {:?}, work {:?}. Milliseconds from the fault (the unpause, the server's start, \
-         the run-now) to the next term's first claim, on the database clock.\n\n",
+         the run-now) to the next term's first claim, on the database clock; violations: what the checks first found after \
+         that fault, over all rounds.\n\n",
         t.lease_ttl, t.heartbeat, t.statement_timeout, t.abandon, t.max_poll, t.work
     );
     md.push_str(
@@ -133,7 +139,6 @@ fn markdown(reports: &[Report], rounds: usize) -> String {
     clients.dedup();
     for client in clients {
         let of: Vec<&Report> = reports.iter().filter(|r| r.client == client).collect();
-        let violations: usize = of.iter().map(|r| r.violations.len()).sum();
         let faults: Vec<&str> = of
             .first()
             .map(|r| r.outcomes.iter().map(|o| o.fault).collect())
@@ -150,14 +155,27 @@ fn markdown(reports: &[Report], rounds: usize) -> String {
                 .flat_map(|r| &r.outcomes)
                 .find(|o| o.fault == fault)
                 .map_or(0.0, |o| o.bound_ms);
+            let violations: usize = of
+                .iter()
+                .flat_map(|r| &r.outcomes)
+                .filter(|o| o.fault == fault)
+                .map(|o| o.violations.len())
+                .sum();
             if let Some(s) = summarize(&samples) {
                 let _ = writeln!(
                     md,
                     "| {client} | {fault} | {} | {:.0} | {:.0} | {:.0} | {bound:.0} | {violations} |",
                     s.n, s.p50, s.p99, s.max
                 );
+            } else {
+                let _ = writeln!(md, "| {client} | {fault} | 0 | | | | {bound:.0} | {violations} |");
             }
         }
+        let other: usize = of.iter().map(|r| r.unattributed()).sum();
+        let _ = writeln!(
+            md,
+            "| {client} | (no fault: exits, before the first fault) | | | | | | {other} |"
+        );
     }
     md
 }
@@ -165,6 +183,7 @@ fn markdown(reports: &[Report], rounds: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::black_box::Outcome;
 
     fn repository() -> Vec<ClientUnderCheck> {
         let paths = Paths {
@@ -208,5 +227,37 @@ mod tests {
             vec![parse_client("python=./p").unwrap()],
         );
         assert!(twice.unwrap_err().to_string().contains("named twice"));
+    }
+
+    #[test]
+    fn the_figures_charge_each_fault_with_its_own_violations() {
+        let at = std::time::UNIX_EPOCH;
+        let ms = |n| Some(at + std::time::Duration::from_millis(n));
+        let bound = std::time::Duration::from_secs(4);
+        let round = |kill_violations: usize| {
+            let mut kill = Outcome::new("SIGKILL", at, ms(100), bound);
+            kill.violations = vec!["v".into(); kill_violations];
+            let stop = Outcome::new("SIGSTOP", at, ms(200), bound);
+            Report {
+                client: "c".into(),
+                violations: vec!["v".into(); kill_violations + 1],
+                outcomes: vec![kill, stop],
+                tails: String::new(),
+            }
+        };
+        let md = markdown(&[round(2), round(1)], 2);
+        assert!(md.contains("| c | SIGKILL | 2 | "), "{md}");
+        assert!(
+            md.contains("| 4000 | 3 |"),
+            "SIGKILL's three over both rounds:\n{md}"
+        );
+        assert!(
+            md.contains("| 200 | 4000 | 0 |"),
+            "none charged to SIGSTOP:\n{md}"
+        );
+        assert!(
+            md.contains("| c | (no fault: exits, before the first fault) | | | | | | 2 |"),
+            "{md}"
+        );
     }
 }

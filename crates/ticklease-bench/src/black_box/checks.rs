@@ -1,6 +1,7 @@
-//! The checks made from the database after a run: terms never overlap, no
-//! claim committed twice, outside its term or while paused, no tick missed
-//! between faults.
+//! The checks made from the database after each fault and after a run:
+//! terms never overlap, no claim committed twice, outside its term or while
+//! paused, a completed term made all of its claims, no tick missed between
+//! faults.
 
 use std::time::{Duration, SystemTime};
 
@@ -85,13 +86,39 @@ pub async fn invariants(owner: &Client, role: &str) -> anyhow::Result<Vec<String
     Ok(out)
 }
 
+/// A term RELEASEd `completed` made both of its claims (the work is claim,
+/// wait, claim, then success): a term with fewer was lost or failed and
+/// reported done, which would mark a tick or an occurrence run that was not.
+const COMPLETED: &str = "
+SELECT format('term %s (%s) was released completed with %s of its 2 claims', h.token,
+              coalesce(string_agg(DISTINCT c.replica, ','), 'no replica'), count(c.token))
+  FROM leader_history AS h LEFT JOIN blackbox_claims AS c ON c.role = h.role AND c.token = h.token
+ WHERE h.role = $1 AND h.kind = 'term' AND h.outcome = 'completed'
+ GROUP BY h.token HAVING count(c.token) <> 2";
+
+/// The terms of `role` released `completed` without both claims.
+pub async fn completed(owner: &Client, role: &str) -> anyhow::Result<Vec<String>> {
+    let rows = owner.query(&format!("{COMPLETED} LIMIT 20"), &[&role]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| format!("{role}: {}", r.get::<_, String>(0)))
+        .collect())
+}
+
+/// Every check of a role's record: [`invariants`] and [`completed`].
+pub async fn all(owner: &Client, role: &str) -> anyhow::Result<Vec<String>> {
+    let mut out = invariants(owner, role).await?;
+    out.extend(completed(owner, role).await?);
+    Ok(out)
+}
+
 /// Claims of `role` more than `longest` apart inside a steady window (no tick missed).
 pub async fn gaps(
     owner: &Client,
     role: &str,
     windows: &[(SystemTime, SystemTime)],
     longest: Duration,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<Vec<(SystemTime, String)>> {
     let mut out = Vec::new();
     for &(from, to) in windows {
         let rows = owner
@@ -107,8 +134,9 @@ pub async fn gaps(
         for pair in edges.windows(2) {
             let gap = ms_between(pair[1], pair[0]);
             if gap > longest.as_secs_f64() * 1000.0 {
-                out.push(format!(
-                    "{role}: no claim for {gap:.0} ms between faults (longest allowed {longest:?})"
+                out.push((
+                    from,
+                    format!("{role}: no claim for {gap:.0} ms between faults (longest allowed {longest:?})"),
                 ));
             }
         }

@@ -3,7 +3,6 @@
 //! session (and so notifications) on the same URL. Its work is the
 //! contract's: a fenced claim, a wait, the claim again.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,19 +36,19 @@ pub async fn run() -> anyhow::Result<()> {
         ScheduleSpec::Cron(expr) => Schedule::cron(expr)?,
     };
     let manager = Manager::start(store, config, [role.clone()]).await?;
+    let broken = Broken::from_env()?;
+    if broken == Broken::IgnoreRenew {
+        // The library waits this long for a lost term's work before it
+        // drops it and RELEASEs: a work that ignores its cancellation runs on.
+        manager.set_lost_drain(t.lease_ttl * 3);
+    }
     let claims = Arc::new(Claims {
         pg,
         replica: env.replica.clone(),
-        broken: Broken::from_env()?,
+        broken,
     });
     let work_for = t.work;
-    let work = move |tick: Tick| {
-        let claims = claims.clone();
-        async move {
-            claims.work(tick, work_for).await;
-            Ok::<(), Infallible>(())
-        }
-    };
+    let work = move |tick: Tick| claims.clone().work(tick, work_for);
     let shutdown = CancellationToken::new();
     ticklease::cancel_on_signals(shutdown.clone())?;
     let stopped = Scheduler::new(manager)
@@ -63,25 +62,44 @@ pub async fn run() -> anyhow::Result<()> {
 }
 
 /// How the client breaks the contract on purpose (`BLACKBOX_BROKEN`), so a
-/// test can show what the check then finds: `stale` claims again after its
-/// wait even when the term was lost meanwhile (the fence must refuse it);
-/// `unfenced` does that with a claim that has no fence.
+/// test can show that the harness fails it: `no-fence` claims without the
+/// fence (otherwise correct); `ignore-renew` keeps working when its
+/// heartbeat fails (its work ignores its cancellation and the library is
+/// told to wait for it); `lost-as-completed` returns success when a claim
+/// is refused or fails, so its term is RELEASEd `completed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Broken {
     No,
-    Stale,
-    Unfenced,
+    NoFence,
+    IgnoreRenew,
+    LostAsCompleted,
 }
 
 impl Broken {
     fn from_env() -> anyhow::Result<Broken> {
         match std::env::var("BLACKBOX_BROKEN").as_deref() {
             Err(_) => Ok(Broken::No),
-            Ok("stale") => Ok(Broken::Stale),
-            Ok("unfenced") => Ok(Broken::Unfenced),
-            Ok(other) => anyhow::bail!("BLACKBOX_BROKEN: stale or unfenced, not {other:?}"),
+            Ok("no-fence") => Ok(Broken::NoFence),
+            Ok("ignore-renew") => Ok(Broken::IgnoreRenew),
+            Ok("lost-as-completed") => Ok(Broken::LostAsCompleted),
+            Ok(other) => {
+                anyhow::bail!("BLACKBOX_BROKEN: no-fence, ignore-renew or lost-as-completed, not {other:?}")
+            }
         }
     }
+}
+
+/// What a claim came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claimed {
+    Yes,
+    /// The fence said no, or the COMMIT check (`40001`): the term is over,
+    /// and the heartbeat will say so.
+    Refused,
+    /// Any other error (`57P01` from an administrator or a restart, a lost
+    /// connection): the term may still be live, so the work fails rather
+    /// than wait for a loss that may never come.
+    Failed,
 }
 
 /// The claims of one replica, each on a connection of its own (opened per
@@ -95,40 +113,62 @@ struct Claims {
 impl Claims {
     /// The contract's work: claim, wait (cut short by a loss), claim again.
     /// A refused claim ends the work: the heartbeat reports the loss.
-    async fn work(self: Arc<Self>, tick: Tick, wait: Duration) {
-        if self.broken != Broken::No {
-            // Detached, as work that ignores its cancellation runs on after the
-            // library stops waiting for it.
-            let stale = tokio::spawn(async move {
-                self.claim(&tick).await;
-                tokio::time::sleep(wait).await;
-                self.claim(&tick).await;
-            });
-            let _ = stale.await;
-            return;
-        }
+    async fn work(self: Arc<Self>, tick: Tick, wait: Duration) -> anyhow::Result<()> {
         let tick = &tick;
-        if !self.claim(tick).await {
-            tick.cancelled().await;
-            return;
+        match self.broken {
+            Broken::IgnoreRenew => {
+                // No look at the cancellation: the wait and the second claim happen whatever.
+                self.claim(tick).await;
+                tokio::time::sleep(wait).await;
+                self.claim(tick).await;
+                return Ok(());
+            }
+            Broken::LostAsCompleted => {
+                if self.claim(tick).await == Claimed::Yes {
+                    tokio::time::sleep(wait).await;
+                    self.claim(tick).await;
+                }
+                return Ok(());
+            }
+            Broken::No | Broken::NoFence => {}
         }
+        self.claimed(tick, self.claim(tick).await).await?;
         tokio::select! {
-            _ = tick.cancelled() => return,
+            _ = tick.cancelled() => return Ok(()),
             _ = tokio::time::sleep(wait) => {}
         }
-        if !self.claim(tick).await {
-            tick.cancelled().await;
+        self.claimed(tick, self.claim(tick).await).await
+    }
+
+    /// After a claim that was not made: a refused one waits for the loss
+    /// the heartbeat reports, a failed one fails the tick.
+    async fn claimed(&self, tick: &Tick, claimed: Claimed) -> anyhow::Result<()> {
+        match claimed {
+            Claimed::Yes => Ok(()),
+            Claimed::Refused => {
+                tick.cancelled().await;
+                Ok(())
+            }
+            Claimed::Failed => anyhow::bail!("claim of term {} failed", tick.token()),
         }
     }
 
-    /// One fenced claim, committed; false when the fence or the commit
-    /// check refused it, or the database could not be reached.
-    async fn claim(&self, tick: &Tick) -> bool {
+    /// One claim, committed.
+    async fn claim(&self, tick: &Tick) -> Claimed {
         match self.try_claim(tick).await {
-            Ok(claimed) => claimed,
+            Ok(true) => Claimed::Yes,
+            Ok(false) => Claimed::Refused,
             Err(e) => {
                 eprintln!("r {}: claim of term {}: {e:#}", self.replica, tick.token());
-                false
+                let refused = e
+                    .downcast_ref::<tokio_postgres::Error>()
+                    .and_then(tokio_postgres::Error::code)
+                    .is_some_and(|c| *c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE);
+                if refused {
+                    Claimed::Refused
+                } else {
+                    Claimed::Failed
+                }
             }
         }
     }
@@ -138,7 +178,7 @@ impl Claims {
         tokio::spawn(connection);
         let tx = client.transaction().await?;
         let [role, token] = tick.fence().params();
-        let sql = if self.broken == Broken::Unfenced {
+        let sql = if self.broken == Broken::NoFence {
             UNFENCED_CLAIM_SQL
         } else {
             CLAIM_SQL

@@ -57,11 +57,7 @@ pub async fn run(db: &Db, role: &str, timings: Timings) -> anyhow::Result<(Outco
     let end =
         UNIX_EPOCH + Duration::from_secs(checked_from + EVERY_S * (OCCURRENCES_AFTER + 1)) + timings.work;
     sleep_until(db, end + Duration::from_millis(500)).await?;
-    let outcome = Outcome {
-        fault: "run-now",
-        to_claim_ms: claim.map(|c| ms_between(c, at)),
-        bound_ms: bound.as_secs_f64() * 1000.0,
-    };
+    let outcome = Outcome::new("run-now", at, claim, bound);
     Ok((outcome, checked_from))
 }
 

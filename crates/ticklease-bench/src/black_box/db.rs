@@ -10,6 +10,7 @@ use tokio_postgres::Client;
 use ticklease_sandbox::{connect, ClusterOptions, PgCluster};
 
 use super::contract::CLAIMS_TABLE;
+use super::server::HOLD;
 
 /// How often a wait looks at the database again.
 const LOOK_EVERY: Duration = Duration::from_millis(20);
@@ -29,12 +30,21 @@ impl Db {
             .await?;
         tokio::task::block_in_place(|| cluster.restart())?;
         let name = cluster.create_database().await?;
+        // Durable commits: the kit starts its servers with
+        // `synchronous_commit=off` (fast tests), under which a commit is
+        // visible and acknowledged before its record is written, and an
+        // immediate stop loses it. A database's setting overrides the
+        // server's command line for every session.
+        connect(&cluster.config("postgres"))
+            .await?
+            .batch_execute(&format!("ALTER DATABASE \"{name}\" SET synchronous_commit = on"))
+            .await?;
         let mut owner = connect(&cluster.config(&name)).await?;
         ticklease::migrate(&mut owner).await?;
         owner
             .batch_execute(&format!(
                 "DO $$ BEGIN CREATE ROLE blackbox_app LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
-                 GRANT ticklease_app TO blackbox_app; {CLAIMS_TABLE}"
+                 GRANT ticklease_app TO blackbox_app; {CLAIMS_TABLE}; {HOLD}"
             ))
             .await?;
         Ok(Db { cluster, name })

@@ -1,10 +1,12 @@
 //! The black-box check (`docs/black-box.md`): N replica processes of a
-//! client given as a command, driven through SIGKILL, SIGSTOP past the
-//! lease, a pause, a cut link and a Postgres restart on an interval role,
-//! and a run-now between the occurrences of a cron role; then checked from
-//! the database alone: terms never overlap, no claim committed twice,
-//! outside its term or while paused, no tick or occurrence missed, and each
-//! takeover within its bound.
+//! client given as a command, driven through faults on an interval role
+//! (SIGKILL, SIGSTOP past the lease, a claim held past its term, RENEWs
+//! refused, a claim's session ended, a pause, a cut link, a Postgres
+//! restart, an immediate stop) and a run-now between the occurrences of a
+//! cron role; after each fault checked from the database alone: terms never
+//! overlap, no claim committed twice, outside its term or while paused, a
+//! completed term made all of its claims, no tick or occurrence missed, and
+//! each takeover within its bound.
 
 pub mod bench;
 pub mod checks;
@@ -13,14 +15,16 @@ pub mod contract;
 pub mod cron;
 pub mod db;
 pub mod faults;
+pub mod held;
 pub mod replicas;
+pub mod server;
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::Context as _;
 
 pub use contract::{ScheduleSpec, Timings};
-pub use faults::Outcome;
+pub use faults::{Fault, Outcome};
 
 use db::Db;
 use faults::Run;
@@ -45,24 +49,25 @@ pub struct ClientUnderCheck {
 #[derive(Debug)]
 pub struct Report {
     pub client: String,
+    /// Each fault, with what the checks first found after it.
     pub outcomes: Vec<Outcome>,
-    /// Every invariant broken, every bound missed, every replica that did not exit 0 on SIGTERM.
+    /// Every violation: the faults' (each once), then those of no fault
+    /// (before the first, a replica that did not exit 0 on SIGTERM).
     pub violations: Vec<String>,
-    /// The last lines of each replica's output.
+    /// The last lines of each replica's output (escaped).
     pub tails: String,
 }
 
 impl Report {
     pub fn summary(&self) -> String {
-        let mut out = format!("{}:", self.client);
-        for o in &self.outcomes {
-            let took = o.to_claim_ms.map_or("never".into(), |ms| format!("{ms:.0} ms"));
-            out.push_str(&format!(
-                " {} → claim {took} (bound {:.0} ms);",
-                o.fault, o.bound_ms
-            ));
-        }
-        out
+        let lines: Vec<String> = self.outcomes.iter().map(Outcome::line).collect();
+        format!("{}: {}", self.client, lines.join("; "))
+    }
+
+    /// Violations charged to no fault.
+    pub fn unattributed(&self) -> usize {
+        let of_faults: usize = self.outcomes.iter().map(|o| o.violations.len()).sum();
+        self.violations.len().saturating_sub(of_faults)
     }
 }
 
@@ -76,34 +81,52 @@ pub async fn check(client: &ClientUnderCheck, timings: Timings) -> anyhow::Resul
         violations: Vec::new(),
         tails: String::new(),
     };
-    interval(&db, client, timings, dir.path(), &mut report).await?;
-    cron_role(&db, client, timings, dir.path(), &mut report).await?;
-    for o in &report.outcomes {
-        if o.to_claim_ms.is_none_or(|ms| ms > o.bound_ms) {
-            report.violations.push(format!(
-                "{}: {} → next claim {:?} ms, bound {:.0} ms",
-                client.name, o.fault, o.to_claim_ms, o.bound_ms
-            ));
-        }
-    }
+    let mut other = interval(&db, client, timings, dir.path(), &Fault::ALL, &mut report).await?;
+    other.extend(cron_role(&db, client, timings, dir.path(), &mut report).await?);
+    report.violations = report
+        .outcomes
+        .iter()
+        .flat_map(|o| o.violations.iter().cloned())
+        .chain(other)
+        .collect();
     Ok(report)
 }
 
-/// The SIGSTOP fault alone on the interval role, and the invariants'
-/// violations: how the tests show that a client breaking the contract is caught.
-pub async fn stop_fault_alone(client: &ClientUnderCheck, timings: Timings) -> anyhow::Result<Vec<String>> {
+/// `faults` alone on the interval role, stopping after the first that
+/// finds a violation: how the tests show that a client breaking the
+/// contract is caught, in seconds rather than a full check.
+pub async fn faults_alone(
+    client: &ClientUnderCheck,
+    timings: Timings,
+    faults: &[Fault],
+) -> anyhow::Result<Report> {
     let db = Db::start().await?;
     let dir = tempfile::tempdir()?;
     let role = "outbox";
     let schedule = ScheduleSpec::Every(INTERVAL);
     let replicas = start_replicas(&db, client, role, &schedule, timings, dir.path()).await?;
-    let mut run = Run::new(&db, replicas, role, timings);
-    run.settle(UNIX_EPOCH).await?;
-    run.stop().await?;
-    // The stopped holder's work goes on once it resumes: give it its wait.
-    tokio::time::sleep(timings.work * 2).await;
+    let mut run = Run::new(&db, replicas, role, timings, &client.name);
+    let faults = async {
+        run.settle(UNIX_EPOCH).await?;
+        for fault in faults {
+            fault.inject(&mut run).await?;
+            if run.outcomes.last().is_some_and(|o| !o.violations.is_empty()) {
+                break;
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let tails = run.replicas.tails();
+    faults.with_context(|| format!("{}: {tails}", client.name))?;
     run.replicas.stop(Duration::from_secs(10)).await;
-    checks::invariants(&db.owner().await?, role).await
+    let violations = run.outcomes.iter().flat_map(|o| o.violations.clone()).collect();
+    Ok(Report {
+        client: client.name.clone(),
+        outcomes: run.outcomes,
+        violations,
+        tails,
+    })
 }
 
 /// Starts the replicas of `client` leading `role` on `schedule`.
@@ -137,67 +160,78 @@ fn replica_env(
     env
 }
 
-/// The interval role through every fault, then its checks.
+/// The interval role through `faults`, each checked as it ends; returns
+/// the violations of no fault (the last checks, before the first fault, the
+/// exits).
 async fn interval(
     db: &Db,
     client: &ClientUnderCheck,
     timings: Timings,
     dir: &std::path::Path,
+    faults: &[Fault],
     report: &mut Report,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<String>> {
     let role = "outbox";
     let schedule = ScheduleSpec::Every(INTERVAL);
+    eprintln!(
+        "black-box {}: interval role, {} faults",
+        client.name,
+        faults.len()
+    );
     let replicas = start_replicas(db, client, role, &schedule, timings, &dir.join("interval")).await?;
-    let mut run = Run::new(db, replicas, role, timings);
-    let faults = async {
+    let mut run = Run::new(db, replicas, role, timings, &client.name);
+    let injected = async {
         run.settle(UNIX_EPOCH).await?;
-        run.kill().await?;
-        run.stop().await?;
-        run.pause().await?;
-        run.cut().await?;
-        run.restart().await
+        for fault in faults {
+            fault.inject(&mut run).await?;
+        }
+        anyhow::Ok(())
     }
     .await;
     let tails = run.replicas.tails();
-    faults.with_context(|| format!("{} (interval role): {tails}", client.name))?;
+    injected.with_context(|| format!("{} (interval role): {tails}", client.name))?;
     run.end(db.now().await?);
-    report
-        .violations
-        .extend(run.replicas.stop(Duration::from_secs(10)).await);
-    let owner = db.owner().await?;
-    report.violations.extend(checks::invariants(&owner, role).await?);
+    let mut other = run.replicas.stop(Duration::from_secs(10)).await;
+    other.extend(run.new_violations().await?);
     let longest = INTERVAL + timings.work + timings.lease_ttl;
-    report
-        .violations
-        .extend(checks::gaps(&owner, role, &run.steady, longest).await?);
+    let gaps = checks::gaps(&db.owner().await?, role, &run.steady, longest).await?;
+    for (from, gap) in gaps {
+        // A gap belongs to the fault before its window.
+        match run.outcomes.iter_mut().rev().find(|o| o.at <= from) {
+            Some(o) => o.violations.push(gap),
+            None => other.push(gap),
+        }
+    }
     report.outcomes.append(&mut run.outcomes);
-    report.tails.push_str(&tails);
-    Ok(())
+    report.tails.push_str(&format!("=== interval role\n{tails}"));
+    Ok(other)
 }
 
-/// The cron role with a run-now, then its checks.
+/// The cron role with a run-now, then its checks (charged to the run-now);
+/// returns the replicas that did not exit 0.
 async fn cron_role(
     db: &Db,
     client: &ClientUnderCheck,
     timings: Timings,
     dir: &std::path::Path,
     report: &mut Report,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<String>> {
     let role = "billing";
     let schedule = ScheduleSpec::Cron(cron::expression());
+    eprintln!("black-box {}: cron role", client.name);
     let mut replicas = start_replicas(db, client, role, &schedule, timings, &dir.join("cron")).await?;
     let outcome = cron::run(db, role, timings).await;
     let tails = replicas.tails();
-    let (outcome, from) = outcome.with_context(|| format!("{} (cron role): {tails}", client.name))?;
-    report
-        .violations
-        .extend(replicas.stop(Duration::from_secs(10)).await);
+    let (mut outcome, from) = outcome.with_context(|| format!("{} (cron role): {tails}", client.name))?;
+    let other = replicas.stop(Duration::from_secs(10)).await;
     let owner = db.owner().await?;
-    report.violations.extend(checks::invariants(&owner, role).await?);
-    report
+    outcome.violations.extend(checks::all(&owner, role).await?);
+    let late = timings.max_poll + Duration::from_millis(1500);
+    outcome
         .violations
-        .extend(cron::check(db, role, from, timings.max_poll + Duration::from_millis(1500)).await?);
+        .extend(cron::check(db, role, from, late).await?);
+    eprintln!("black-box {}: {}", client.name, outcome.line());
     report.outcomes.push(outcome);
-    report.tails.push_str(&tails);
-    Ok(())
+    report.tails.push_str(&format!("=== cron role\n{tails}"));
+    Ok(other)
 }

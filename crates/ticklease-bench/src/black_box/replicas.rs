@@ -15,7 +15,7 @@ use tokio::process::{Child, Command};
 use ticklease_testkit::proxy::{Fault, FaultProxy};
 
 /// How many lines of a replica's stderr a report quotes.
-const TAIL_LINES: usize = 15;
+const TAIL_LINES: usize = 20;
 
 /// One replica: its link and, while it runs, its process.
 pub struct Replica {
@@ -175,7 +175,8 @@ impl Replicas {
             let lines: Vec<&str> = text.lines().collect();
             out.push_str(&format!("--- {} (last {TAIL_LINES} lines)\n", r.name));
             for l in &lines[lines.len().saturating_sub(TAIL_LINES)..] {
-                out.push_str(&l.escape_debug().to_string());
+                // A replica's text may hold control or bidi characters: shown escaped.
+                out.push_str(&ticklease::HistoryEntry::escape(l));
                 out.push('\n');
             }
         }
