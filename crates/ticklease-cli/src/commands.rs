@@ -211,21 +211,7 @@ async fn cmd_status(db: Db, json: bool, watch: bool, role: Option<Role>) -> anyh
             Some(role) => store.status_of(std::slice::from_ref(role)).await?,
             None => {
                 let (rows, total) = store.status_bounded(STATUS_ROWS_MAX).await?;
-                let left_out = total.saturating_sub(rows.len() as u64);
-                if left_out > 0 {
-                    eprintln!(
-                        "{}",
-                        format_args!(
-                            "{left_out}{} more roles not shown (paused ones first, then by name): \
-                         ticklease status --role NAME shows any one",
-                            if total >= ticklease::STATUS_COUNTED_MAX {
-                                " or"
-                            } else {
-                                ""
-                            }
-                        )
-                    );
-                }
+                say_left_out(rows.len(), total);
                 rows
             }
         };
@@ -267,9 +253,12 @@ async fn cmd_history(
         let json = serde_json::to_string_pretty(&history::json(&entries))?;
         println!("{}", ticklease::HistoryEntry::escape_json(&json));
     } else {
+        // The database's clock, from one row read by index (any app login
+        // may create rows: nothing here reads them all).
         let now = store
-            .status()
+            .status_bounded(1)
             .await?
+            .0
             .first()
             .map_or_else(SystemTime::now, |s| s.db_now);
         print!("{}", history::table(&entries, now));
@@ -328,8 +317,34 @@ async fn cmd_run_now(db: Db, role: Role) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// On stderr, how many rows a bounded read left out, so that stdout keeps its shape.
+fn say_left_out(shown: usize, total: u64) {
+    let left_out = total.saturating_sub(shown as u64);
+    if left_out > 0 {
+        let or_more = if total >= ticklease::STATUS_COUNTED_MAX {
+            " or"
+        } else {
+            ""
+        };
+        eprintln!(
+            "{left_out}{or_more} more roles not shown (paused ones first, then by name): \
+             ticklease status --role NAME shows any one"
+        );
+    }
+}
+
 async fn cmd_roles(db: Db, declared: &[Role]) -> anyhow::Result<()> {
-    let rows = db.store().await?.status().await?;
+    let store = db.store().await?;
+    // The first rows by index, and the declared ones by name: bounded
+    // whatever rows any app login created.
+    let (mut rows, total) = store.status_bounded(STATUS_ROWS_MAX).await?;
+    say_left_out(rows.len(), total);
+    let shown = rows.len();
+    for row in store.status_of(declared).await? {
+        if !rows[..shown].iter().any(|r| r.role == row.role) {
+            rows.push(row);
+        }
+    }
     let present: Vec<&str> = rows.iter().map(|r| r.role.as_str()).collect();
     for name in &present {
         let mark = if declared.is_empty() || declared.iter().any(|d| d.as_str() == *name) {

@@ -150,6 +150,36 @@ async fn rows_an_app_login_seeds_time_out_no_read_and_hide_no_named_role() {
         );
         let one = ticklease(&["status", "--role", "billing", "--database-url", &url]);
         assert!(String::from_utf8_lossy(&one.stdout).contains("billing"));
+        replicas_and_listings_start(&url, upto);
+    }
+}
+
+/// A replica's start (its declared roles compared with the table's rows),
+/// `ticklease roles` and `ticklease history` read a bounded part too: none
+/// of them times out on the rows an app login created.
+fn replicas_and_listings_start(url: &str, upto: usize) {
+    for args in [
+        &["run", "--database-url", url, "billing", "--once", "--", "true"][..],
+        &["roles", "--declared", "billing,dunning", "--database-url", url],
+        &["history", "--database-url", url],
+    ] {
+        let started = Instant::now();
+        let out = ticklease(args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{upto}: {args:?}: {said:.2000}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{upto}: {args:?} took {:?}",
+            started.elapsed()
+        );
+        if args[0] == "roles" {
+            let listed = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                listed.contains("billing\n") && listed.contains("dunning  (declared, no row yet"),
+                "{listed:.2000}"
+            );
+            assert!(said.contains("more roles not shown"), "{said}");
+        }
     }
 }
 

@@ -964,7 +964,7 @@ pub use tokio_util::sync::CancellationToken;
 pub use config::{Config, ConfigBuilder, DURATION_MAX};
 pub use connect::coordination::{Signals, KEY_WAITERS_MAX};
 pub use error::{ConfigError, Error, HolderIdError, MigrateError, RoleError, StoreError};
-pub use leader::lead::{BoxError, Cancel, Lead, Manager, RoleReport, Tick};
+pub use leader::lead::{BoxError, Cancel, Lead, Manager, RoleReport, Tick, ROLE_REPORT_ROWS_MAX};
 pub use leader::step::Steps;
 #[cfg(feature = "prometheus")]
 pub use metrics::Metrics;

@@ -20,8 +20,8 @@ use crate::ops::metrics::{LostReason, Metrics, TickOutcome};
 use crate::ops::outcome::panic_message;
 use crate::store::batch::Batcher;
 use crate::store::{
-    Acquire, Ending, FamilyOccurrenceAsk, Interval, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
-    Refusal, Release, Releasing, Renew, Term,
+    Acquire, Ending, FamilyOccurrenceAsk, Interval, LeaseStore, LossReason, OccurrenceAnswer, Refusal,
+    Release, Releasing, Renew, Term,
 };
 use crate::term::fence::Fence;
 use crate::term::holder::HolderId;
@@ -186,9 +186,16 @@ pub enum Lead<T> {
 pub struct RoleReport {
     /// Declared here, no row in the table.
     pub missing: Vec<Role>,
-    /// A row in the table, not declared here (another release, or a leftover).
+    /// Rows in the table not declared here (another release, or a
+    /// leftover): those among the first [`ROLE_REPORT_ROWS_MAX`] rows.
     pub undeclared: Vec<String>,
+    /// The table's rows, counted up to [`STATUS_COUNTED_MAX`](crate::STATUS_COUNTED_MAX).
+    pub rows: u64,
 }
+
+/// Most rows [`Manager::check_roles`] reads to list undeclared ones: any
+/// app login may create rows, and a replica's start must not wait on them.
+pub const ROLE_REPORT_ROWS_MAX: usize = 100;
 
 struct Inner<S> {
     store: Arc<S>,
@@ -339,7 +346,7 @@ impl<S: LeaseStore> Manager<S> {
         // status` lists every row.
         if !report.undeclared.is_empty() {
             tracing::debug!(
-                count = report.undeclared.len(),
+                rows = report.rows,
                 first = ?report.undeclared.iter().take(5).collect::<Vec<_>>(),
                 "leader_leases has rows for roles this replica does not declare (family keys, or leftovers)"
             );
@@ -372,23 +379,26 @@ impl<S: LeaseStore> Manager<S> {
         self.inner.drift.seconds()
     }
 
-    /// Compares the declared roles with the table's rows.
+    /// Compares the declared roles with the table's rows. Bounded by its
+    /// own work, whatever rows any login created: the declared roles are
+    /// read by name, and the undeclared ones listed are among the first
+    /// [`ROLE_REPORT_ROWS_MAX`] rows (paused first, then by name).
     pub async fn check_roles(&self) -> Result<RoleReport, Error> {
-        let present: Vec<LeaseStatus> = self.inner.store.status().await?;
-        let names: BTreeSet<&str> = present.iter().map(|s| s.role.as_str()).collect();
+        let declared: Vec<Role> = self.inner.roles.iter().cloned().collect();
+        let present = self.inner.store.status_of(&declared).await?;
+        let (first, rows) = self.inner.store.status_bounded(ROLE_REPORT_ROWS_MAX).await?;
+        let is_declared = |name: &str| self.inner.roles.iter().any(|r| r.as_str() == name);
         Ok(RoleReport {
-            missing: self
-                .inner
-                .roles
-                .iter()
-                .filter(|r| !names.contains(r.as_str()))
-                .cloned()
+            missing: declared
+                .into_iter()
+                .filter(|r| !present.iter().any(|p| p.role == r.as_str()))
                 .collect(),
-            undeclared: names
-                .iter()
-                .filter(|n| !self.inner.roles.iter().any(|r| r.as_str() == **n))
-                .map(|n| n.to_string())
+            undeclared: first
+                .into_iter()
+                .map(|s| s.role)
+                .filter(|n| !is_declared(n))
                 .collect(),
+            rows,
         })
     }
 
