@@ -377,6 +377,81 @@ async fn a_run_never_applies_definitions_older_than_the_databases() {
     );
 }
 
+/// RENEWs `token` of billing (a 2 s lease) every 50 ms until `stop`;
+/// panics on a lost term; returns the slowest RENEW.
+fn renew_timed(
+    stop: &CancellationToken,
+    app_client: tokio_postgres::Client,
+    token: i64,
+) -> tokio::task::JoinHandle<Duration> {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        let mut slowest = Duration::ZERO;
+        while !stop.is_cancelled() {
+            let sent = Instant::now();
+            let renewed: bool = scalar(
+                &app_client,
+                &format!("SELECT renewed FROM leader_renew('billing', {token}, 2000, NULL)"),
+            )
+            .await;
+            assert!(renewed, "the term holds");
+            slowest = slowest.max(sent.elapsed());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        slowest
+    })
+}
+
+/// A login with CONNECT alone holds the status view's lock (a PREPARE of a
+/// read of it, in an open transaction: it may not run it, but the lock is
+/// taken as the statement is parsed, and kept until COMMIT): a run
+/// with 0012 pending waits for that lock before it builds 0012's index, so
+/// it fails having held nothing a RENEW needs, and runs once the lock is gone.
+#[tokio::test]
+async fn a_run_waiting_for_the_status_view_holds_up_no_renew() {
+    let OldRelease {
+        mut client,
+        app_client,
+        app,
+    } = database_at(11, "upgrade_app11").await;
+    let token: i64 = scalar(
+        &app_client,
+        "SELECT holder_token FROM leader_acquire('billing', 'old-holder', 2000, 1, NULL)",
+    )
+    .await;
+    client
+        .batch_execute("CREATE ROLE upgrade_outsider11 LOGIN")
+        .await
+        .unwrap();
+    let mut outsider = app.clone();
+    outsider.user("upgrade_outsider11");
+    let outsider = connect(&outsider).await.unwrap();
+    // A PREPARE parses and locks; privileges are checked only when it runs.
+    outsider
+        .batch_execute("BEGIN; PREPARE p AS SELECT * FROM leader_status")
+        .await
+        .unwrap();
+    let held: i64 = scalar(
+        &client,
+        "SELECT count(*) FROM pg_locks WHERE relation = 'leader_status'::regclass AND granted",
+    )
+    .await;
+    assert_eq!(held, 1, "the outsider holds the view's lock");
+    let stop = CancellationToken::new();
+    let renewing = renew_timed(&stop, app_client, token);
+    let waited = ticklease::migrate(&mut client).await.unwrap_err().to_string();
+    assert!(waited.contains("leader_status is locked by"), "{waited}");
+    stop.cancel();
+    let slowest = renewing.await.unwrap();
+    assert!(
+        slowest < Duration::from_millis(1500),
+        "a RENEW waited {slowest:?}"
+    );
+    outsider.batch_execute("ROLLBACK").await.unwrap();
+    let report = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(report.applied, [12]);
+}
+
 /// Migration 0008 waits at most 500 ms for each table it alters: a login
 /// idle in a transaction that read the history makes the run fail fast
 /// (nothing written; run it again) while holders keep renewing within a
@@ -394,24 +469,7 @@ async fn migration_0008_waits_briefly_for_a_history_reader_while_holders_renew()
     )
     .await;
     let stop = CancellationToken::new();
-    let renewing = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut slowest = Duration::ZERO;
-            while !stop.is_cancelled() {
-                let sent = Instant::now();
-                let renewed: bool = scalar(
-                    &app_client,
-                    &format!("SELECT renewed FROM leader_renew('billing', {token}, 2000, NULL)"),
-                )
-                .await;
-                assert!(renewed, "the term holds");
-                slowest = slowest.max(sent.elapsed());
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            slowest
-        })
-    };
+    let renewing = renew_timed(&stop, app_client, token);
     let reader = connect(&app).await.unwrap();
     reader
         .batch_execute("BEGIN; SELECT count(*) FROM leader_history;")

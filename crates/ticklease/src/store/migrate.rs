@@ -417,11 +417,18 @@ async fn apply(
         report.applied = start_from_tables(&tx, set).await?;
         applied = applied_of(set, &report.applied);
     }
-    for m in set
+    let pending: Vec<&Migration> = set
         .migrations
         .iter()
         .filter(|m| !applied.iter().any(|(v, _)| *v == m.version))
-    {
+        .collect();
+    if library.is_some() && !pending.is_empty() {
+        if let Err(source) = tx.batch_execute(LOCK_STATUS_VIEW).await {
+            drop(tx);
+            return Err(view_lock_error(client, "lock leader_status first".into(), source).await);
+        }
+    }
+    for m in pending {
         let step = format!("{:04}_{}", m.version, m.name);
         tx.batch_execute(m.sql).await.map_err(db(&step))?;
         record(&tx, table, m).await.map_err(db(&step))?;
@@ -430,18 +437,9 @@ async fn apply(
     if library.is_some() {
         match definitions::apply(&tx).await {
             Ok(applied) => (report.definitions, report.definitions_newer) = applied,
-            Err(MigrateError::Db { step, source })
-                if source.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
-            {
+            Err(MigrateError::Db { step, source }) => {
                 drop(tx);
-                let holders = relation_lock_holders(client, "leader_status").await;
-                return Err(MigrateError::Db {
-                    step: format!(
-                        "{step} (waited {}s for a lock; leader_status is locked by {holders})",
-                        MIGRATION_LOCK_WAIT.as_secs()
-                    ),
-                    source,
-                });
+                return Err(view_lock_error(client, step, source).await);
             }
             Err(e) => return Err(e),
         }
@@ -451,6 +449,37 @@ async fn apply(
     }
     tx.commit().await.map_err(db("commit"))?;
     Ok(report)
+}
+
+/// The status view's lock, taken before any migration locks a table: the
+/// definitions replace the view at the end of the run, and any login can
+/// hold its lock (a read of it takes the lock before its privileges are
+/// checked, and keeps it until that transaction ends). Waited for with
+/// nothing else held, a run that cannot have it fails without having held
+/// up a lease statement; taken later, behind a migration's lock on
+/// `leader_leases` (0012's index), every RENEW would queue for the whole
+/// wait. `ALTER VIEW … DROP DEFAULT` of a column with none changes nothing
+/// and locks the view alone (`LOCK TABLE` of a view locks its tables too).
+const LOCK_STATUS_VIEW: &str = "DO $lock$ BEGIN
+    IF to_regclass('leader_status') IS NOT NULL THEN
+        ALTER VIEW leader_status ALTER COLUMN role DROP DEFAULT;
+    END IF;
+END $lock$";
+
+/// A run's error at `step`, naming who holds the status view's lock when
+/// the wait for it timed out.
+async fn view_lock_error(client: &Client, step: String, source: tokio_postgres::Error) -> MigrateError {
+    if source.code() != Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        return MigrateError::Db { step, source };
+    }
+    let holders = relation_lock_holders(client, "leader_status").await;
+    MigrateError::Db {
+        step: format!(
+            "{step} (waited {}s for a lock; leader_status is locked by {holders})",
+            MIGRATION_LOCK_WAIT.as_secs()
+        ),
+        source,
+    }
 }
 
 /// Creates the tables of a fresh database from the tables file and records

@@ -7,7 +7,9 @@
 -- Locks: leader_leases, waited for at most 500 ms, then held while the index
 -- is built (a read of the table: about a second per million rows); lease
 -- statements queue behind it. A run that times out writes nothing and is
--- simply run again.
+-- simply run again. The run took the status view's lock before this (which
+-- the definitions need later, and any login can hold): it never waits for it
+-- while holding this one.
 
 SELECT pg_catalog.set_config('ticklease.lock_timeout_before_0012', pg_catalog.current_setting('lock_timeout'), true);
 SET LOCAL lock_timeout = '500ms';
