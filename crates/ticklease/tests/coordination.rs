@@ -893,6 +893,78 @@ async fn a_replica_whose_session_cannot_open_at_start_starts_and_opens_it_later(
         .unwrap());
 }
 
+/// A check that cannot finish (the pooled path blackholed: it times out)
+/// says nothing of the URLs: the replica starts without its session and
+/// opens it once the check passes, as when the session cannot open. Before,
+/// the start failed (and a later try gave up for good).
+#[tokio::test]
+async fn a_coordination_check_that_times_out_is_tried_again() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let proxy = FaultProxy::start(([127, 0, 0, 1], PgCluster::shared().port()).into())
+        .await
+        .unwrap();
+    let mut pooled = tokio_postgres::Config::new();
+    pooled
+        .host("127.0.0.1")
+        .port(proxy.port())
+        .user(db.get_user().unwrap())
+        .dbname(db.get_dbname().unwrap());
+    let store = PgStore::connect(pooled, PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    proxy.set(Fault::Blackhole);
+    let store = store
+        .with_direct(direct(&db))
+        .await
+        .expect("it starts without its session");
+    let owner = connect(&direct(&db)).await.unwrap();
+    let sessions = "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN ticklease' AND datname = current_database()";
+    proxy.set(Fault::Pass);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scalar::<i64>(&owner, sessions).await == 0 {
+        assert!(Instant::now() < deadline, "the session never opened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(store);
+}
+
+/// A direct URL whose login or database the server refuses is a wrong URL,
+/// not an outage: the start fails and says so (a retry would not mend it).
+#[tokio::test]
+async fn a_direct_url_whose_login_or_database_the_server_refuses_fails_the_start() {
+    let config = slow_lease();
+    let db = migrated_db(PgCluster::shared()).await;
+    let mut no_database = direct(&db);
+    no_database.dbname("no_such_database");
+    let mut no_login = direct(&db);
+    no_login.user("no_such_login");
+    for wrong in [no_database, no_login] {
+        let err = PgStore::connect(db.clone(), PgStoreOptions::from_config(&config))
+            .await
+            .unwrap()
+            .with_direct(wrong)
+            .await
+            .expect_err("a refused login fails the start");
+        let chain = format!("{:?}", error_chain(&err));
+        assert!(
+            chain.contains("no_such_database") || chain.contains("no_such_login"),
+            "{chain}"
+        );
+    }
+}
+
+/// An error and its sources, as one text.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
 /// A direct URL through a transaction-mode pooler would hold the key on a
 /// shared server connection and hear no notifications: refused at connect.
 #[tokio::test]

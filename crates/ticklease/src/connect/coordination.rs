@@ -28,7 +28,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::connect::hosts::Hosts;
+use crate::connect::hosts::{Hosts, HostsError};
 use crate::connect::tls::PgConnect;
 use crate::error::StoreError;
 
@@ -490,6 +490,21 @@ enum Opening {
     Refused(StoreError),
 }
 
+/// Whether the server refused the direct URL's login or database (its
+/// authentication, class 28; an unknown database, 3D000; no CONNECT
+/// privilege, 42501): a wrong URL, which no retry mends, not an outage.
+fn login_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let db = match error.downcast_ref::<HostsError>() {
+        Some(HostsError::Db(e)) => Some(e),
+        _ => error.downcast_ref::<tokio_postgres::Error>(),
+    };
+    db.and_then(tokio_postgres::Error::code).is_some_and(|code| {
+        code.code().starts_with("28")
+            || *code == tokio_postgres::error::SqlState::INVALID_CATALOG_NAME
+            || *code == tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE
+    })
+}
+
 /// Opens a session listening on its probe channel, runs `check` through
 /// the pooled path, waits to hear its probe, then listens on the shared channel.
 async fn open_checked<C, F>(
@@ -510,12 +525,28 @@ where
     };
     let session = Session::open(direct, connect_timeout, events, Listen::Probe)
         .await
-        .map_err(unreachable)?;
+        .map_err(|source: BoxError| {
+            if login_refused(source.as_ref()) {
+                Opening::Refused(StoreError::Connect {
+                    statement: "coordination session",
+                    source,
+                })
+            } else {
+                unreachable(source)
+            }
+        })?;
     let mut probe = events.probe.subscribe();
     let nonce = session.key.to_string();
     check(session.key, probe_channel(session.key))
         .await
-        .map_err(Opening::Refused)?;
+        .map_err(|error| match error {
+            // A check that could not finish says nothing of the URL: try again.
+            StoreError::Timeout { .. }
+            | StoreError::Connect { .. }
+            | StoreError::Db { .. }
+            | StoreError::Batch { .. } => Opening::Unreachable(error),
+            refused => Opening::Refused(refused),
+        })?;
     let heard = probe.wait_for(|heard| heard.iter().any(|h| *h == nonce));
     if tokio::time::timeout(connect_timeout, heard).await.is_err() {
         return Err(Opening::Refused(StoreError::Rejected {
