@@ -106,9 +106,9 @@ ticklease-alerts.test.yml && promtool test rules ticklease-alerts.test.yml"
     /// Unpause a role: due again at the next poll (a cooldown stays; see run-now).
     #[command(after_help = "Examples:\n  ticklease unpause email_outbox")]
     Unpause { role: Role },
-    /// Clear a role's cooldown (not_before) so it runs at its next poll once due; a cron role runs
-    /// once at once as a manual run (no occurrence: the next scheduled one still runs; the history
-    /// names who asked).
+    /// Run a role once now, as a manual run (the history names who asked): at the next poll, once
+    /// its current term ends and while it is not paused, whatever its cooldown or schedule. A cron
+    /// role's next occurrence still runs; an interval role's next tick counts from the run's end.
     #[command(
         after_help = "Examples:\n  ticklease run-now billing   # after the fix for a panicking tick shipped"
     )]

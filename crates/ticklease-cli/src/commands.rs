@@ -305,15 +305,25 @@ async fn cmd_run_now(db: Db, role: Role) -> anyhow::Result<()> {
     let row = rows.first();
     let cron = row.is_some_and(|r| r.schedule.is_some());
     let paused = row.is_some_and(|r| r.paused_at.is_some());
-    println!(
-        "{role}: {}",
-        match (cron, paused, cooldown) {
-            (_, true, _) => "paused: a manual run starts once it is unpaused",
-            (true, false, _) => "a manual run starts at once (its next occurrence still runs)",
-            (false, false, true) => "a manual run starts at once (its cooldown stays for the ticks after)",
-            (false, false, false) => "a manual run starts at once (the next interval counts from its end)",
-        }
-    );
+    let held = row.is_some_and(|r| r.held);
+    let when = if held {
+        "a manual run starts once its current term ends"
+    } else {
+        // A term a pause ended is waited out too (its lease, unless its holder released it).
+        "a manual run starts at the next poll once no term is live"
+    };
+    let after = if cron {
+        "its next occurrence still runs"
+    } else if cooldown {
+        "its cooldown stays for the ticks after"
+    } else {
+        "the next interval counts from its end"
+    };
+    if paused {
+        println!("{role}: paused: a manual run starts once it is unpaused");
+    } else {
+        println!("{role}: {when} ({after})");
+    }
     Ok(())
 }
 

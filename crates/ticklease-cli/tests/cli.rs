@@ -295,7 +295,7 @@ async fn pause_unpause_and_run_now_steer_a_role() {
     let o = ticklease(&["run-now", "email_outbox", "--database-url", &url]);
     assert_eq!(
         text(&o).trim(),
-        "email_outbox: a manual run starts at once (its cooldown stays for the ticks after)"
+        "email_outbox: a manual run starts at the next poll once no term is live (its cooldown stays for the ticks after)"
     );
     // A manual run is asked for, by the login that asked; the hour's cooldown
     // stays for the ticks after it, and the wait for the paused term's lease
@@ -315,6 +315,21 @@ async fn pause_unpause_and_run_now_steer_a_role() {
             row.get::<_, bool>(2)
         ),
         (true, true, true)
+    );
+    // While a term is live, the manual run waits for it to end, and says so.
+    client
+        .batch_execute(
+            "UPDATE leader_leases SET holder_id = 'h', holder_token = holder_token + 1,
+                    acquired_at = now(), expires_at = now() + interval '1 minute'
+              WHERE role = 'email_outbox'",
+        )
+        .await
+        .unwrap();
+    let o = ticklease(&["run-now", "email_outbox", "--database-url", &url]);
+    assert!(
+        text(&o).contains("a manual run starts once its current term ends"),
+        "{}",
+        text(&o)
     );
 }
 

@@ -189,7 +189,8 @@ pub(crate) fn unpause(py: Python<'_>, url: &str, role_name: &str, statement_time
     })
 }
 
-/// Asks for a manual run of `role`: its next term starts at once, whatever its interval, cooldown or schedule.
+/// Asks for a manual run of `role`: its next term starts at the next poll once no term is live,
+/// whatever its interval, cooldown or schedule.
 #[pyfunction]
 #[pyo3(signature = (url, role_name, statement_timeout=2.0))]
 pub(crate) fn run_now(py: Python<'_>, url: &str, role_name: &str, statement_timeout: f64) -> PyResult<bool> {

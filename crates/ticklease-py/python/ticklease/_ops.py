@@ -79,7 +79,8 @@ def unpause(url: str, role: str) -> bool:
 
 
 def run_now(url: str, role: str) -> bool:
-    """Asks for a manual run of ``role``: its next term starts at once, whatever its interval, cooldown or schedule."""
+    """Asks for a manual run of ``role``: its next term starts at the next poll once no term is live,
+    whatever its interval, cooldown or schedule."""
     return _native.run_now(url, role)
 
 

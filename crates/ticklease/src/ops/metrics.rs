@@ -204,7 +204,8 @@ impl Inner {
         r.register(
             "leader_status_rows_left_out",
             "Rows of leader_leases an exporter following the rows did not export (it reads at most \
-             10,000 and counts up to 100,000; cluster fact)",
+             the rows it was given, 1,000 for ticklease metrics, never over 10,000, and counts up to \
+             100,000; cluster fact)",
             self.rows_left_out.clone(),
         );
         r.register(
