@@ -495,8 +495,13 @@ fn take_ssl_params(s: &str) -> (String, SslParams) {
 }
 
 fn take_from_url(s: &str, params: &mut SslParams) -> Option<String> {
-    // tokio-postgres reads credentials up to the first '@', then the query after the next '?'.
-    let after_credentials = s.find('@').map_or(0, |at| at + 1);
+    // As libpq (and url.rs): credentials end at an '@' met before the first
+    // '/' after the scheme; the query starts at the next '?'.
+    let authority = s.find("://").map_or(0, |i| i + 3);
+    let after_credentials = s[authority..]
+        .find(['@', '/'])
+        .filter(|&i| s[authority + i..].starts_with('@'))
+        .map_or(authority, |i| authority + i + 1);
     let Some(q) = s[after_credentials..].find('?').map(|q| q + after_credentials) else {
         return Some(s.to_string());
     };
@@ -586,6 +591,15 @@ mod tests {
             ("postgresql://h/db".into(), Some("require"), None)
         );
         assert_eq!(split("postgres://h/db"), ("postgres://h/db".into(), None, None));
+        // An '@' after the first '/' is no credential's end (libpq's rule).
+        assert_eq!(
+            split("postgres://h/d?application_name=a@b&sslmode=require"),
+            (
+                "postgres://h/d?application_name=a@b".into(),
+                Some("require"),
+                None
+            )
+        );
     }
 
     #[test]
