@@ -4,13 +4,8 @@ use std::process::{Command, Output};
 
 use ticklease_testkit::PgCluster;
 
-fn ticklease(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(args)
-        .env_remove("DATABASE_URL")
-        .output()
-        .unwrap()
-}
+mod common;
+use common::{migrated_url, ticklease};
 
 fn text(o: &Output) -> String {
     format!(
@@ -195,18 +190,6 @@ async fn metrics_follows_the_roles_created_and_forgotten_after_it_started() {
     );
     assert!(!forgotten.contains(r#"role="late""#), "{forgotten}");
     assert!(forgotten.contains(stalled));
-}
-
-async fn migrated_url() -> (String, tokio_postgres::Client) {
-    let cluster = PgCluster::shared();
-    let db = cluster.create_database().await.unwrap();
-    let url = cluster.url(&db);
-    assert_eq!(
-        ticklease(&["migrate", "--database-url", &url]).status.code(),
-        Some(0)
-    );
-    let client = ticklease_testkit::connect(&cluster.config(&db)).await.unwrap();
-    (url, client)
 }
 
 /// `ticklease pause ROLE` alone pauses: who defaults to `$USER@host`, the reason to none.

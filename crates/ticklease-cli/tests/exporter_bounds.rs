@@ -5,18 +5,11 @@
 //! finish pages through a series that exists from the start.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ticklease_testkit::PgCluster;
-
-fn ticklease(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(args)
-        .env_remove("DATABASE_URL")
-        .output()
-        .unwrap()
-}
+mod common;
+use common::{migrated_url, ticklease};
 
 /// `ticklease metrics ARGS` on a free port: the child and its address.
 fn exporter(url: &str, args: &[&str]) -> (Child, String) {
@@ -43,18 +36,6 @@ fn http_get(addr: &str, path: &str) -> (String, Duration) {
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     (response, started.elapsed())
-}
-
-async fn migrated() -> (String, tokio_postgres::Client) {
-    let cluster = PgCluster::shared();
-    let db = cluster.create_database().await.unwrap();
-    let url = cluster.url(&db);
-    assert_eq!(
-        ticklease(&["migrate", "--database-url", &url]).status.code(),
-        Some(0)
-    );
-    let client = ticklease_testkit::connect(&cluster.config(&db)).await.unwrap();
-    (url, client)
 }
 
 /// The operator's role: ticked 10 minutes ago on a 1-minute interval, so stalled.
@@ -90,7 +71,7 @@ fn series(body: &str, prefix: &str) -> bool {
 /// page answers 200. Each within the statement timeout (2 s).
 #[tokio::test]
 async fn rows_an_app_login_seeds_time_out_no_read_and_hide_no_named_role() {
-    let (url, client) = migrated().await;
+    let (url, client) = migrated_url().await;
     client.batch_execute(STALLED).await.unwrap();
     let mut seeded = 0;
     for upto in [400_000, 700_000] {
@@ -188,7 +169,7 @@ fn replicas_and_listings_start(url: &str, upto: usize) {
 /// following the rows, it is left out and counted.
 #[tokio::test]
 async fn a_named_stalled_role_is_exported_whatever_roles_an_app_login_holds() {
-    let (url, client) = migrated().await;
+    let (url, client) = migrated_url().await;
     client.batch_execute(STALLED).await.unwrap();
     client
         .batch_execute(
@@ -228,7 +209,7 @@ async fn a_named_stalled_role_is_exported_whatever_roles_an_app_login_holds() {
 /// a fresh exporter has no role series, and `leader_status_unreadable` says so.
 #[tokio::test]
 async fn an_exporter_that_cannot_read_says_so_in_a_series_that_exists_from_the_start() {
-    let (url, mut client) = migrated().await;
+    let (url, mut client) = migrated_url().await;
     client.batch_execute(STALLED).await.unwrap();
     let (mut child, addr) = exporter(&url, &[]);
     let locker = client.transaction().await.unwrap();
