@@ -7,6 +7,7 @@
 
 pub mod bouncer;
 pub mod conformance;
+pub mod exporter;
 pub mod counting;
 pub mod ha;
 pub mod proxy;
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 pub use bouncer::PgBouncer;
 pub use conformance::lease_row;
+pub use exporter::{http_get, serve_metrics};
 pub use counting::Counting;
 pub use proxy::{Fault, FaultProxy};
 /// The library's in-memory store, under the name the suites use.

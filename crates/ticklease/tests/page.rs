@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -20,17 +19,8 @@ async fn serve(db: &tokio_postgres::Config, roles: Vec<Role>) -> (String, Cancel
         .unwrap();
     let mut registry = prometheus_client::registry::Registry::with_prefix("ticklease");
     let metrics = Metrics::register(&mut registry, roles);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(ticklease::metrics::serve(
-        listener,
-        std::sync::Arc::new(registry),
-        metrics,
-        store,
-        stop.clone(),
-    ));
-    (url, stop)
+    let (addr, stop) = ticklease_testkit::serve_metrics(registry, metrics, store).await;
+    (format!("http://{addr}/"), stop)
 }
 
 /// Runs headless Chromium on `url` with `args`; its stdout.

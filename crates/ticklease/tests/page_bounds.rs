@@ -2,24 +2,16 @@
 //! total): the status page and the metrics refresh read and render a
 //! bounded number of them, say so, and still show the roles that matter.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
 
 use ticklease::metrics::{PAGE_ROLES_MAX, REFRESH_ROWS_MAX};
 use ticklease::{Config, Manager, Metrics, PgStore, PgStoreOptions, Role};
-use ticklease_testkit::{connect, migrated_db, test_config, PgCluster};
+use ticklease_testkit::{connect, http_get, migrated_db, serve_metrics, test_config, PgCluster};
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response).await.unwrap();
+    let response = http_get(addr, path).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response:.300}");
     response
 }
@@ -63,16 +55,7 @@ async fn more_role_rows_than_the_bounds_leave_the_page_and_the_metrics_bounded_a
         &mut registry,
         [billing.clone(), Role::new("seeded_9999").unwrap()],
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    tokio::spawn(ticklease::metrics::serve(
-        listener,
-        Arc::new(registry),
-        metrics,
-        status,
-        stop.clone(),
-    ));
+    let (addr, stop) = serve_metrics(registry, metrics, status).await;
 
     let page = get(addr, "/").await;
     let rows = page.matches("<tr data-role=").count();

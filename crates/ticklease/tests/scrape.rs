@@ -4,20 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
 
 use ticklease::{Config, Lead, Manager, Metrics, PgStore, PgStoreOptions, Role};
-use ticklease_testkit::{connect, Fault, FaultProxy, PgCluster};
-
-async fn get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
-    let mut conn = tokio::net::TcpStream::connect(addr).await?;
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    conn.read_to_string(&mut response).await?;
-    Ok(response)
-}
+use ticklease_testkit::{connect, http_get, serve_metrics, Fault, FaultProxy, PgCluster};
 
 /// 100 concurrent scrapers, without pause, against a replica whose link to
 /// Postgres adds 200 ms per chunk, and `/metrics` served from the lease
@@ -57,23 +46,14 @@ async fn a_scrape_flood_over_a_slow_link_costs_no_heartbeat() {
         .unwrap();
     proxy.set(Fault::Latency(Duration::from_millis(200)));
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    tokio::spawn(ticklease::metrics::serve(
-        listener,
-        Arc::new(registry),
-        metrics,
-        store,
-        stop.clone(),
-    ));
+    let (addr, stop) = serve_metrics(registry, metrics, store).await;
     let scrapers: Vec<_> = (0..100)
         .map(|_| {
             let stop = stop.clone();
             tokio::spawn(async move {
                 let mut served = 0;
                 while !stop.is_cancelled() {
-                    if get(addr, "/metrics")
+                    if http_get(addr, "/metrics")
                         .await
                         .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
                     {
@@ -126,16 +106,7 @@ async fn sixteen_scrapes_during_a_slow_refresh_share_it() {
         .unwrap();
     let mut registry = Registry::with_prefix("ticklease");
     let metrics = Metrics::register(&mut registry, [Role::new("billing").unwrap()]);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    tokio::spawn(ticklease::metrics::serve(
-        listener,
-        Arc::new(registry),
-        metrics,
-        store,
-        stop.clone(),
-    ));
+    let (addr, stop) = serve_metrics(registry, metrics, store).await;
     let locker = owner.transaction().await.unwrap();
     locker
         .batch_execute("LOCK TABLE leader_leases IN ACCESS EXCLUSIVE MODE")
@@ -145,7 +116,7 @@ async fn sixteen_scrapes_during_a_slow_refresh_share_it() {
         .map(|_| {
             tokio::spawn(async move {
                 let started = tokio::time::Instant::now();
-                let response = get(addr, "/metrics").await.unwrap();
+                let response = http_get(addr, "/metrics").await.unwrap();
                 (response, started.elapsed())
             })
         })
@@ -223,7 +194,7 @@ async fn the_routes_join_the_applications_own_router() {
 }
 
 async fn get_ok(addr: std::net::SocketAddr, path: &str) -> String {
-    let response = get(addr, path).await.unwrap();
+    let response = http_get(addr, path).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response:.300}");
     response
 }
