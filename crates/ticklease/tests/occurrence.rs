@@ -919,6 +919,49 @@ async fn an_occurrence_a_later_one_overtakes_is_recorded_as_skipped_overtaken() 
         1,
         "{again:?}"
     );
+    // y fails (attempted); a manual run then starts, whose holder dies: the
+    // row still names y, but neither y nor the manual run is overtaken by z.
+    let Acquire::Acquired(term) = retry.acquire else {
+        unreachable!()
+    };
+    let cooldown = Duration::from_millis(400);
+    assert!(m
+        .store()
+        .release(&role(), term.token, Release::Failed, cooldown)
+        .await
+        .unwrap());
+    m.store().run_now(&role()).await.unwrap();
+    let look = OccurrenceAsk {
+        schedule: hourly.clone(),
+        ..OccurrenceAsk::default()
+    };
+    let manual = m
+        .store()
+        .acquire_occurrence(&role(), "h3", ttl, &look)
+        .await
+        .unwrap();
+    assert!(matches!(manual.acquire, Acquire::Acquired(_)), "{manual:?}");
+    tokio::time::sleep(cooldown + Duration::from_millis(100)).await;
+    let z = m
+        .store()
+        .acquire_occurrence(&role(), "h4", ttl, &ask(now, now + Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    assert!(matches!(z.acquire, Acquire::Acquired(_)), "{z:?}");
+    let last = m
+        .store()
+        .history(Some(&role()), Duration::from_secs(60), 50)
+        .await
+        .unwrap();
+    let overtaken: Vec<_> = last
+        .iter()
+        .filter(|e| matches!(&e.kind, HistoryKind::Skipped { reason, .. } if reason == "overtaken"))
+        .collect();
+    assert_eq!(
+        overtaken.len(),
+        1,
+        "y was attempted, the manual run ran no occurrence: {last:?}"
+    );
 }
 
 /// A manual term lost to a pause is recorded with who asked for it.

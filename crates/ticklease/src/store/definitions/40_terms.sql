@@ -145,7 +145,8 @@ AS $fn$
     -- The skipped summary of one occurrence a later one overtook (generation 6):
     -- it started, its term was never released (its holder died or froze
     -- mid-run), and a term of a later occurrence took over, so it never runs.
-    -- A released term's occurrence was attempted: it is not counted again.
+    -- A released term's occurrence was attempted: it is not counted again;
+    -- nor is the occurrence a manual term leaves on the row (it ran none).
     SELECT '1 occurrence from ' || to_char(p_occurrence AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
            || ' to ' || to_char(p_occurrence AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
 $fn$;
@@ -288,7 +289,8 @@ BEGIN
                    @schema@.leader_overtaken_summary(s.occurrence))
           FROM began AS a
           JOIN @schema@.leader_leases AS s ON s.role = p_role
-         WHERE a.manual_by IS NULL AND s.holder_id IS NOT NULL AND s.occurrence < p_occurrence
+         WHERE a.manual_by IS NULL AND s.holder_id IS NOT NULL AND s.manual_by IS NULL
+           AND s.occurrence < p_occurrence
            AND s.occurrence > coalesce(s.last_occurrence, s.occurrences_since)
     )
     SELECT a.holder_token,

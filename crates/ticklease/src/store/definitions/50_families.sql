@@ -206,7 +206,8 @@ BEGIN
         SELECT @schema@.leader_history_add(k.role, 'skipped', NULL, NULL, NULL, NULL, 'overtaken', NULL,
                    @schema@.leader_overtaken_summary(k.occurrence))
           FROM locked AS k
-         WHERE k.runs AND k.holder_id IS NOT NULL AND k.occurrence < p_occurrence AND k.occurrence > k.after
+         WHERE k.runs AND k.holder_id IS NOT NULL AND k.manual_by IS NULL
+           AND k.occurrence < p_occurrence AND k.occurrence > k.after
     )
     SELECT coalesce(array_agg(t.role), '{}'), coalesce(array_agg(t.holder_token), '{}'),
            -- Referenced, so the planner keeps them.
