@@ -439,8 +439,40 @@ async fn a_run_waiting_for_the_status_view_holds_up_no_renew() {
     assert_eq!(held, 1, "the outsider holds the view's lock");
     let stop = CancellationToken::new();
     let renewing = renew_timed(&stop, app_client, token);
+    // A reader queued behind the run's wait (an exporter's refresh) gets the
+    // view once the run gives up: it is not named as the holder.
+    let queued = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            // Well inside the run's 10 s wait, and well after its start.
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let reader = connect(&app).await.unwrap();
+            reader
+                .batch_execute("BEGIN; SELECT count(*) FROM leader_status")
+                .await
+                .unwrap();
+            reader
+        })
+    };
     let waited = ticklease::migrate(&mut client).await.unwrap_err().to_string();
-    assert!(waited.contains("leader_status is locked by"), "{waited}");
+    assert!(
+        waited.contains("leader_status is locked by")
+            && waited.contains("upgrade_outsider11")
+            && !waited.contains("upgrade_app11"),
+        "{waited}"
+    );
+    queued.await.unwrap().batch_execute("COMMIT").await.unwrap();
+    // The same login holding leader_leases itself (a prepared UPDATE): 0012
+    // waits 500 ms for its lock, and the error names who held it.
+    outsider
+        .batch_execute("ROLLBACK; BEGIN; PREPARE q AS UPDATE leader_leases SET role = role")
+        .await
+        .unwrap();
+    let waited = ticklease::migrate(&mut client).await.unwrap_err().to_string();
+    assert!(
+        waited.contains("0012") && waited.contains("locked by pid") && waited.contains("upgrade_outsider11"),
+        "{waited}"
+    );
     stop.cancel();
     let slowest = renewing.await.unwrap();
     assert!(

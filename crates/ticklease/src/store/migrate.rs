@@ -425,12 +425,18 @@ async fn apply(
     if library.is_some() && !pending.is_empty() {
         if let Err(source) = tx.batch_execute(LOCK_STATUS_VIEW).await {
             drop(tx);
-            return Err(view_lock_error(client, "lock leader_status first".into(), source).await);
+            let step = "lock leader_status first".into();
+            return Err(lock_error(client, step, &["leader_status"], MIGRATION_LOCK_WAIT, source).await);
         }
     }
     for m in pending {
         let step = format!("{:04}_{}", m.version, m.name);
-        tx.batch_execute(m.sql).await.map_err(db(&step))?;
+        if let Err(source) = tx.batch_execute(m.sql).await {
+            drop(tx);
+            // 0008 and 0012 wait 500 ms for the tables they lock, the others the run's wait.
+            let tables = ["leader_leases", "leader_history"];
+            return Err(lock_error(client, step, &tables, Duration::from_millis(500), source).await);
+        }
         record(&tx, table, m).await.map_err(db(&step))?;
         report.applied.push(m.version);
     }
@@ -439,7 +445,7 @@ async fn apply(
             Ok(applied) => (report.definitions, report.definitions_newer) = applied,
             Err(MigrateError::Db { step, source }) => {
                 drop(tx);
-                return Err(view_lock_error(client, step, source).await);
+                return Err(lock_error(client, step, &["leader_status"], MIGRATION_LOCK_WAIT, source).await);
             }
             Err(e) => return Err(e),
         }
@@ -466,17 +472,23 @@ const LOCK_STATUS_VIEW: &str = "DO $lock$ BEGIN
     END IF;
 END $lock$";
 
-/// A run's error at `step`, naming who holds the status view's lock when
-/// the wait for it timed out.
-async fn view_lock_error(client: &Client, step: String, source: tokio_postgres::Error) -> MigrateError {
+/// A run's error at `step`; when its wait of `waited` for a lock on one of
+/// `relations` timed out, it names who holds them.
+async fn lock_error(
+    client: &Client,
+    step: String,
+    relations: &[&str],
+    waited: Duration,
+    source: tokio_postgres::Error,
+) -> MigrateError {
     if source.code() != Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
         return MigrateError::Db { step, source };
     }
-    let holders = relation_lock_holders(client, "leader_status").await;
+    let holders = relation_lock_holders(client, relations, waited).await;
     MigrateError::Db {
         step: format!(
-            "{step} (waited {}s for a lock; leader_status is locked by {holders})",
-            MIGRATION_LOCK_WAIT.as_secs()
+            "{step} (waited {waited:?} for a lock; {} is locked by {holders})",
+            relations.join(" or ")
         ),
         source,
     }
@@ -528,15 +540,25 @@ async fn record(
     .await
 }
 
-/// Who holds a lock on `relation` of the current schema, as a phrase for an error.
-async fn relation_lock_holders(client: &Client, relation: &str) -> String {
+/// Who holds a lock on `relations` of the current schema, as a phrase for
+/// an error: the sessions whose transaction began before a wait of
+/// `waited` that just timed out (those queued behind the run were granted
+/// the lock once it gave up: they are not why it waited).
+async fn relation_lock_holders(client: &Client, relations: &[&str], waited: Duration) -> String {
+    let names = relations
+        .iter()
+        .map(|r| format!("to_regclass(quote_ident(current_schema()) || '.{r}')"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let sql = format!(
         "SELECT coalesce(string_agg(DISTINCT format('pid %s (user %s, application %L)', l.pid,
                                                     coalesce(a.usename::text, '?'), a.application_name), ', '),
                          'a session that has gone since')
            FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
-          WHERE l.locktype = 'relation' AND l.granted
-            AND l.relation = to_regclass(quote_ident(current_schema()) || '.{relation}')"
+          WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+            AND l.relation IN ({names})
+            AND (a.xact_start IS NULL OR a.xact_start <= clock_timestamp() - interval '{} milliseconds')",
+        waited.as_millis()
     );
     first_text(client, &sql)
         .await
