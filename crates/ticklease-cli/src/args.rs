@@ -143,7 +143,8 @@ ticklease-alerts.test.yml && promtool test rules ticklease-alerts.test.yml"
         keep: bool,
     },
     /// Run a command as a fenced singleton: on every host the same line; each tick (or occurrence)
-    /// runs CMD on exactly one, stopped before its lease can expire.
+    /// runs CMD on exactly one, stopped before its lease can expire (while one server takes writes:
+    /// across a failover, see docs/runbook.md "Postgres failover").
     #[command(after_help = run_help())]
     Run(RunCmd),
     /// The guard of `run`'s child (internal).
@@ -510,8 +511,13 @@ the role: --restart-backoff after exit 0 (its work is done for now), else after 
 consecutive failure up to --restart-backoff-max. The runner itself exits 0 only when stopped by SIGTERM \
 or Ctrl-C with every term released.\n\n\
 The command's environment names its term: TICKLEASE_ROLE, TICKLEASE_TOKEN, TICKLEASE_HOLDER and, on a \
-cron schedule, TICKLEASE_OCCURRENCE (RFC 3339, UTC). Its own claims can be fenced:\n  \
-echo \"UPDATE ... WHERE ... AND (SELECT leader_fence(:'role', :token))\" | \\\n    psql -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\"   (psql substitutes variables in its input, not in -c)\n\n\
+cron schedule, TICKLEASE_OCCURRENCE (RFC 3339, UTC); and the server the term started on: TICKLEASE_DB_HOST, \
+TICKLEASE_DB_PORT and, when the URL gives the address, TICKLEASE_DB_HOSTADDR. Its own connection goes there, \
+not through a list of hosts (after a promotion the old primary may still take writes), and its claims \
+can be fenced:\n  \
+echo \"UPDATE ... WHERE ... AND (SELECT leader_fence(:'role', :token))\" | \\\n    \
+psql \"host=$TICKLEASE_DB_HOST port=$TICKLEASE_DB_PORT ${{TICKLEASE_DB_HOSTADDR:+hostaddr=$TICKLEASE_DB_HOSTADDR}} dbname=app\" \\\n    \
+-v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\"   (psql substitutes variables in its input, not in -c)\n\n\
 {}\n\
 Logs: one INFO line when a job starts and one when it ends (role, token, occurrence, exit, outcome, \
 duration_ms), shown by default except with --once; RUST_LOG=warn hides them. No colour unless stderr is a \

@@ -417,10 +417,15 @@ async fn a_psql_childs_fenced_claim_passes_in_its_term_and_not_after_a_takeover(
     )
     .await;
     let claim = "INSERT INTO claims SELECT :token WHERE (SELECT leader_fence(:'role', :token))";
+    // As `ticklease run --help` writes it: the connection to the term's server.
+    let config: tokio_postgres::Config = f.url.parse().unwrap();
     let script = format!(
-        "echo \"{claim}\" | psql -X -q -v ON_ERROR_STOP=1 -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\" '{}' \
+        "echo \"{claim}\" | psql -X -q -v ON_ERROR_STOP=1 \
+         \"host=$TICKLEASE_DB_HOST port=$TICKLEASE_DB_PORT ${{TICKLEASE_DB_HOSTADDR:+hostaddr=$TICKLEASE_DB_HOSTADDR}} \
+           dbname={db} user={user}\" -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\" \
          && echo $TICKLEASE_TOKEN > {dir}/token && echo \"$TICKLEASE_DB_HOST:$TICKLEASE_DB_PORT\" > {dir}/server",
-        f.url,
+        db = config.get_dbname().unwrap(),
+        user = config.get_user().unwrap(),
         dir = f.dir.path().display()
     );
     let ran = once(&f, "ledger", &["--shell", "--every", "10ms"], &[&script]).await;
