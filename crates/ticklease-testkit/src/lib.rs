@@ -7,8 +7,8 @@
 
 pub mod bouncer;
 pub mod conformance;
-pub mod exporter;
 pub mod counting;
+pub mod exporter;
 pub mod ha;
 pub mod proxy;
 pub mod tls;
@@ -17,8 +17,8 @@ use std::time::Duration;
 
 pub use bouncer::PgBouncer;
 pub use conformance::lease_row;
-pub use exporter::{http_get, serve_metrics};
 pub use counting::Counting;
+pub use exporter::{http_get, serve_metrics};
 pub use proxy::{Fault, FaultProxy};
 /// The library's in-memory store, under the name the suites use.
 pub use ticklease::testing::MemoryStore as FakeStore;
