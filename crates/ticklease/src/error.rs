@@ -181,6 +181,20 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the statement could not finish (no answer in time, no
+    /// connection, an error of the server or the link at that moment), so
+    /// that sending it again may succeed; false when the database refused it
+    /// (a privilege, an argument, the schema, an unknown role).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Timeout { .. } | StoreError::Connect { .. } | StoreError::Db { .. } => true,
+            StoreError::Batch { source, .. } => source.is_transient(),
+            _ => false,
+        }
+    }
+}
+
 /// A migration run that failed; nothing of it was committed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

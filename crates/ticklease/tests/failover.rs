@@ -417,3 +417,65 @@ async fn a_fresh_process_acquires_other_on_the_urls_hosts() {
         .unwrap();
     assert!(matches!(acquired, Acquire::Acquired(_)), "{acquired:?}");
 }
+
+/// Issue 42 item 3: a RELEASE that falls into a cut link (as into a
+/// switchover's reconnect) is sent again within the lease's life: the role
+/// is free once the link passes, not a TTL later, and the tick keeps its
+/// outcome. Before, it was tried once and the lease ran out on its own.
+#[tokio::test]
+async fn a_release_that_cannot_finish_is_sent_again_within_the_lease() {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    let owner = connect(&cluster.config(&db)).await.unwrap();
+    ticklease::migrate(&mut connect(&cluster.config(&db)).await.unwrap())
+        .await
+        .unwrap();
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
+    let proxy = std::sync::Arc::new(FaultProxy::start(upstream).await.unwrap());
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port());
+    let config = ticklease::Config::builder()
+        .lease_ttl(Duration::from_secs(10))
+        .heartbeat_every(Duration::from_secs(1))
+        .statement_timeout(Duration::from_millis(500))
+        .abandon_after(Duration::from_secs(3))
+        .max_poll(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let store = PgStore::connect(
+        url.parse::<PgConnect>().unwrap(),
+        PgStoreOptions::from_config(&config),
+    )
+    .await
+    .unwrap();
+    let manager = Manager::start(store, config, [billing()]).await.unwrap();
+    let cut = tokio::time::Instant::now();
+    let lead = {
+        let proxy = proxy.clone();
+        manager
+            .lead(&billing(), Duration::from_secs(3600), |_tick| async move {
+                // The work is done; the link fails as it ends, for 1.5 s.
+                proxy.set(Fault::Blackhole);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    proxy.set(Fault::Pass);
+                });
+                Ok::<_, std::io::Error>(())
+            })
+            .await
+            .unwrap()
+    };
+    assert!(matches!(lead, Lead::Completed { .. }), "{lead:?}");
+    let held: bool = scalar(&owner, "SELECT holder_id IS NOT NULL FROM leader_leases").await;
+    assert!(!held, "the role is free once the RELEASE got through");
+    let outcome: String = scalar(
+        &owner,
+        "SELECT outcome FROM leader_history WHERE kind = 'term' ORDER BY id DESC LIMIT 1",
+    )
+    .await;
+    assert_eq!(outcome, "completed");
+    assert!(
+        cut.elapsed() < Duration::from_secs(6),
+        "released {:?} after the cut: within the lease's 10 s",
+        cut.elapsed()
+    );
+}

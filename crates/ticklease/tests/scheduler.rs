@@ -503,34 +503,40 @@ async fn a_tick_stuck_past_the_shutdown_grace_is_released_before_run_returns() {
     );
 }
 
-/// A RELEASE that fails at shutdown is reported, not hidden.
+/// A RELEASE that fails at shutdown is sent again while the lease lives;
+/// one that keeps failing for all of it is reported, not hidden.
 #[tokio::test]
-async fn a_release_that_fails_at_shutdown_is_reported() {
-    let store = ticklease_testkit::FakeStore::new();
-    let manager = Manager::start(store.clone(), test_config(), [role("billing")])
-        .await
-        .unwrap();
-    let (started_tx, mut started_rx) = mpsc::unbounded_channel();
-    let scheduler = Scheduler::new(manager)
-        .job(&role("billing"), HOUR, move |tick| {
-            let started = started_tx.clone();
-            async move {
-                started.send(()).unwrap();
-                tick.cancelled().await;
-                Ok::<_, Infallible>(())
-            }
-        })
-        .unwrap();
-    let stop = CancellationToken::new();
-    let run = tokio::spawn(scheduler.run(stop.clone()));
-    started_rx.recv().await.unwrap();
-    store.fail_releases(1);
-    stop.cancel();
-    let stopped = run.await.unwrap();
-    assert!(stopped.loops_finished && stopped.releases_done, "{stopped}");
-    assert_eq!(stopped.unreleased, 1);
-    assert!(!stopped.all_released());
-    assert!(ticklease_testkit::lease_row(&store, "billing").await.held);
+async fn a_release_that_fails_at_shutdown_is_sent_again_then_reported() {
+    for (failures, released) in [(1, true), (usize::MAX, false)] {
+        let store = ticklease_testkit::FakeStore::new();
+        let manager = Manager::start(store.clone(), test_config(), [role("billing")])
+            .await
+            .unwrap();
+        let (started_tx, mut started_rx) = mpsc::unbounded_channel();
+        let scheduler = Scheduler::new(manager)
+            .job(&role("billing"), HOUR, move |tick| {
+                let started = started_tx.clone();
+                async move {
+                    started.send(()).unwrap();
+                    tick.cancelled().await;
+                    Ok::<_, Infallible>(())
+                }
+            })
+            .unwrap();
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(scheduler.run(stop.clone()));
+        started_rx.recv().await.unwrap();
+        store.fail_releases(failures);
+        stop.cancel();
+        let stopped = run.await.unwrap();
+        assert!(stopped.loops_finished && stopped.releases_done, "{stopped}");
+        assert_eq!(stopped.all_released(), released, "{failures} failures: {stopped}");
+        assert_eq!(stopped.unreleased, usize::from(!released));
+        assert_eq!(
+            ticklease_testkit::lease_row(&store, "billing").await.held,
+            !released
+        );
+    }
 }
 
 /// Another replica takes the billing term over (what its ACQUIRE would write).

@@ -539,13 +539,10 @@ where
     let nonce = session.key.to_string();
     check(session.key, probe_channel(session.key))
         .await
-        .map_err(|error| match error {
+        .map_err(|error| match error.is_transient() {
             // A check that could not finish says nothing of the URL: try again.
-            StoreError::Timeout { .. }
-            | StoreError::Connect { .. }
-            | StoreError::Db { .. }
-            | StoreError::Batch { .. } => Opening::Unreachable(error),
-            refused => Opening::Refused(refused),
+            true => Opening::Unreachable(error),
+            false => Opening::Refused(error),
         })?;
     let heard = probe.wait_for(|heard| heard.iter().any(|h| *h == nonce));
     if tokio::time::timeout(connect_timeout, heard).await.is_err() {

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, DURATION_MAX};
-use crate::error::Error;
+use crate::error::{Error, StoreError};
 use crate::leader::drift::Drift;
 use crate::leader::heartbeat::Heartbeat;
 use crate::ops::metrics::{LostReason, Metrics, TickOutcome};
@@ -196,6 +196,10 @@ pub struct RoleReport {
 /// Most rows [`Manager::check_roles`] reads to list undeclared ones: any
 /// app login may create rows, and a replica's start must not wait on them.
 pub const ROLE_REPORT_ROWS_MAX: usize = 100;
+
+/// The first wait before a RELEASE that could not finish is sent again; it
+/// doubles up to the statement timeout, within the lease's life.
+const RELEASE_RETRY_MIN: Duration = Duration::from_millis(100);
 
 struct Inner<S> {
     store: Arc<S>,
@@ -900,6 +904,9 @@ enum Released {
     TermOver,
     /// It failed or did not answer: the lease expires on its own.
     Unknown,
+    /// Sent again after a try that may have committed, it found the term
+    /// over: that try may have ended it. The tick keeps its own outcome.
+    Resent,
 }
 
 /// Decides a tick's outcome. `interrupted`: shutdown cancelled the tick; it
@@ -974,35 +981,53 @@ impl<S: LeaseStore> TermGuard<S> {
         let batched = self.scope.family.is_some();
         self.inner.releases.spawn(async move {
             let bound = inner.config.statement_timeout();
-            let release = async {
-                if batched {
-                    let term = Releasing {
-                        role: role.clone(),
-                        token,
-                        outcome,
-                        interval,
-                        ending,
-                    };
-                    inner.batcher.release(term).await
-                } else {
-                    inner
-                        .store
-                        .release_ending(&role, token, outcome, interval, &ending)
-                        .await
+            // The lease ends within a TTL of its last RENEW, which came before
+            // this: until then a RELEASE that could not finish (a reconnect,
+            // a switchover) is sent again, so the role is free at once rather
+            // than a TTL later. It names its term: a late one changes nothing.
+            let grace_end = tokio::time::Instant::now() + inner.config.lease_ttl();
+            let mut backoff = RELEASE_RETRY_MIN;
+            let mut maybe_sent = false;
+            let released = loop {
+                let release = async {
+                    if batched {
+                        let term = Releasing {
+                            role: role.clone(),
+                            token,
+                            outcome,
+                            interval,
+                            ending: ending.clone(),
+                        };
+                        inner.batcher.release(term).await
+                    } else {
+                        inner
+                            .store
+                            .release_ending(&role, token, outcome, interval, &ending)
+                            .await
+                    }
+                };
+                let error = match tokio::time::timeout(bound, release).await {
+                    Ok(Ok(true)) => return Released::Yes,
+                    Ok(Ok(false)) if maybe_sent => return Released::Resent,
+                    Ok(Ok(false)) => return Released::TermOver,
+                    Ok(Err(error)) => Some(error),
+                    Err(_) => None,
+                };
+                let again = error.as_ref().is_none_or(StoreError::is_transient)
+                    && tokio::time::Instant::now() + backoff + bound < grace_end;
+                if !again {
+                    match error {
+                        Some(error) => tracing::warn!(%role, %token, error = &error as &dyn std::error::Error,
+                            "RELEASE failed; the lease expires on its own"),
+                        None => tracing::warn!(%role, %token, "RELEASE did not answer; the lease expires on its own"),
+                    }
+                    break Released::Unknown;
                 }
-            };
-            let released = match tokio::time::timeout(bound, release).await {
-                Ok(Ok(true)) => return Released::Yes,
-                Ok(Ok(false)) => return Released::TermOver,
-                Ok(Err(error)) => {
-                    tracing::warn!(%role, %token, error = &error as &dyn std::error::Error,
-                        "RELEASE failed; the lease expires on its own");
-                    Released::Unknown
-                }
-                Err(_) => {
-                    tracing::warn!(%role, %token, "RELEASE did not answer; the lease expires on its own");
-                    Released::Unknown
-                }
+                // Without a connection it was never sent; otherwise it may have committed.
+                maybe_sent |= !matches!(error, Some(StoreError::Connect { .. }));
+                tracing::debug!(%role, %token, ?backoff, error = ?error, "RELEASE could not finish; sending it again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(bound);
             };
             if inner.shutdown.is_cancelled() {
                 inner.unreleased.fetch_add(1, Ordering::Relaxed);
