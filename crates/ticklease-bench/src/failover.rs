@@ -306,21 +306,10 @@ pub async fn trial(env: &Env, scenario: Scenario, n: usize) -> anyhow::Result<Tr
         Scenario::Freeze => signal(&leader, Signal::SIGSTOP),
         Scenario::Sigterm => signal(&leader, Signal::SIGTERM),
         Scenario::Pause => {
-            db.execute_typed(
-                "SELECT leader_pause($1, 'bench', 'drill')",
-                &[(&role, Type::TEXT)],
-            )
-            .await?;
-            let line = next_line(&mut leader_out, within).await?;
-            if !line.starts_with(&format!("ENDED {old} lost paused ")) {
-                bail!("the paused holder's work did not end as paused: {line:?}");
-            }
-            pause_to_cancel_ms = Some(between(ended_at(&line)?, fault_at));
-            // Both replicas are refused now; unpause at a random point of their waits.
-            tokio::time::sleep(config.max_poll().mul_f64(rand::random::<f64>())).await;
-            fault_at = SystemTime::now();
-            db.execute_typed("SELECT leader_unpause($1)", &[(&role, Type::TEXT)])
-                .await?;
+            let (ended_ms, unpaused_at) =
+                pause_and_unpause(&db, &role, &mut leader_out, old, config, within, fault_at).await?;
+            pause_to_cancel_ms = Some(ended_ms);
+            fault_at = unpaused_at;
         }
     }
     let new = if scenario == Scenario::Pause {
@@ -334,21 +323,7 @@ pub async fn trial(env: &Env, scenario: Scenario, n: usize) -> anyhow::Result<Tr
     if new <= old {
         bail!("the new term's token {new} is not above {old}");
     }
-    // Let a frozen or cut-off old leader resume and try: it must claim nothing,
-    // and its tick must end as lost (the work cancelled), not run on.
-    let mut old_ended = None;
-    if matches!(scenario, Scenario::Freeze | Scenario::Severed) {
-        if scenario == Scenario::Freeze {
-            signal(&leader, Signal::SIGCONT);
-        } else {
-            leader_links.set(Fault::Pass);
-        }
-        let line = next_line(&mut leader_out, config.lease_ttl() * 2).await?;
-        if !line.starts_with(&format!("ENDED {old} lost")) {
-            bail!("the resumed old leader did not end its tick as lost: {line:?}");
-        }
-        old_ended = Some(line);
-    }
+    let old_ended = resume_old_leader(scenario, &leader, &leader_links, &mut leader_out, old, config).await?;
     let first_claim = first_claim(&db, &role, old, within).await?;
     signal(&leader, Signal::SIGKILL);
     signal(&follower, Signal::SIGKILL);
@@ -368,6 +343,62 @@ pub async fn trial(env: &Env, scenario: Scenario, n: usize) -> anyhow::Result<Tr
         pause_to_cancel_ms,
         old_ended,
     })
+}
+
+/// The pause scenario's fault: pauses the role (at `paused_at`), checks that the
+/// leader's work ends as paused, then unpauses it at a random point of the
+/// replicas' waits. Returns pause → work ended (ms) and the instant of the unpause.
+async fn pause_and_unpause(
+    db: &tokio_postgres::Client,
+    role: &str,
+    leader_out: &mut LeaderLines,
+    old: i64,
+    config: ticklease::Config,
+    within: Duration,
+    paused_at: SystemTime,
+) -> anyhow::Result<(f64, SystemTime)> {
+    db.execute_typed(
+        "SELECT leader_pause($1, 'bench', 'drill')",
+        &[(&role, Type::TEXT)],
+    )
+    .await?;
+    let line = next_line(leader_out, within).await?;
+    if !line.starts_with(&format!("ENDED {old} lost paused ")) {
+        bail!("the paused holder's work did not end as paused: {line:?}");
+    }
+    let ended_ms = between(ended_at(&line)?, paused_at);
+    // Both replicas are refused now; unpause at a random point of their waits.
+    tokio::time::sleep(config.max_poll().mul_f64(rand::random::<f64>())).await;
+    let unpaused_at = SystemTime::now();
+    db.execute_typed("SELECT leader_unpause($1)", &[(&role, Type::TEXT)])
+        .await?;
+    Ok((ended_ms, unpaused_at))
+}
+
+/// Lets a frozen or cut-off old leader resume and try: it must claim nothing,
+/// and its tick must end as lost (the work cancelled), not run on. Returns
+/// that `ENDED` line (`None`: the scenario left no old leader to resume).
+async fn resume_old_leader(
+    scenario: Scenario,
+    leader: &Child,
+    leader_links: &Links,
+    leader_out: &mut LeaderLines,
+    old: i64,
+    config: ticklease::Config,
+) -> anyhow::Result<Option<String>> {
+    if !matches!(scenario, Scenario::Freeze | Scenario::Severed) {
+        return Ok(None);
+    }
+    if scenario == Scenario::Freeze {
+        signal(leader, Signal::SIGCONT);
+    } else {
+        leader_links.set(Fault::Pass);
+    }
+    let line = next_line(leader_out, config.lease_ttl() * 2).await?;
+    if !line.starts_with(&format!("ENDED {old} lost")) {
+        bail!("the resumed old leader did not end its tick as lost: {line:?}");
+    }
+    Ok(Some(line))
 }
 
 /// The first fenced claim of a term after `old`, waited for: the new leader

@@ -396,16 +396,7 @@ pub async fn run(options: FenceOptions) -> anyhow::Result<Report> {
     let cluster = PgCluster::start()?;
     let mut variants = vec![Variant::Unfenced, Variant::LockFree, Variant::Fence];
     variants.extend(options.candidates.iter().cloned());
-    // One database per fence definition; the unfenced and lock-free claims
-    // run in the migrated one.
-    let mut dbs = Vec::new();
-    for v in &variants {
-        dbs.push(match v {
-            Variant::Candidate { sql, .. } => Some(setup(&cluster, Some(sql)).await?),
-            Variant::Fence => Some(setup(&cluster, None).await?),
-            _ => None,
-        });
-    }
+    let dbs = databases(&cluster, &variants).await?;
     let fence_db = variants
         .iter()
         .position(|v| *v == Variant::Fence)
@@ -416,6 +407,11 @@ pub async fn run(options: FenceOptions) -> anyhow::Result<Report> {
         .await?
         .get(0);
     let dir = tempfile::tempdir()?;
+    let bench = Bench {
+        cluster: &cluster,
+        scripts: dir.path(),
+        options: &options,
+    };
     let mut runs = Vec::new();
     let cells = options.shapes.len() * options.clients.len() * variants.len();
     let bar = crate::progress(options.prepared.len() * options.runs * cells, "fence runs");
@@ -426,60 +422,26 @@ pub async fn run(options: FenceOptions) -> anyhow::Result<Report> {
             own = Some(OwnPostmaster::start(&cluster, prepared).await?);
         }
         for round in 0..options.runs {
-            let mut order = Vec::new();
-            for &shape in &options.shapes {
-                for &clients in &options.clients {
-                    for (i, v) in variants.iter().enumerate() {
-                        order.push((shape, clients, i, v));
-                    }
-                }
-            }
-            // Rotate the order of the variants within each cell group every round.
-            let k = variants.len();
-            for group in order.chunks_mut(k) {
-                group.rotate_left(round % k);
-            }
-            for (shape, clients, i, v) in order {
+            for (shape, clients, i, variant) in round_order(&options, &variants, round) {
                 let db = dbs[i]
                     .as_ref()
                     .unwrap_or_else(|| dbs[fence_db].as_ref().expect("db"));
-                let client = connect(&cluster.config(&db.name)).await?;
-                reset(&client).await?;
-                let script = dir.path().join(format!("{}-{}.sql", shape.as_str(), v.name()));
-                std::fs::write(&script, shape.script(v.predicate()))?;
-                let load_before = loadavg();
-                let logs = tempfile::tempdir()?;
-                let (tps, transactions, failed, latency_ms) = pgbench(
-                    &cluster,
-                    db,
-                    &script,
-                    clients,
-                    options.secs,
-                    &options.protocol,
-                    logs.path(),
-                )?;
-                claimed_some(&client, v.name()).await?;
-                drop(client);
-                let r = Run {
+                let cell = Cell {
                     prepared,
+                    round,
                     shape,
                     clients,
-                    variant: v.name().to_string(),
-                    round,
-                    tps,
-                    transactions,
-                    failed,
-                    latency_ms,
-                    latency: summarize(&transaction_latencies_ms(logs.path())?),
-                    load_before,
-                    load_after: loadavg(),
+                    variant,
                 };
+                let r = measure(&bench, db, cell).await?;
                 bar.inc(1);
                 bar.suspend(|| {
                     eprintln!(
-                        "mpt={prepared} {} c={clients} {} #{round}: {tps:.0} tps, {failed} failed, load {:.2}",
+                        "mpt={prepared} {} c={clients} {} #{round}: {:.0} tps, {} failed, load {:.2}",
                         shape.as_str(),
                         r.variant,
+                        r.tps,
+                        r.failed,
                         r.load_after
                     )
                 });
@@ -494,6 +456,103 @@ pub async fn run(options: FenceOptions) -> anyhow::Result<Report> {
         server_version,
         options,
         took: started.elapsed(),
+    })
+}
+
+/// One database per fence definition; the unfenced and lock-free claims
+/// run in the migrated one (`None`: the fence's).
+async fn databases(cluster: &PgCluster, variants: &[Variant]) -> anyhow::Result<Vec<Option<Db>>> {
+    let mut dbs = Vec::new();
+    for v in variants {
+        dbs.push(match v {
+            Variant::Candidate { sql, .. } => Some(setup(cluster, Some(sql)).await?),
+            Variant::Fence => Some(setup(cluster, None).await?),
+            _ => None,
+        });
+    }
+    Ok(dbs)
+}
+
+/// A round's cells (shape, clients, variant's index, variant), the variants of
+/// each (shape, clients) group rotated by the round, so that no variant always
+/// runs first on a machine whose load drifts.
+fn round_order<'a>(
+    options: &FenceOptions,
+    variants: &'a [Variant],
+    round: usize,
+) -> Vec<(Shape, u32, usize, &'a Variant)> {
+    let mut order = Vec::new();
+    for &shape in &options.shapes {
+        for &clients in &options.clients {
+            for (i, v) in variants.iter().enumerate() {
+                order.push((shape, clients, i, v));
+            }
+        }
+    }
+    // Rotate the order of the variants within each cell group every round.
+    let k = variants.len();
+    for group in order.chunks_mut(k) {
+        group.rotate_left(round % k);
+    }
+    order
+}
+
+/// What every run of a bench shares: the cluster, where the scripts go, the options.
+struct Bench<'a> {
+    cluster: &'a PgCluster,
+    scripts: &'a Path,
+    options: &'a FenceOptions,
+}
+
+/// Which run this is: the setting, the round and the cell.
+#[derive(Clone, Copy)]
+struct Cell<'a> {
+    prepared: u32,
+    round: usize,
+    shape: Shape,
+    clients: u32,
+    variant: &'a Variant,
+}
+
+/// One pgbench run of a cell on a freshly reset `db`, checked to have claimed rows.
+async fn measure(bench: &Bench<'_>, db: &Db, cell: Cell<'_>) -> anyhow::Result<Run> {
+    let Cell {
+        prepared,
+        round,
+        shape,
+        clients,
+        variant: v,
+    } = cell;
+    let client = connect(&bench.cluster.config(&db.name)).await?;
+    reset(&client).await?;
+    let script = bench.scripts.join(format!("{}-{}.sql", shape.as_str(), v.name()));
+    std::fs::write(&script, shape.script(v.predicate()))?;
+    let load_before = loadavg();
+    let logs = tempfile::tempdir()?;
+    let (tps, transactions, failed, latency_ms) = pgbench(
+        bench.cluster,
+        db,
+        &script,
+        clients,
+        bench.options.secs,
+        &bench.options.protocol,
+        logs.path(),
+    )?;
+    claimed_some(&client, v.name()).await?;
+    drop(client);
+    Ok(Run {
+        prepared,
+        shape,
+        clients,
+        variant: v.name().to_string(),
+        round,
+        tps,
+        transactions,
+        failed,
+        latency_ms,
+        latency: summarize(&transaction_latencies_ms(logs.path())?),
+        load_before,
+        load_after: loadavg(),
     })
 }
 

@@ -246,11 +246,45 @@ pub fn timeline_svg(
         .chain(faults.iter().map(|f| f.at))
         .fold(1.0, f64::max);
     let n = rows.len().max(1) as f64;
-    // The band above the rows holds the fault labels, staggered over three lines.
-    let top = n - 0.5 + 1.5;
     let root = SVGBackend::new(path, (1200, 140 + 40 * rows.len() as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = timeline_chart(&root, title, end, n)?;
+    let label_style =
+        TextStyle::from(("sans-serif", 13).into_font()).pos(Pos::new(HPos::Right, VPos::Center));
+    for (i, role) in rows.iter().enumerate() {
+        let (px, py) = chart.backend_coord(&(0.0, row_y(n, i)));
+        root.draw_text(role, &label_style, (px - 8, py)).map_err(err)?;
+    }
+    draw_terms(&mut chart, bars, end, n)?;
+    draw_faults(&root, &mut chart, faults, n)?;
+    draw_legend(&mut chart, replicas)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// The timeline's drawing area and its chart (seconds across, one unit per row).
+type Root<'b> = DrawingArea<SVGBackend<'b>, plotters::coord::Shift>;
+type Timeline<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// The y of row `row` of `n`, the first row at the top.
+fn row_y(n: f64, row: usize) -> f64 {
+    n - 1.0 - row as f64
+}
+
+/// The chart with its caption and x axis, and a band above the rows for the fault labels.
+fn timeline_chart<'a, 'b>(
+    root: &'a Root<'b>,
+    title: &str,
+    end: f64,
+    n: f64,
+) -> anyhow::Result<Timeline<'a, 'b>> {
+    // The band above the rows holds the fault labels, staggered over three lines.
+    let top = n - 0.5 + 1.5;
+    let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
@@ -266,18 +300,16 @@ pub fn timeline_svg(
         .x_desc("seconds since the run started")
         .draw()
         .map_err(err)?;
-    let label_style =
-        TextStyle::from(("sans-serif", 13).into_font()).pos(Pos::new(HPos::Right, VPos::Center));
-    let y_of = |row: usize| n - 1.0 - row as f64;
-    for (i, role) in rows.iter().enumerate() {
-        let (px, py) = chart.backend_coord(&(0.0, y_of(i)));
-        root.draw_text(role, &label_style, (px - 8, py)).map_err(err)?;
-    }
+    Ok(chart)
+}
+
+/// A filled bar per term, in its replica's colour.
+fn draw_terms(chart: &mut Timeline, bars: &[Bar], end: f64, n: f64) -> anyhow::Result<()> {
     // A term shorter than a pixel or so still shows.
     let min_width = end / 1500.0;
     chart
         .draw_series(bars.iter().map(|b| {
-            let y = y_of(b.row);
+            let y = row_y(n, b.row);
             let fill = b.replica.map_or(RGBColor(170, 170, 170), colour);
             Rectangle::new(
                 [(b.from, y - 0.3), (b.to.max(b.from + min_width), y + 0.3)],
@@ -285,6 +317,11 @@ pub fn timeline_svg(
             )
         }))
         .map_err(err)?;
+    Ok(())
+}
+
+/// A vertical line per fault over the rows, its label in the band above them.
+fn draw_faults(root: &Root, chart: &mut Timeline, faults: &[FaultMark], n: f64) -> anyhow::Result<()> {
     chart
         .draw_series(
             faults
@@ -299,6 +336,11 @@ pub fn timeline_svg(
         let (px, py) = chart.backend_coord(&(f.at, n - 0.5 + 0.45 * (k % 3 + 1) as f64));
         root.draw_text(&f.label, &fault_text, (px, py)).map_err(err)?;
     }
+    Ok(())
+}
+
+/// The legend of the replicas' colours (none when no replica is known).
+fn draw_legend<'a, 'b: 'a>(chart: &mut Timeline<'a, 'b>, replicas: usize) -> anyhow::Result<()> {
     for r in 0..replicas {
         chart
             .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
@@ -315,7 +357,6 @@ pub fn timeline_svg(
             .draw()
             .map_err(err)?;
     }
-    root.present().map_err(err)?;
     Ok(())
 }
 

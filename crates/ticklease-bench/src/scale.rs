@@ -566,8 +566,35 @@ async fn kill_and_take_over(
     replicas: &mut [Replica],
     kill: usize,
 ) -> anyhow::Result<Takeover> {
-    let victims: Vec<usize> = (0..kill).collect();
     let survivors: Vec<usize> = (kill..replicas.len()).collect();
+    let (killed_at, terms) = kill_replicas(db, replicas, kill).await?;
+    wait_for_takeover(bench, db, &terms).await?;
+    let (taken_ms, not_taken, released_before_kill) = takeover_times(db, &terms, killed_at).await?;
+    // One more cycle for the survivors to settle, then one cycle of samples.
+    tokio::time::sleep(bench.cycle()).await;
+    Ok(Takeover {
+        killed: kill,
+        taken_ms,
+        not_taken,
+        released_before_kill,
+        after: measure(bench, db, replicas, &survivors, "after-kill", bench.cycle()).await?,
+    })
+}
+
+/// The terms live on the killed replicas at the kill: their roles and tokens, side by side.
+struct KilledTerms {
+    roles: Vec<String>,
+    tokens: Vec<i64>,
+}
+
+/// SIGKILLs the first `kill` replicas and waits for them to exit; returns the
+/// instant of the kill and the terms that were live on them just before it.
+async fn kill_replicas(
+    db: &Client,
+    replicas: &mut [Replica],
+    kill: usize,
+) -> anyhow::Result<(SystemTime, KilledTerms)> {
+    let victims: Vec<usize> = (0..kill).collect();
     let sql = format!(
         "SELECT {MARKER} role, holder_token, holder_id FROM leader_status WHERE held AND role LIKE '{FAMILY}:%'"
     );
@@ -587,6 +614,12 @@ async fn kill_and_take_over(
     for &i in &victims {
         let _ = replicas[i].child.wait().await;
     }
+    Ok((killed_at, KilledTerms { roles, tokens }))
+}
+
+/// Polls until every killed term has a later one, or the deadline (two TTLs
+/// and a cycle, plus slack) passes.
+async fn wait_for_takeover(bench: &Bench, db: &Client, terms: &KilledTerms) -> anyhow::Result<()> {
     // A later token on the row: a survivor started a term (a killed process starts none).
     let pending_sql = format!(
         "SELECT {MARKER} count(*)::bigint FROM unnest($1::text[], $2::int8[]) AS v(role, token)
@@ -597,15 +630,27 @@ async fn kill_and_take_over(
         let pending: i64 = db
             .query_typed(
                 &pending_sql,
-                &[(&roles, Type::TEXT_ARRAY), (&tokens, Type::INT8_ARRAY)],
+                &[
+                    (&terms.roles, Type::TEXT_ARRAY),
+                    (&terms.tokens, Type::INT8_ARRAY),
+                ],
             )
             .await?[0]
             .get(0);
         if pending == 0 || Instant::now() > deadline {
-            break;
+            return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Each killed term's takeover (kill → the first later term's start, ms), the
+/// terms not taken over, and the count of those released just before the kill.
+async fn takeover_times(
+    db: &Client,
+    terms: &KilledTerms,
+    killed_at: SystemTime,
+) -> anyhow::Result<(Vec<(String, f64)>, Vec<String>, usize)> {
     // The first later term's start, from the history (ended terms) or the row
     // (a live one); a term whose own history says it ended otherwise than
     // lost was released just before the kill, and is left out.
@@ -623,7 +668,10 @@ async fn kill_and_take_over(
     let rows = db
         .query_typed(
             &times_sql,
-            &[(&roles, Type::TEXT_ARRAY), (&tokens, Type::INT8_ARRAY)],
+            &[
+                (&terms.roles, Type::TEXT_ARRAY),
+                (&terms.tokens, Type::INT8_ARRAY),
+            ],
         )
         .await?;
     let (mut taken_ms, mut not_taken, mut released_before_kill) = (Vec::new(), Vec::new(), 0);
@@ -637,15 +685,7 @@ async fn kill_and_take_over(
             (_, None) => not_taken.push(role),
         }
     }
-    // One more cycle for the survivors to settle, then one cycle of samples.
-    tokio::time::sleep(bench.cycle()).await;
-    Ok(Takeover {
-        killed: kill,
-        taken_ms,
-        not_taken,
-        released_before_kill,
-        after: measure(bench, db, replicas, &survivors, "after-kill", bench.cycle()).await?,
-    })
+    Ok((taken_ms, not_taken, released_before_kill))
 }
 
 /// Latency of one kind of statement in a window.
@@ -800,11 +840,38 @@ pub async fn run(options: ScaleOptions) -> anyhow::Result<Report> {
         work,
         dir: tempfile::Builder::new().prefix("ticklease-scale-").tempdir()?,
     };
-    let n = options.replicas;
-    let all: Vec<usize> = (0..n).collect();
-
     let (db, client) = bench.database().await?;
     let server_version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
+    let (family, takeover) = family_phase(&bench, &db, &client).await?;
+    let baseline = if options.baseline_over.is_zero() {
+        None
+    } else {
+        Some(baseline_phase(&bench).await?)
+    };
+    Ok(Report {
+        config: bench.config,
+        interval,
+        work,
+        family,
+        takeover,
+        baseline,
+        server_version,
+        commit,
+        options,
+        took: begun.elapsed(),
+    })
+}
+
+/// The family replicas on `db`: warm-up, the measured window, then the kill
+/// of some and the survivors' window after it, if `--kill` asks for one.
+async fn family_phase(
+    bench: &Bench,
+    db: &str,
+    client: &Client,
+) -> anyhow::Result<(Phase, Option<(Takeover, Phase)>)> {
+    let options = &bench.options;
+    let n = options.replicas;
+    let all: Vec<usize> = (0..n).collect();
     eprintln!(
         "family: {n} replicas × {} keys; warm-up {:?}, then {:?}",
         options.keys,
@@ -812,13 +879,13 @@ pub async fn run(options: ScaleOptions) -> anyhow::Result<Report> {
         options.over
     );
     let mut replicas = bench
-        .start_replicas(&db, ScaleMode::Family, n, options.pool)
+        .start_replicas(db, ScaleMode::Family, n, options.pool)
         .await?;
     tokio::time::sleep(bench.cycle() * 2).await;
-    let window = measure(&bench, &client, &mut replicas, &all, "family", options.over).await?;
+    let window = measure(bench, client, &mut replicas, &all, "family", options.over).await?;
     let takeover = if options.kill > 0 {
         eprintln!("killing {} replicas", options.kill);
-        Some(kill_and_take_over(&bench, &client, &mut replicas, options.kill).await?)
+        Some(kill_and_take_over(bench, client, &mut replicas, options.kill).await?)
     } else {
         None
     };
@@ -835,52 +902,44 @@ pub async fn run(options: ScaleOptions) -> anyhow::Result<Report> {
         );
         (t, after)
     });
+    Ok((family, takeover))
+}
 
-    let baseline = if options.baseline_over.is_zero() {
-        None
-    } else {
-        let (db, client) = bench.database().await?;
-        eprintln!(
-            "baseline (per-role, pool {}): warm-up {:?}, then {:?}",
-            options.baseline_pool,
-            bench.cycle() * 2,
-            options.baseline_over
-        );
-        let mut replicas = bench
-            .start_replicas(&db, ScaleMode::PerRole, n, options.baseline_pool)
-            .await?;
-        tokio::time::sleep(bench.cycle() * 2).await;
-        let window = measure(
-            &bench,
-            &client,
-            &mut replicas,
-            &all,
-            "per-role",
-            options.baseline_over,
-        )
+/// The per-role baseline: the same replicas and keys, one role per key, on a
+/// database of its own, measured after its own warm-up.
+async fn baseline_phase(bench: &Bench) -> anyhow::Result<Phase> {
+    let options = &bench.options;
+    let n = options.replicas;
+    let all: Vec<usize> = (0..n).collect();
+    let (db, client) = bench.database().await?;
+    eprintln!(
+        "baseline (per-role, pool {}): warm-up {:?}, then {:?}",
+        options.baseline_pool,
+        bench.cycle() * 2,
+        options.baseline_over
+    );
+    let mut replicas = bench
+        .start_replicas(&db, ScaleMode::PerRole, n, options.baseline_pool)
         .await?;
-        stop(&mut replicas, bench.config.lease_ttl()).await;
-        let (samples, warnings) = collect(&replicas)?;
-        Some(phase(
-            ScaleMode::PerRole,
-            window,
-            &samples,
-            options.baseline_pool,
-            warnings,
-        ))
-    };
-    Ok(Report {
-        config: bench.config,
-        interval,
-        work,
-        family,
-        takeover,
-        baseline,
-        server_version,
-        commit,
-        options,
-        took: begun.elapsed(),
-    })
+    tokio::time::sleep(bench.cycle() * 2).await;
+    let window = measure(
+        bench,
+        &client,
+        &mut replicas,
+        &all,
+        "per-role",
+        options.baseline_over,
+    )
+    .await?;
+    stop(&mut replicas, bench.config.lease_ttl()).await;
+    let (samples, warnings) = collect(&replicas)?;
+    Ok(phase(
+        ScaleMode::PerRole,
+        window,
+        &samples,
+        options.baseline_pool,
+        warnings,
+    ))
 }
 
 /// One goal and whether the run met it.
@@ -982,110 +1041,12 @@ impl Report {
         if let Some(b) = &self.baseline {
             phases.push(("per-role baseline", b));
         }
-        let mut t = String::from("| figure |");
-        for (name, _) in &phases {
-            let _ = write!(t, " {name} |");
-        }
-        t.push_str("\n|---|");
-        t.push_str(&"---|".repeat(phases.len()));
-        t.push('\n');
-        let mut row = |figure: &str, cell: &dyn Fn(&Phase) -> String| {
-            let _ = write!(t, "| {figure} |");
-            for (_, p) in &phases {
-                let _ = write!(t, " {} |", cell(p));
-            }
-            t.push('\n');
-        };
-        row("replicas × pool", &|p| {
-            format!("{} × {}", p.window.counted.len(), p.pool)
-        });
-        row("window", &|p| format!("{:.0} s", p.window.seconds()));
-        row("statements/s (all)", &|p| {
-            format!("{:.1}", p.window.statements_per_s())
-        });
-        row("lease statements/s", &|p| {
-            format!("{:.1}", p.window.lease_statements_per_s())
-        });
-        for kind in Kind::ALL {
-            row(
-                &format!("{} p50 / p99 / max (ms)", kind.as_str().to_uppercase()),
-                &|p| match p.latency(kind).summary {
-                    Some(s) => format!("{:.1} / {:.1} / {:.1}", s.p50, s.p99, s.max),
-                    None => "–".into(),
-                },
-            );
-            row(
-                &format!("{} calls (roles per call)", kind.as_str().to_uppercase()),
-                &|p| {
-                    let l = p.latency(kind);
-                    match l.calls {
-                        0 => "0".into(),
-                        n => format!("{n} ({:.1})", l.roles_per_call),
-                    }
-                },
-            );
-        }
-        let groups: Vec<&str> = STARTED_GROUPS.iter().map(|(label, _)| *label).collect();
-        row(
-            &format!("ACQUIRE p99 (calls) by terms started: {}", groups.join(" / ")),
-            &|p| {
-                let cells: Vec<String> = p
-                    .latency(Kind::Acquire)
-                    .by_started
-                    .iter()
-                    .map(|(calls, s)| match s {
-                        Some(s) => format!("{:.1} ({calls})", s.p99),
-                        None => "–".into(),
-                    })
-                    .collect();
-                cells.join(" / ")
-            },
-        );
-        row("missed heartbeats: RENEW timeouts + errors (roles)", &|p| {
-            let r = p.latency(Kind::Renew);
-            format!("{} + {} ({})", r.timeouts, r.errors, r.roles_failed)
-        });
-        row("RENEW answers: term over", &|p| {
-            let by = &p.latency(Kind::Renew).lost_answers;
-            if by.is_empty() {
-                return "0".into();
-            }
-            let each: Vec<String> = by.iter().map(|(r, n)| format!("{n} {r}")).collect();
-            format!("{} ({})", by.values().sum::<u64>(), each.join(", "))
-        });
-        row("lost terms (leader_history)", &|p| {
-            if p.window.lost_terms.is_empty() {
-                "0".into()
-            } else {
-                let by: Vec<String> = p
-                    .window
-                    .lost_terms
-                    .iter()
-                    .map(|(r, n)| format!("{n} {r}"))
-                    .collect();
-                format!("{} ({})", p.window.lost(), by.join(", "))
-            }
-        });
-        row("spread: roles per replica", &|p| {
-            p.window.spread.map_or("–".into(), |s| s.describe())
-        });
-        row("Postgres CPU (% of one core)", &|p| {
-            format!("{:.0} %", p.window.pg_cpu_pct)
-        });
-        row("replicas' CPU together (% of one core)", &|p| {
-            format!("{:.0} %", p.window.replica_cpu_pct)
-        });
-        row("whole machine CPU busy (% of one core, of 200 %)", &|p| {
-            format!("{:.0} %", p.window.machine_cpu_pct)
-        });
-        row("replica RSS max (MB)", &|p| {
-            let max = p.window.rss_max_kb.iter().max().copied().unwrap_or(0);
-            format!("{:.1}", max as f64 / 1024.0)
-        });
-        row("replica WARN/ERROR log lines (whole phase)", &|p| {
-            p.replica_warnings.to_string()
-        });
-        t
+        let mut t = PhaseTable::new(phases);
+        load_rows(&mut t);
+        latency_rows(&mut t);
+        health_rows(&mut t);
+        resource_rows(&mut t);
+        t.text
     }
 
     /// Takeover and the baseline ratio, as lines.
@@ -1122,6 +1083,140 @@ impl Report {
         }
         s
     }
+}
+
+/// A markdown table with a column per phase, written a row (one figure) at a time.
+struct PhaseTable<'a> {
+    phases: Vec<(&'a str, &'a Phase)>,
+    text: String,
+}
+
+impl<'a> PhaseTable<'a> {
+    /// The header row: the phases' names.
+    fn new(phases: Vec<(&'a str, &'a Phase)>) -> Self {
+        let mut text = String::from("| figure |");
+        for (name, _) in &phases {
+            let _ = write!(text, " {name} |");
+        }
+        text.push_str("\n|---|");
+        text.push_str(&"---|".repeat(phases.len()));
+        text.push('\n');
+        PhaseTable { phases, text }
+    }
+
+    /// One figure's row: its name, then `cell` of each phase.
+    fn row(&mut self, figure: &str, cell: &dyn Fn(&Phase) -> String) {
+        let _ = write!(self.text, "| {figure} |");
+        for (_, p) in &self.phases {
+            let _ = write!(self.text, " {} |", cell(p));
+        }
+        self.text.push('\n');
+    }
+}
+
+/// The rows of what ran and the statements it sent.
+fn load_rows(t: &mut PhaseTable) {
+    t.row("replicas × pool", &|p| {
+        format!("{} × {}", p.window.counted.len(), p.pool)
+    });
+    t.row("window", &|p| format!("{:.0} s", p.window.seconds()));
+    t.row("statements/s (all)", &|p| {
+        format!("{:.1}", p.window.statements_per_s())
+    });
+    t.row("lease statements/s", &|p| {
+        format!("{:.1}", p.window.lease_statements_per_s())
+    });
+}
+
+/// The rows of each statement kind's latency and calls, and ACQUIRE's by terms started.
+fn latency_rows(t: &mut PhaseTable) {
+    for kind in Kind::ALL {
+        t.row(
+            &format!("{} p50 / p99 / max (ms)", kind.as_str().to_uppercase()),
+            &|p| match p.latency(kind).summary {
+                Some(s) => format!("{:.1} / {:.1} / {:.1}", s.p50, s.p99, s.max),
+                None => "–".into(),
+            },
+        );
+        t.row(
+            &format!("{} calls (roles per call)", kind.as_str().to_uppercase()),
+            &|p| {
+                let l = p.latency(kind);
+                match l.calls {
+                    0 => "0".into(),
+                    n => format!("{n} ({:.1})", l.roles_per_call),
+                }
+            },
+        );
+    }
+    let groups: Vec<&str> = STARTED_GROUPS.iter().map(|(label, _)| *label).collect();
+    t.row(
+        &format!("ACQUIRE p99 (calls) by terms started: {}", groups.join(" / ")),
+        &|p| {
+            let cells: Vec<String> = p
+                .latency(Kind::Acquire)
+                .by_started
+                .iter()
+                .map(|(calls, s)| match s {
+                    Some(s) => format!("{:.1} ({calls})", s.p99),
+                    None => "–".into(),
+                })
+                .collect();
+            cells.join(" / ")
+        },
+    );
+}
+
+/// The rows of what went wrong: missed heartbeats, terms over and lost, and the spread.
+fn health_rows(t: &mut PhaseTable) {
+    t.row("missed heartbeats: RENEW timeouts + errors (roles)", &|p| {
+        let r = p.latency(Kind::Renew);
+        format!("{} + {} ({})", r.timeouts, r.errors, r.roles_failed)
+    });
+    t.row("RENEW answers: term over", &|p| {
+        let by = &p.latency(Kind::Renew).lost_answers;
+        if by.is_empty() {
+            return "0".into();
+        }
+        let each: Vec<String> = by.iter().map(|(r, n)| format!("{n} {r}")).collect();
+        format!("{} ({})", by.values().sum::<u64>(), each.join(", "))
+    });
+    t.row("lost terms (leader_history)", &|p| {
+        if p.window.lost_terms.is_empty() {
+            "0".into()
+        } else {
+            let by: Vec<String> = p
+                .window
+                .lost_terms
+                .iter()
+                .map(|(r, n)| format!("{n} {r}"))
+                .collect();
+            format!("{} ({})", p.window.lost(), by.join(", "))
+        }
+    });
+    t.row("spread: roles per replica", &|p| {
+        p.window.spread.map_or("–".into(), |s| s.describe())
+    });
+}
+
+/// The rows of CPU, memory and the replicas' log warnings.
+fn resource_rows(t: &mut PhaseTable) {
+    t.row("Postgres CPU (% of one core)", &|p| {
+        format!("{:.0} %", p.window.pg_cpu_pct)
+    });
+    t.row("replicas' CPU together (% of one core)", &|p| {
+        format!("{:.0} %", p.window.replica_cpu_pct)
+    });
+    t.row("whole machine CPU busy (% of one core, of 200 %)", &|p| {
+        format!("{:.0} %", p.window.machine_cpu_pct)
+    });
+    t.row("replica RSS max (MB)", &|p| {
+        let max = p.window.rss_max_kb.iter().max().copied().unwrap_or(0);
+        format!("{:.1}", max as f64 / 1024.0)
+    });
+    t.row("replica WARN/ERROR log lines (whole phase)", &|p| {
+        p.replica_warnings.to_string()
+    });
 }
 
 /// The family replicas' pool unless `--pool` says otherwise.
@@ -1276,12 +1371,36 @@ fn git_head() -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// The markdown report: how the run was set up, the goals, the figures, and what each figure is.
 fn markdown(r: &Report) -> String {
     let o = &r.options;
-    let c = &r.config;
     let mut md = String::new();
     let _ = writeln!(md, "# Role families at scale ({} timing)\n", o.timing.as_str());
     let _ = writeln!(md, "```sh\n{}\n```\n", r.command());
+    md.push_str(&setup_markdown(r));
+    md.push_str("## Goals\n\n| goal | measured | met |\n|---|---|---|\n");
+    for g in r.goals() {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} |",
+            g.what,
+            g.measured,
+            if g.met { "yes" } else { "**no**" }
+        );
+    }
+    md.push_str("\n## Figures\n\n");
+    md.push_str(&r.table());
+    md.push('\n');
+    md.push_str(&r.takeover_and_ratio());
+    md.push_str(FIGURES_EXPLAINED);
+    md
+}
+
+/// The report's bullets on the machine, the load, the timings and the phases.
+fn setup_markdown(r: &Report) -> String {
+    let o = &r.options;
+    let c = &r.config;
+    let mut md = String::new();
     let _ = writeln!(
         md,
         "- Machine: {}; PostgreSQL {} (sandbox: `fsync=off`, `synchronous_commit=off`, `max_connections=400`), \
@@ -1330,22 +1449,11 @@ fn markdown(r: &Report) -> String {
         );
     }
     md.push_str(".\n\n");
-    md.push_str("## Goals\n\n| goal | measured | met |\n|---|---|---|\n");
-    for g in r.goals() {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} |",
-            g.what,
-            g.measured,
-            if g.met { "yes" } else { "**no**" }
-        );
-    }
-    md.push_str("\n## Figures\n\n");
-    md.push_str(&r.table());
-    md.push('\n');
-    md.push_str(&r.takeover_and_ratio());
-    md.push_str(
-        "
+    md
+}
+
+/// The report's last section: how each figure of the table is measured.
+const FIGURES_EXPLAINED: &str = "
 ## What each figure is
 
 - **statements/s**: calls counted by `pg_stat_statements` (top-level statements of the bench's database)
@@ -1376,7 +1484,4 @@ fn markdown(r: &Report) -> String {
 - **whole machine CPU**: busy time of both cores from `/proc/stat` over the window (Postgres, the
   replicas, the bench, and anything else that ran on the machine meanwhile), as a % of one core.
 - **replica RSS**: the largest `VmRSS` seen in any replica during the window.
-",
-    );
-    md
-}
+";

@@ -20,7 +20,7 @@ use anyhow::Context;
 use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
-use ticklease::{Family, Manager, PgStore, PgStoreOptions, Role, Schedule, Scheduler, Tick};
+use ticklease::{Family, Manager, PgStore, PgStoreOptions, Role, Schedule, Scheduler, Stopped, Tick};
 use ticklease_sandbox::ClusterOptions;
 use ticklease_testkit::{connect, PgCluster};
 
@@ -91,8 +91,23 @@ async fn work(client: Arc<tokio_postgres::Client>, tick: Tick) -> Result<(), tok
 pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
     let cluster = PgCluster::start_with(&ClusterOptions::default().with_pg_stat_statements())?;
     let db = cluster.create_database().await?;
-    let config = o.timing.config();
-    let mut owner = connect(&cluster.config(&db)).await?;
+    let url = cluster.config(&db);
+    let owner = prepare(&url).await?;
+    let schedule = Schedule::cron(&format!("*/{} * * * * *", o.every_secs))?;
+    let stop = CancellationToken::new();
+    let runs = start_replicas(o, &url, &schedule, &stop).await?;
+    let (first, last, calls) = measure(&owner, &schedule, o).await?;
+    stop.cancel();
+    for run in runs {
+        let _ = run.await;
+    }
+    tally(o, &owner, (first, last), calls).await
+}
+
+/// The migrated database, with `pg_stat_statements` and the table the work
+/// writes; the owner's client, which the bench keeps for its own queries.
+async fn prepare(url: &tokio_postgres::Config) -> anyhow::Result<tokio_postgres::Client> {
+    let mut owner = connect(url).await?;
     ticklease::migrate(&mut owner).await?;
     owner
         .batch_execute(
@@ -102,28 +117,38 @@ pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
              GRANT INSERT, SELECT ON bench_runs TO PUBLIC;",
         )
         .await?;
-    let schedule = Schedule::cron(&format!("*/{} * * * * *", o.every_secs))?;
+    Ok(owner)
+}
+
+/// Starts `o.replicas` schedulers, each with its own store and work clients,
+/// running every role (or the family's keys) until `stop`.
+async fn start_replicas(
+    o: &SchedulesOptions,
+    url: &tokio_postgres::Config,
+    schedule: &Schedule,
+    stop: &CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<Stopped>>> {
+    let config = o.timing.config();
     let keys: Vec<String> = (0..o.roles).map(|i| format!("k{i:04}")).collect();
     let roles: Vec<Role> = keys
         .iter()
         .map(|k| Role::new(format!("job{k}")))
         .collect::<Result<_, _>>()?;
-    let stop = CancellationToken::new();
     let mut runs = Vec::new();
     for _ in 0..o.replicas {
         let options = PgStoreOptions {
             pool_size: o.pool,
             ..PgStoreOptions::from_config(&config)
         };
-        let mut store = PgStore::connect(cluster.config(&db), options).await?;
+        let mut store = PgStore::connect(url.clone(), options).await?;
         if o.coordinated {
-            store = store.with_direct(cluster.config(&db)).await?;
+            store = store.with_direct(url.clone()).await?;
         }
         let declared = if o.family { Vec::new() } else { roles.clone() };
         let manager = Manager::start(store, config, declared).await?;
         let mut clients = Vec::new();
         for _ in 0..WORK_CLIENTS {
-            clients.push(Arc::new(connect(&cluster.config(&db)).await?));
+            clients.push(Arc::new(connect(url).await?));
         }
         let mut scheduler = Scheduler::new(manager);
         if o.family {
@@ -142,6 +167,16 @@ pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
         }
         runs.push(tokio::spawn(scheduler.run(stop.clone())));
     }
+    Ok(runs)
+}
+
+/// Waits out the window and counts the replicas' statements in it: the
+/// window's first and last occurrence and the statement calls.
+async fn measure(
+    owner: &tokio_postgres::Client,
+    schedule: &Schedule,
+    o: &SchedulesOptions,
+) -> anyhow::Result<(SystemTime, SystemTime, i64)> {
     let every = Duration::from_secs(u64::from(o.every_secs));
     // The window: from the occurrence after the next one (all replicas have
     // looked by then), for `occurrences` occurrences.
@@ -152,10 +187,10 @@ pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
     let last = (1..o.occurrences)
         .try_fold(first, |at, _| schedule.next_after(at))
         .context("last")?;
-    wait_until(&owner, first - Duration::from_millis(500)).await?;
+    wait_until(owner, first - Duration::from_millis(500)).await?;
     owner.batch_execute("SELECT pg_stat_statements_reset()").await?;
     // Each occurrence's terms end well within a period: count until just before the next.
-    wait_until(&owner, last + every - Duration::from_millis(500)).await?;
+    wait_until(owner, last + every - Duration::from_millis(500)).await?;
     let calls: i64 = owner
         .query_one(
             "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
@@ -167,10 +202,16 @@ pub async fn run(o: &SchedulesOptions) -> anyhow::Result<SchedulesRun> {
         )
         .await?
         .get(0);
-    stop.cancel();
-    for run in runs {
-        let _ = run.await;
-    }
+    Ok((first, last, calls))
+}
+
+/// The run's figures from the fenced rows of the window's occurrences.
+async fn tally(
+    o: &SchedulesOptions,
+    owner: &tokio_postgres::Client,
+    (first, last): (SystemTime, SystemTime),
+    calls: i64,
+) -> anyhow::Result<SchedulesRun> {
     let rows = owner
         .query(
             "SELECT role, occurrence, extract(epoch FROM started_at - occurrence)::float8 * 1000
