@@ -642,7 +642,10 @@ impl<S: LeaseStore> Manager<S> {
     async fn release_unanswered(&self, role: &Role) -> Result<bool, Error> {
         let inner = &self.inner;
         let rows = inner.store.status_of(std::slice::from_ref(role)).await?;
-        let Some(row) = rows.iter().find(|r| r.holder_id.as_deref() == Some(inner.holder_id.as_str())) else {
+        let Some(row) = rows
+            .iter()
+            .find(|r| r.holder_id.as_deref() == Some(inner.holder_id.as_str()))
+        else {
             return Ok(false);
         };
         let ending = Ending {
