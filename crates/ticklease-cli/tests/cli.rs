@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use ticklease_testkit::PgCluster;
 
 mod common;
-use common::{migrated_url, ticklease};
+use common::{exporter, http_get, migrated_url, ticklease};
 
 fn text(o: &Output) -> String {
     format!(
@@ -59,26 +59,9 @@ fn usage_errors_exit_2() {
     assert!(text(&help).contains("Examples:"));
 }
 
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-}
-
 #[tokio::test]
 async fn metrics_serves_cluster_facts_and_healthz() {
-    use std::io::{BufRead, BufReader};
-    let cluster = PgCluster::shared();
-    let db = cluster.create_database().await.unwrap();
-    let url = cluster.url(&db);
-    assert_eq!(
-        ticklease(&["migrate", "--database-url", &url]).status.code(),
-        Some(0)
-    );
-    let client = ticklease_testkit::connect(&cluster.config(&db)).await.unwrap();
+    let (url, client) = migrated_url().await;
     client
         .batch_execute(
             "INSERT INTO leader_leases (role, last_tick_ended_at) VALUES ('billing', now() - interval '90 seconds');
@@ -87,16 +70,7 @@ async fn metrics_serves_cluster_facts_and_healthz() {
         )
         .await
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(["metrics", "--database-url", &url, "--metrics-addr", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
+    let (mut child, addr) = exporter(&url, &[]);
     let health = http_get(&addr, "/healthz");
     let metrics = http_get(&addr, "/metrics");
     child.kill().unwrap();
@@ -134,22 +108,12 @@ async fn metrics_serves_cluster_facts_and_healthz() {
 /// counted as left out instead.
 #[tokio::test]
 async fn metrics_follows_the_roles_created_and_forgotten_after_it_started() {
-    use std::io::{BufRead, BufReader};
     let (url, client) = migrated_url().await;
     client
         .batch_execute("SELECT leader_seed(ARRAY['stalled'])")
         .await
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(["metrics", "--database-url", &url, "--metrics-addr", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
+    let (mut child, addr) = exporter(&url, &[]);
     let fact = r#"ticklease_leader_last_tick_state{role="late",state="never_ran"} 1"#;
     assert!(!http_get(&addr, "/metrics").contains(fact));
     // Scrapes read the table at most once a second (SCRAPE_REFRESH_MIN).

@@ -4,37 +4,15 @@
 //! stalled role out of `ticklease metrics --roles`; a read that cannot
 //! finish pages through a series that exists from the start.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{migrated_url, ticklease};
-
-/// `ticklease metrics ARGS` on a free port: the child and its address.
-fn exporter(url: &str, args: &[&str]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ticklease"))
-        .args(["metrics", "--database-url", url, "--metrics-addr", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
-    (child, addr)
-}
+use common::{exporter, http_get, migrated_url, ticklease};
 
 /// The response to `GET path` and how long it took.
-fn http_get(addr: &str, path: &str) -> (String, Duration) {
-    use std::io::{Read, Write};
+fn timed_get(addr: &str, path: &str) -> (String, Duration) {
     let started = Instant::now();
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
+    let response = http_get(addr, path);
     (response, started.elapsed())
 }
 
@@ -80,8 +58,8 @@ async fn rows_an_app_login_seeds_time_out_no_read_and_hide_no_named_role() {
         client.batch_execute("ANALYZE leader_leases").await.unwrap();
 
         let (mut following, addr) = exporter(&url, &[]);
-        let (body, took) = http_get(&addr, "/metrics");
-        let (page, page_took) = http_get(&addr, "/");
+        let (body, took) = timed_get(&addr, "/metrics");
+        let (page, page_took) = timed_get(&addr, "/");
         following.kill().unwrap();
         following.wait().unwrap();
         assert!(
@@ -104,7 +82,7 @@ async fn rows_an_app_login_seeds_time_out_no_read_and_hide_no_named_role() {
         );
 
         let (mut named, addr) = exporter(&url, &["--roles", "billing"]);
-        let (body, took) = http_get(&addr, "/metrics");
+        let (body, took) = timed_get(&addr, "/metrics");
         named.kill().unwrap();
         named.wait().unwrap();
         assert!(
@@ -180,11 +158,11 @@ async fn a_named_stalled_role_is_exported_whatever_roles_an_app_login_holds() {
         .await
         .unwrap();
     let (mut named, addr) = exporter(&url, &["--roles", "billing"]);
-    let (body, _) = http_get(&addr, "/metrics");
+    let (body, _) = timed_get(&addr, "/metrics");
     named.kill().unwrap();
     named.wait().unwrap();
     let (mut following, addr) = exporter(&url, &[]);
-    let (followed, _) = http_get(&addr, "/metrics");
+    let (followed, _) = timed_get(&addr, "/metrics");
     following.kill().unwrap();
     following.wait().unwrap();
     let age = body
@@ -217,12 +195,12 @@ async fn an_exporter_that_cannot_read_says_so_in_a_series_that_exists_from_the_s
         .batch_execute("LOCK TABLE leader_leases IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    let (blind, _) = http_get(&addr, "/metrics");
+    let (blind, _) = timed_get(&addr, "/metrics");
     locker.rollback().await.unwrap();
     // A refresh a second after the last began reads again.
     let deadline = Instant::now() + Duration::from_secs(20);
     let seen = loop {
-        let (seen, _) = http_get(&addr, "/metrics");
+        let (seen, _) = timed_get(&addr, "/metrics");
         if has(&seen, "ticklease_leader_status_unreadable 0") || Instant::now() > deadline {
             break seen;
         }

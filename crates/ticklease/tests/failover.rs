@@ -433,14 +433,7 @@ async fn a_release_that_cannot_finish_is_sent_again_within_the_lease() {
     let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
     let proxy = std::sync::Arc::new(FaultProxy::start(upstream).await.unwrap());
     let url = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port());
-    let config = ticklease::Config::builder()
-        .lease_ttl(Duration::from_secs(10))
-        .heartbeat_every(Duration::from_secs(1))
-        .statement_timeout(Duration::from_millis(500))
-        .abandon_after(Duration::from_secs(3))
-        .max_poll(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let config = long_lease(Duration::from_secs(10));
     let store = PgStore::connect(
         url.parse::<PgConnect>().unwrap(),
         PgStoreOptions::from_config(&config),
@@ -494,14 +487,7 @@ async fn an_acquire_whose_answer_a_stalled_synchronous_standby_kept_costs_no_lea
         .batch_execute(&format!("ALTER DATABASE {db} SET synchronous_commit = on"))
         .await
         .unwrap();
-    let config = ticklease::Config::builder()
-        .lease_ttl(Duration::from_secs(30))
-        .heartbeat_every(Duration::from_secs(1))
-        .statement_timeout(Duration::from_millis(500))
-        .abandon_after(Duration::from_secs(3))
-        .max_poll(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let config = long_lease(Duration::from_secs(30));
     let store = PgStore::connect(primary.config(&db), PgStoreOptions::from_config(&config))
         .await
         .unwrap();
@@ -575,4 +561,17 @@ async fn synchronous_holds(primary: &PgCluster, db: &str, on: bool) -> bool {
     tokio::time::timeout(Duration::from_millis(300), commit)
         .await
         .is_ok()
+}
+
+/// A lease of `ttl`, long beside the other timings (S 500 ms): what a lost
+/// statement costs is told apart from a TTL.
+fn long_lease(ttl: Duration) -> ticklease::Config {
+    ticklease::Config::builder()
+        .lease_ttl(ttl)
+        .heartbeat_every(Duration::from_secs(1))
+        .statement_timeout(Duration::from_millis(500))
+        .abandon_after(Duration::from_secs(3))
+        .max_poll(Duration::from_secs(1))
+        .build()
+        .unwrap()
 }
