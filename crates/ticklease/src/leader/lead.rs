@@ -223,9 +223,6 @@ struct Inner<S> {
     batcher: Batcher,
     /// Per role on a cron schedule: what the database last said of its occurrences.
     occurrences: std::sync::Mutex<std::collections::HashMap<Role, occurrence::Known>>,
-    /// Roles whose last ACQUIRE was sent and not answered (it timed out, or
-    /// its connection failed): its term may have started all the same.
-    unanswered: std::sync::Mutex<BTreeSet<Role>>,
     /// The origin of the heartbeat grid family terms beat on.
     epoch: Instant,
 }
@@ -342,7 +339,6 @@ impl<S: LeaseStore> Manager<S> {
                 unreleased: AtomicUsize::new(0),
                 lost_drain_ms: Default::default(),
                 occurrences: Default::default(),
-                unanswered: Default::default(),
             }),
         };
         let report = manager.check_roles().await?;
@@ -600,64 +596,18 @@ impl<S: LeaseStore> Manager<S> {
         if let (Some(m), Some(signals)) = (&inner.metrics, inner.store.signals()) {
             m.coordination_up(signals.key().is_some());
         }
-        // At most twice: once more after releasing a term an unanswered ACQUIRE started.
-        loop {
-            let sent = Instant::now();
-            let sent_wall = SystemTime::now();
-            let answer = inner
-                .store
-                .acquire(role, &inner.holder_id, inner.config.lease_ttl(), interval)
-                .await;
-            let unanswered = self.note_answer(role, answer.as_ref().err());
-            let term = match answer? {
-                Acquire::Acquired(term) => term,
-                Acquire::Refused(Refusal::Held { holder, .. })
-                    if unanswered && holder == inner.holder_id && self.release_unanswered(role).await? =>
-                {
-                    continue;
-                }
-                Acquire::Refused(refusal) => return Ok(Err(refusal)),
-            };
-            inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
-            return Ok(Ok((term, sent)));
-        }
-    }
-
-    /// Notes whether this ACQUIRE of `role` went unanswered (`error` a
-    /// statement sent that did not finish: its commit may have gone
-    /// through, as a cancelled wait for a synchronous standby commits
-    /// locally); returns whether the one before it did.
-    fn note_answer(&self, role: &Role, error: Option<&StoreError>) -> bool {
-        let mut unanswered = self.inner.unanswered.lock().expect("unanswered");
-        let before = unanswered.remove(role);
-        if error.is_some_and(|e| e.is_transient() && !matches!(e, StoreError::Connect { .. })) {
-            unanswered.insert(role.clone());
-        }
-        before
-    }
-
-    /// The term an unanswered ACQUIRE of this manager started: nobody runs
-    /// it, and the role would wait out its lease. RELEASEs it (interrupted)
-    /// when the row still names this holder; true if it did.
-    async fn release_unanswered(&self, role: &Role) -> Result<bool, Error> {
-        let inner = &self.inner;
-        let rows = inner.store.status_of(std::slice::from_ref(role)).await?;
-        let Some(row) = rows
-            .iter()
-            .find(|r| r.holder_id.as_deref() == Some(inner.holder_id.as_str()))
-        else {
-            return Ok(false);
-        };
-        let ending = Ending {
-            error: Some("its ACQUIRE was not answered: the term ran nothing".into()),
-            ..Ending::of(Release::Interrupted)
-        };
-        let released = inner
+        let sent = Instant::now();
+        let sent_wall = SystemTime::now();
+        let term = match inner
             .store
-            .release_ending(role, row.token, Release::Interrupted, Duration::ZERO, &ending)
-            .await?;
-        tracing::info!(%role, token = %row.token, released, "released the term of an ACQUIRE whose answer was lost");
-        Ok(released)
+            .acquire(role, &inner.holder_id, inner.config.lease_ttl(), interval)
+            .await?
+        {
+            Acquire::Acquired(term) => term,
+            Acquire::Refused(refusal) => return Ok(Err(refusal)),
+        };
+        inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
+        Ok(Ok((term, sent)))
     }
 
     fn heartbeat(
