@@ -181,15 +181,6 @@ pub enum StoreError {
     },
 }
 
-impl Error {
-    /// Whether it is a store statement that could not finish
-    /// ([`StoreError::is_transient`]): a failover's or a cut link's, not a
-    /// refusal.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Store(e) if e.is_transient())
-    }
-}
-
 impl StoreError {
     /// Whether the statement could not finish (no answer in time, no
     /// connection, an error of the server or the link at that moment), so

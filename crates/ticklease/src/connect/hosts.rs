@@ -45,33 +45,6 @@ pub struct Hosts {
     lost: AtomicU64,
     /// What this URL made of its servers' timelines.
     timelines: timeline::UrlTimelines,
-    /// Since when no connection could be had or kept (a connection lost, or
-    /// none made to the server last used), while that lasts.
-    outage: std::sync::Mutex<Option<std::time::Instant>>,
-    /// Whether a change of host or a connection restored is logged (once
-    /// per process: the store's hosts say it, the coordination session's not).
-    says: bool,
-}
-
-/// How long one process says a reconnection to a server once: its stores
-/// and an application's own pools on the same URL each reconnect, and one
-/// line tells them all.
-const SAID_FOR: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Whether no other `Hosts` of this process told of reaching `server` in
-/// the last [`SAID_FOR`]; if so, this one does, and notes it.
-fn first_to_say(server: &Server) -> bool {
-    static SAID: std::sync::Mutex<Option<(String, std::time::Instant)>> = std::sync::Mutex::new(None);
-    let mut said = SAID.lock().expect("said");
-    let text = server.to_string();
-    if said
-        .as_ref()
-        .is_some_and(|(to, at)| *to == text && at.elapsed() < SAID_FOR)
-    {
-        return false;
-    }
-    *said = Some((text, std::time::Instant::now()));
-    true
 }
 
 /// One server of a URL: the host it names (a name, an address or a socket
@@ -171,24 +144,6 @@ impl Hosts {
             first_probe: tokio::sync::OnceCell::new(),
             changes: AtomicU64::new(0),
             lost: AtomicU64::new(0),
-            outage: std::sync::Mutex::new(None),
-            says: true,
-        }
-    }
-
-    /// These hosts log nothing of a failover: another `Hosts` of the
-    /// process (the store's) says it in one line.
-    pub fn quiet(mut self) -> Self {
-        self.says = false;
-        self
-    }
-
-    /// Notes that a connection was lost or could not be made: the start of
-    /// an outage, unless one is under way.
-    fn trouble(&self, since: std::time::Instant) {
-        let mut outage = self.outage.lock().expect("outage");
-        if outage.is_none() && self.connected.load(Ordering::Relaxed) {
-            *outage = Some(since);
         }
     }
 
@@ -205,12 +160,7 @@ impl Hosts {
         let first = self.last_good.load(Ordering::Relaxed);
         let mut failed = None;
         for i in (0..self.hosts.len()).map(|k| (first + k) % self.hosts.len()) {
-            let started = std::time::Instant::now();
-            let attempt = tokio::time::timeout(self.per_host, self.attempt(i)).await;
-            if i == first && !matches!(attempt, Ok(Ok(Attempt::Current(..)))) {
-                self.trouble(started);
-            }
-            match attempt {
+            match tokio::time::timeout(self.per_host, self.attempt(i)).await {
                 Ok(Ok(Attempt::Current(client, connection, _))) => {
                     self.connected_to(i);
                     return Ok((client, *connection));
@@ -254,25 +204,13 @@ impl Hosts {
         }
     }
 
-    /// Notes a connection to host `i`: a change of host is counted, and
-    /// the outage it ends is told in one line, from where to where and how
-    /// long it lasted (a failover's other lines are at debug).
+    /// Notes a connection to host `i`: a change of host is logged and counted.
     fn connected_to(&self, i: usize) {
         self.timelines.used(i);
-        let outage = self.outage.lock().expect("outage").take();
         let before = self.last_good.swap(i, Ordering::Relaxed);
-        let changed = self.connected.swap(true, Ordering::Relaxed) && before != i;
-        if changed {
+        if self.connected.swap(true, Ordering::Relaxed) && before != i {
             self.changes.fetch_add(1, Ordering::Relaxed);
-        }
-        if !self.says || (outage.is_none() && !changed) || !first_to_say(&self.servers[i]) {
-            return;
-        }
-        let (from, to) = (&self.servers[before], &self.servers[i]);
-        match outage.map(|since| since.elapsed().as_millis()) {
-            Some(down_ms) if changed => tracing::warn!(%from, %to, down_ms, "database host changed"),
-            None => tracing::warn!(%from, %to, "database host changed"),
-            Some(down_ms) => tracing::info!(server = %to, down_ms, "database connection restored"),
+            tracing::warn!(from = %self.servers[before], to = %self.servers[i], "database host changed");
         }
     }
 
@@ -428,9 +366,7 @@ impl deadpool_postgres::Connect for PoolConnect {
                         let task = tokio::spawn(async move {
                             if let Err(error) = connection.await {
                                 hosts.lost.fetch_add(1, Ordering::Relaxed);
-                                hosts.trouble(std::time::Instant::now());
-                                // Counted; the reconnection's one line tells the outage.
-                                tracing::debug!(%server, error = &error as &dyn std::error::Error,
+                                tracing::warn!(%server, error = &error as &dyn std::error::Error,
                                     "a database connection was lost; the next statement connects again");
                             }
                         });

@@ -245,12 +245,7 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
             Ok(Ok(Lead::Refused(refusal))) => Polled::Refused(refusal),
             Ok(Ok(_)) => Polled::TermEnded,
             Ok(Err(error)) => {
-                // A failover's is told by the host's one line; a refusal here.
-                if error.is_transient() {
-                    tracing::debug!(%role, error = %chain(error), "poll failed");
-                } else {
-                    tracing::warn!(%role, error = %chain(error), "poll failed");
-                }
+                tracing::warn!(%role, error = %chain(error), "poll failed");
                 Polled::Failed
             }
             Err(panic) => {

@@ -170,13 +170,10 @@ impl<S: LeaseStore> FamilyLoop<S> {
                 }
                 self.replicas = live;
             }
-            Ok(Err(error)) if error.is_transient() => {
-                tracing::debug!(family = self.family.name(), error = %chain(&error), "replica beat failed")
-            }
             Ok(Err(error)) => {
                 tracing::warn!(family = self.family.name(), error = %chain(&error), "replica beat failed")
             }
-            Err(_) => tracing::debug!(family = self.family.name(), "replica beat did not answer"),
+            Err(_) => tracing::warn!(family = self.family.name(), "replica beat did not answer"),
         }
     }
 
@@ -277,11 +274,7 @@ impl<S: LeaseStore> FamilyLoop<S> {
                 }
             }
             Err(error) => {
-                if error.is_transient() {
-                    tracing::debug!(family = self.family.name(), error = %chain(&error), "ACQUIRE many failed");
-                } else {
-                    tracing::warn!(family = self.family.name(), error = %chain(&error), "ACQUIRE many failed");
-                }
+                tracing::warn!(family = self.family.name(), error = %chain(&error), "ACQUIRE many failed");
                 let retry = Instant::now() + self.config.max_poll();
                 for role in candidates {
                     if let Some(key) = key_of_mut(&mut self.keys, role) {
