@@ -327,9 +327,12 @@
 //!    Failed (`not_before = now + interval`); the panic then continues from
 //!    [`Manager::lead`]. A tick cancelled by shutdown is released as
 //!    Interrupted even if its work then panics.
-//! 9. **RELEASE cannot be skipped.** It runs on a task of its own, bounded by
-//!    S; if the `lead` future is dropped mid-tick, the term is released as
-//!    Interrupted.
+//! 9. **RELEASE cannot be skipped.** It runs on a task of its own; if the
+//!    `lead` future is dropped mid-tick, the term is released as Interrupted.
+//!    Each try is bounded by S; one that could not finish (a reconnect, a
+//!    switchover) is sent again, with backoff, until the lease ends (a TTL
+//!    after the last acknowledged RENEW was sent), never after: a RELEASE
+//!    takes at most that long, and the role is free once one gets through.
 //!
 //! ## Privileges
 //!

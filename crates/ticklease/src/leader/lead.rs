@@ -746,6 +746,7 @@ impl<S: LeaseStore> Manager<S> {
                 m.family_leading(&family.name, true);
             }
         }
+        let (abandon_at, abandon_seen) = tokio::sync::watch::channel(sent + inner.config.abandon_after());
         let mut guard = TermGuard {
             inner: inner.clone(),
             role: role.clone(),
@@ -753,8 +754,8 @@ impl<S: LeaseStore> Manager<S> {
             interval,
             armed: true,
             scope: scope.clone(),
+            abandon_at: abandon_seen.clone(),
         };
-        let (abandon_at, abandon_seen) = tokio::sync::watch::channel(sent + inner.config.abandon_after());
         let tick = Tick {
             abandon_at: abandon_seen,
             fence: Fence::new(role.clone(), token),
@@ -971,6 +972,9 @@ struct TermGuard<S: LeaseStore> {
     interval: Duration,
     armed: bool,
     scope: TermScope,
+    /// The last acknowledged RENEW (or the ACQUIRE) plus A: where the lease
+    /// ends, as this process knows it.
+    abandon_at: tokio::sync::watch::Receiver<Instant>,
 }
 
 impl<S: LeaseStore> TermGuard<S> {
@@ -979,13 +983,15 @@ impl<S: LeaseStore> TermGuard<S> {
         let (inner, role, token, interval) =
             (self.inner.clone(), self.role.clone(), self.token, self.interval);
         let batched = self.scope.family.is_some();
+        // The lease ends a TTL after the last acknowledged RENEW was sent:
+        // until then a RELEASE that could not finish (a reconnect, a
+        // switchover) is sent again, so the role is free at once rather than
+        // a TTL later. It names its term, and stops with the lease: a RELEASE
+        // after it would date the role's cooldown from its own late hour.
+        let config = &self.inner.config;
+        let grace_end = *self.abandon_at.borrow() - config.abandon_after() + config.lease_ttl();
         self.inner.releases.spawn(async move {
             let bound = inner.config.statement_timeout();
-            // The lease ends within a TTL of its last RENEW, which came before
-            // this: until then a RELEASE that could not finish (a reconnect,
-            // a switchover) is sent again, so the role is free at once rather
-            // than a TTL later. It names its term: a late one changes nothing.
-            let grace_end = tokio::time::Instant::now() + inner.config.lease_ttl();
             let mut backoff = RELEASE_RETRY_MIN;
             let mut maybe_sent = false;
             let released = loop {

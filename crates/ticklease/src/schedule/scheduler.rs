@@ -7,7 +7,8 @@
 //! Shutdown cancels the in-flight ticks (they release as interrupted, so the
 //! role is due at once on another replica). A tick that has not returned
 //! within the shutdown grace is abandoned: its work is dropped and its term
-//! RELEASEd. `run` returns after every RELEASE answered or timed out, and
+//! RELEASEd. `run` returns after every RELEASE answered or gave up (at the
+//! lease's end, see the crate docs' guarantee 9), and
 //! [`Stopped`] says truthfully whether every term was released.
 
 use std::future::Future;
@@ -43,7 +44,7 @@ struct Job {
 pub struct Stopped {
     /// Every tick returned within the shutdown grace (none was abandoned).
     pub loops_finished: bool,
-    /// Every RELEASE answered or timed out before `run` returned.
+    /// Every RELEASE answered or gave up (at the lease's end) before `run` returned.
     pub releases_done: bool,
     /// Terms whose RELEASE failed or did not answer: they stay held until
     /// their lease runs out.
