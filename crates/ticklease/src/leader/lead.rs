@@ -826,10 +826,17 @@ impl<S: LeaseStore> Manager<S> {
             outcome, lost, lead, ..
         } = match released {
             // A panic stays a panic: a defect pages whatever became of the term.
-            Released::TermOver if !matches!(settled.outcome, TickOutcome::Lost | TickOutcome::Panicked) => {
+            Released::TermOver | Released::Resent
+                if !matches!(settled.outcome, TickOutcome::Lost | TickOutcome::Panicked) =>
+            {
                 let reason = self.why_over(role, token, scope.family.is_some()).await;
-                tracing::info!(%role, %token, %reason, "the term was over when the tick ended: counted as lost");
-                settled.lost(token, reason)
+                // Sent again, a RELEASE that finds the row cleared was ended by an earlier try.
+                if released == Released::Resent && reason == LossReason::Released {
+                    settled
+                } else {
+                    tracing::info!(%role, %token, %reason, "the term was over when the tick ended: counted as lost");
+                    settled.lost(token, reason)
+                }
             }
             _ => settled,
         };
@@ -905,8 +912,9 @@ enum Released {
     TermOver,
     /// It failed or did not answer: the lease expires on its own.
     Unknown,
-    /// Sent again after a try that may have committed, it found the term
-    /// over: that try may have ended it. The tick keeps its own outcome.
+    /// Sent again after a try that did not finish, it found the term over:
+    /// that try may have ended it (a RENEW then says `released`), or
+    /// another term (it says why).
     Resent,
 }
 
@@ -993,7 +1001,7 @@ impl<S: LeaseStore> TermGuard<S> {
         self.inner.releases.spawn(async move {
             let bound = inner.config.statement_timeout();
             let mut backoff = RELEASE_RETRY_MIN;
-            let mut maybe_sent = false;
+            let mut tried = false;
             let released = loop {
                 let release = async {
                     if batched {
@@ -1014,7 +1022,7 @@ impl<S: LeaseStore> TermGuard<S> {
                 };
                 let error = match tokio::time::timeout(bound, release).await {
                     Ok(Ok(true)) => return Released::Yes,
-                    Ok(Ok(false)) if maybe_sent => return Released::Resent,
+                    Ok(Ok(false)) if tried => return Released::Resent,
                     Ok(Ok(false)) => return Released::TermOver,
                     Ok(Err(error)) => Some(error),
                     Err(_) => None,
@@ -1029,8 +1037,7 @@ impl<S: LeaseStore> TermGuard<S> {
                     }
                     break Released::Unknown;
                 }
-                // Without a connection it was never sent; otherwise it may have committed.
-                maybe_sent |= !matches!(error, Some(StoreError::Connect { .. }));
+                tried = true;
                 tracing::debug!(%role, %token, ?backoff, error = ?error, "RELEASE could not finish; sending it again");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(bound);
