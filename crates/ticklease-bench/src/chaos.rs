@@ -237,6 +237,7 @@ impl WorkerFlags {
         Ok(WorkerConfig {
             database: self.database_url.parse()?,
             direct: self.direct_url.as_deref().map(str::parse).transpose()?,
+            patroni: None,
             roles: ticklease_worker::ROLES
                 .iter()
                 .map(|r| Role::new(*r))

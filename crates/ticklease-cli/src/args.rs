@@ -215,6 +215,11 @@ pub struct WorkerRun {
     /// still use --database-url.
     #[arg(long, env = "TICKLEASE_DIRECT_URL", hide_env_values = true)]
     direct_url: Option<String>,
+    /// Patroni REST API URLs (http://host:8008, comma-separated or repeated): a term starts, and runs
+    /// on, only while a member says the server reached is the primary (ends abandon_after after its
+    /// last word); the start refuses timings a term could outlive its server's leadership with.
+    #[arg(long, env = "TICKLEASE_PATRONI", value_delimiter = ',')]
+    patroni: Vec<String>,
     /// Base URL of the payment provider (POST {url}/charges with an Idempotency-Key).
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     payments_url: String,
@@ -345,9 +350,14 @@ impl WorkerRun {
             .map(|url| url.parse::<ticklease::PgConnect>())
             .transpose()
             .map_err(|e| format!("--direct-url: {e}"))?;
+        let patroni = (!self.patroni.is_empty())
+            .then(|| ticklease::patroni::Patroni::new(&self.patroni, lease.statement_timeout()))
+            .transpose()
+            .map_err(|e| format!("--patroni: {e}"))?;
         Ok(ticklease_worker::worker::WorkerConfig {
             database,
             direct,
+            patroni,
             roles: self.roles,
             lease,
             schedules: self.tick_intervals.into_iter().collect(),
@@ -449,6 +459,11 @@ pub struct RunCmd {
     /// lease expires, never while its child may run (see --takeover-on-session-end).
     #[arg(long, env = "TICKLEASE_DIRECT_URL", hide_env_values = true)]
     pub direct_url: Option<String>,
+    /// Patroni REST API URLs (http://host:8008, comma-separated or repeated): a term starts, and runs
+    /// on, only while a member says the server reached is the primary (ends abandon_after after its
+    /// last word); the start refuses timings a term could outlive its server's leadership with.
+    #[arg(long, env = "TICKLEASE_PATRONI", value_delimiter = ',')]
+    pub patroni: Vec<String>,
     /// Opt-in, with --direct-url: a role is taken over the moment its runner's coordination session
     /// ends (milliseconds after a runner's death, not the lease's expiry). Trades the no-overlap
     /// rule for speed: when only the session ends (a link cut on the server's side, a Postgres

@@ -474,7 +474,15 @@ async fn cmd_run(db: Db, run: crate::args::RunCmd) -> anyhow::Result<()> {
         .map(str::parse::<PgConnect>)
         .transpose()
         .map_err(|e| Usage(format!("--direct-url: {e}")))?;
+    let patroni = (!run.patroni.is_empty())
+        .then(|| ticklease::patroni::Patroni::new(&run.patroni, config.statement_timeout()))
+        .transpose()
+        .map_err(|e| Usage(format!("--patroni: {e}")))?;
     let store = PgStore::connect(db.config.clone(), PgStoreOptions::from_config(&config)).await?;
+    let store = match patroni {
+        Some(patroni) => store.with_patroni(patroni, &config).await?,
+        None => store,
+    };
     // A child is no fenced claim: its role is taken over only once its lease
     // expired, unless the user trades that for speed.
     let store = match direct {

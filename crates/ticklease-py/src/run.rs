@@ -36,6 +36,8 @@ struct Plan {
     direct_url: Option<PgConnect>,
     /// With the direct URL: holder keys (a dead replica's terms end with its session) or wake-ups only.
     holder_keys: bool,
+    /// Patroni's REST APIs: terms run only while it confirms the server as the primary.
+    patroni: Option<ticklease::patroni::Patroni>,
     config: ticklease::Config,
     pool_size: usize,
     shutdown_timeout: Option<Duration>,
@@ -96,7 +98,8 @@ impl PyRunner {
 #[pymethods]
 impl PyRunner {
     #[new]
-    #[pyo3(signature = (url, config, direct_url=None, holder_keys=true, pool_size=8, shutdown_timeout=None))]
+    #[pyo3(signature = (url, config, direct_url=None, holder_keys=true, pool_size=8, shutdown_timeout=None, patroni=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         url: &str,
         config: &PyConfig,
@@ -104,6 +107,7 @@ impl PyRunner {
         holder_keys: bool,
         pool_size: usize,
         shutdown_timeout: Option<f64>,
+        patroni: Option<Vec<String>>,
     ) -> PyResult<Self> {
         if !(1..=ticklease::POOL_SIZE_MAX).contains(&pool_size) {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
@@ -115,6 +119,10 @@ impl PyRunner {
             url: parse_url("url", url)?,
             direct_url: direct_url.map(|d| parse_url("direct_url", d)).transpose()?,
             holder_keys,
+            patroni: patroni
+                .map(|urls| ticklease::patroni::Patroni::new(urls, config.inner.statement_timeout()))
+                .transpose()
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("patroni: {e}")))?,
             config: config.inner,
             pool_size,
             shutdown_timeout: shutdown_timeout
@@ -260,6 +268,9 @@ async fn run(plan: Plan, stop: CancellationToken, running: Arc<Mutex<Option<Runn
         Some(direct) => store.with_direct_wakeups(direct).await.map_err(store_error)?,
         None => store,
     };
+    if let Some(patroni) = plan.patroni {
+        store = store.with_patroni(patroni, &config).await.map_err(store_error)?;
+    }
     let roles: Vec<Role> = plan.jobs.iter().map(|j| j.role.clone()).collect();
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, roles.clone());

@@ -111,6 +111,14 @@ impl PatroniCluster {
         )
     }
 
+    /// Every member's REST API, `http://127.0.0.1:port`.
+    pub fn api_urls(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.api_port))
+            .collect()
+    }
+
     /// The member that leads now, if one does (its REST API says primary).
     pub fn leader(&self) -> Option<&Member> {
         self.members

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use ticklease::patroni::Patroni;
 use ticklease::{
     CancellationToken, Config, Manager, PgConnect, PgStore, PgStoreOptions, Role, Scheduler, Tick,
 };
@@ -55,6 +56,19 @@ async fn claim(
 /// Starts a replica: its store on `url` (and on `url` as its direct URL when
 /// `direct`), a scheduler ticking every role every 100 ms until `stop`.
 pub async fn spawn_replica(url: &str, config: Config, replica: i32, direct: bool, stop: CancellationToken) {
+    spawn_checked_replica(url, config, replica, direct, None, stop).await;
+}
+
+/// [`spawn_replica`], its terms run only while `patroni` (when given)
+/// confirms the server its store reaches as the primary.
+pub async fn spawn_checked_replica(
+    url: &str,
+    config: Config,
+    replica: i32,
+    direct: bool,
+    patroni: Option<Patroni>,
+    stop: CancellationToken,
+) {
     let pg: PgConnect = url.parse().unwrap();
     let dbname = pg.config().get_dbname().unwrap().to_owned();
     let mut store = PgStore::connect(pg.clone(), PgStoreOptions::from_config(&config))
@@ -62,6 +76,9 @@ pub async fn spawn_replica(url: &str, config: Config, replica: i32, direct: bool
         .unwrap();
     if direct {
         store = store.with_direct(pg).await.unwrap();
+    }
+    if let Some(patroni) = patroni {
+        store = store.with_patroni(patroni, &config).await.unwrap();
     }
     let roles: Vec<Role> = ROLES.iter().map(|r| Role::new(*r).unwrap()).collect();
     let manager = Manager::start(store, config, roles.clone()).await.unwrap();

@@ -31,6 +31,9 @@ pub struct WorkerConfig {
     /// A connection straight to Postgres (not through a pooler) for the
     /// coordination session; `None`: leases alone.
     pub direct: Option<ticklease::PgConnect>,
+    /// Patroni's REST APIs: terms run only while it confirms the server
+    /// reached as the primary ([`ticklease::PgStore::with_patroni`]).
+    pub patroni: Option<ticklease::patroni::Patroni>,
     pub roles: Vec<Role>,
     pub lease: ticklease::Config,
     /// Per-role schedules (an interval or a cron schedule); billing, if not
@@ -68,6 +71,10 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> Result<Stopp
     let store = PgStore::connect(cfg.database.clone(), PgStoreOptions::from_config(&cfg.lease)).await?;
     let store = match &cfg.direct {
         Some(direct) => store.with_direct(direct.clone()).await?,
+        None => store,
+    };
+    let store = match &cfg.patroni {
+        Some(patroni) => store.with_patroni(patroni.clone(), &cfg.lease).await?,
         None => store,
     };
     let pool = claim_pool(&cfg.database, cfg.lease.statement_timeout());

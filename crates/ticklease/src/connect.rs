@@ -3,6 +3,7 @@
 
 pub(crate) mod coordination;
 pub mod hosts;
+pub mod patroni;
 mod timeline;
 pub mod tls;
 mod url;

@@ -170,6 +170,23 @@ pub enum StoreError {
         /// Why.
         problem: &'static str,
     },
+    /// The Patroni check could not start ([`crate::PgStore::with_patroni`]).
+    #[error("the Patroni check could not start")]
+    Patroni {
+        /// Why.
+        #[source]
+        source: crate::patroni::PatroniError,
+    },
+    /// Not sent: Patroni has not confirmed the store's server as the
+    /// primary recently enough ([`crate::PgStore::with_patroni`]).
+    #[error("{statement} not sent: Patroni has not confirmed the store's server as the primary{}",
+        .since.map(|s| format!(" for {s:?}")).unwrap_or_default())]
+    NotConfirmed {
+        /// The statement.
+        statement: &'static str,
+        /// How long ago the last confirmation was; `None`: never.
+        since: Option<Duration>,
+    },
     /// The database refused an argument (a CHECK or a bound in a lease function).
     #[error("invalid argument to {statement}")]
     Invalid {
@@ -188,7 +205,10 @@ impl StoreError {
     /// (a privilege, an argument, the schema, an unknown role).
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Timeout { .. } | StoreError::Connect { .. } | StoreError::Db { .. } => true,
+            StoreError::Timeout { .. }
+            | StoreError::Connect { .. }
+            | StoreError::Db { .. }
+            | StoreError::NotConfirmed { .. } => true,
             StoreError::Batch { source, .. } => source.is_transient(),
             _ => false,
         }

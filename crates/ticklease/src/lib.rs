@@ -948,6 +948,7 @@ mod term;
 #[cfg(feature = "http")]
 pub use axum;
 pub use connect::hosts;
+pub use connect::patroni;
 pub use connect::tls;
 #[cfg(feature = "prometheus")]
 pub use ops::metrics;

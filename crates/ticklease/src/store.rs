@@ -557,4 +557,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn connection_events(&self) -> Option<crate::connect::hosts::ConnectionEvents> {
         None
     }
+
+    /// What the failover manager last said of the store's server, when the
+    /// store asks it ([`crate::PgStore::with_patroni`]); `None` when it does not.
+    fn primary_confirmation(&self) -> Option<crate::patroni::Confirmation> {
+        None
+    }
 }

@@ -8,8 +8,15 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use ticklease::patroni::{Patroni, PatroniError};
+use ticklease::{Lead, LossReason, Manager, PgConnect, PgStore, PgStoreOptions, Role};
 use ticklease_testkit::ha::{
-    claim_violations, create_claims, every_role_claims_after, last_claim, spawn_replica,
+    claim_violations, create_claims, every_role_claims_after, last_claim, spawn_checked_replica,
+    spawn_replica,
 };
 use ticklease_testkit::{connect, test_config, PatroniCluster};
 
@@ -72,4 +79,172 @@ async fn through_a_switchover_and_a_killed_primary_every_role_leads_again_and_to
         "a claim committed under a token below an earlier one's"
     );
     drop(cluster);
+}
+
+/// Issue 42 item 1: the process that cannot see the promotion. The old
+/// primary's Patroni is killed and left dead (its Postgres stays writable:
+/// nothing demotes it); replica 0's URL names that server alone, replica 1's
+/// every member. With Patroni's word, replica 0's terms end and none
+/// starts once no member confirms its server, so no claim commits on the
+/// old primary after the promotion, and replica 1 leads every role on the
+/// promoted server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_nothing_there_after_the_promotion(
+) {
+    let mut cluster = tokio::task::spawn_blocking(PatroniCluster::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let owner = connect(&cluster.url("postgres").parse().unwrap()).await.unwrap();
+    owner.batch_execute("CREATE DATABASE app").await.unwrap();
+    let url = cluster.url("app");
+    ticklease::migrate(&mut connect(&url.parse().unwrap()).await.unwrap())
+        .await
+        .unwrap();
+    create_claims(&url).await;
+    let config = test_config();
+    let patroni = || Patroni::new(cluster.api_urls(), config.statement_timeout()).unwrap();
+
+    // Timings a term could outlive its server's leadership with are refused.
+    let store = PgStore::connect(
+        url.parse::<ticklease::PgConnect>().unwrap(),
+        PgStoreOptions::from_config(&config),
+    )
+    .await
+    .unwrap();
+    let slow = ticklease::Config::builder()
+        .lease_ttl(Duration::from_secs(30))
+        .heartbeat_every(Duration::from_secs(4))
+        .abandon_after(Duration::from_secs(13))
+        .statement_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let refused = store.with_patroni(patroni(), &slow).await.unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            ticklease::StoreError::Patroni {
+                source: PatroniError::Margin { .. }
+            }
+        ),
+        "{refused:?}"
+    );
+
+    let old = cluster.leader().unwrap().name.clone();
+    let old_url = cluster.member_url(&old, "app").unwrap();
+    let stop = ticklease::CancellationToken::new();
+    spawn_checked_replica(&old_url, config, 0, false, Some(patroni()), stop.clone()).await;
+    spawn_checked_replica(&url, config, 1, false, Some(patroni()), stop.clone()).await;
+    every_role_claims_after(&url, 0, Duration::from_secs(30)).await;
+    // A term whose work runs until it is cancelled (a `ticklease run` child), on the old primary.
+    let started = Arc::new(Notify::new());
+    let long = tokio::spawn(lead_until_cancelled(
+        old_url.clone(),
+        patroni(),
+        config,
+        started.clone(),
+    ));
+    tokio::time::timeout(Duration::from_secs(30), started.notified())
+        .await
+        .expect("the long term started");
+
+    cluster.kill_patroni(&old).unwrap();
+    let killed_at = std::time::Instant::now();
+    let (cluster, new) = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(new) = cluster.leader().filter(|m| m.name != old).map(|m| m.name.clone()) {
+                return (cluster, new);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "no member was promoted"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    let promoted_at = std::time::SystemTime::now();
+    let (lost, ended) = tokio::time::timeout(Duration::from_secs(10), long)
+        .await
+        .expect("the long term on the old primary still runs after the promotion")
+        .unwrap();
+    assert_eq!(
+        lost,
+        Some(LossReason::Superseded),
+        "the long term ended otherwise"
+    );
+    // Its word ran out at most a check (half a beat) plus abandon_after after the kill.
+    let ended = ended.duration_since(killed_at);
+    assert!(
+        ended < config.abandon_after() + config.heartbeat_every() + config.statement_timeout() * 2,
+        "the long term ended {ended:?} after the kill"
+    );
+    eprintln!(
+        "{new} promoted {:?} after the old primary's Patroni was killed; the long term ended {ended:?} after",
+        killed_at.elapsed()
+    );
+    let new_url = cluster.member_url(&new, "app").unwrap();
+    let bound = (config.lease_ttl() + config.max_poll() + config.statement_timeout() * 3) * 2;
+    every_role_claims_after(&new_url, last_claim(&new_url).await, bound).await;
+    // Long enough for a replica still leading on the old primary to claim there.
+    tokio::time::sleep(config.abandon_after() * 2).await;
+    stop.cancel();
+
+    let old_primary = connect(&old_url.parse().unwrap()).await.unwrap();
+    let row = old_primary
+        .query_one(
+            "SELECT count(*), count(DISTINCT replica) FROM claims WHERE at >= $1",
+            &[&promoted_at],
+        )
+        .await
+        .unwrap();
+    let (after, replicas): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(
+        after, 0,
+        "{after} claims (of {replicas} replicas) committed on the old primary after the promotion"
+    );
+    let (shared, backwards) = claim_violations(&new_url).await;
+    assert_eq!(
+        (shared, backwards),
+        (0, 0),
+        "terms shared or tokens backwards on the promoted server"
+    );
+    drop(cluster);
+}
+
+/// Leads `relay` on `url` with Patroni's word, its work running until the
+/// term is cancelled (`started` told when it runs): why the term was lost,
+/// and when it ended.
+async fn lead_until_cancelled(
+    url: String,
+    patroni: Patroni,
+    config: ticklease::Config,
+    started: Arc<Notify>,
+) -> (Option<LossReason>, std::time::Instant) {
+    let store = PgStore::connect(
+        url.parse::<PgConnect>().unwrap(),
+        PgStoreOptions::from_config(&config),
+    )
+    .await
+    .unwrap()
+    .with_patroni(patroni, &config)
+    .await
+    .unwrap();
+    let role = Role::new("relay").unwrap();
+    let manager = Manager::start(store, config, vec![role.clone()]).await.unwrap();
+    loop {
+        let started = started.clone();
+        let work = |tick: ticklease::Tick| async move {
+            started.notify_one();
+            tick.cancelled().await;
+            Ok::<(), ticklease::BoxError>(())
+        };
+        match manager.lead(&role, Duration::from_secs(3600), work).await {
+            Ok(Lead::Lost { reason, .. }) => return (Some(reason), std::time::Instant::now()),
+            Ok(Lead::Refused(_)) | Err(_) => tokio::time::sleep(config.max_poll()).await,
+            Ok(_) => return (None, std::time::Instant::now()),
+        }
+    }
 }

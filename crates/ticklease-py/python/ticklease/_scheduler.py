@@ -8,7 +8,7 @@ import inspect
 import logging
 import signal
 import threading
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -56,6 +56,13 @@ def _is_async(work: Callable[..., Any]) -> bool:
     return not inspect.isroutine(work) and inspect.iscoroutinefunction(type(work).__call__)
 
 
+def _patroni_urls(patroni: str | Sequence[str] | None) -> list[str] | None:
+    # One string is a comma-separated list, as TICKLEASE_PATRONI is for the CLI.
+    if patroni is None:
+        return None
+    return patroni.split(",") if isinstance(patroni, str) else list(patroni)
+
+
 class Scheduler:
     """Runs the jobs of several roles on this replica, each led by one replica at a time.
 
@@ -69,6 +76,10 @@ class Scheduler:
     at once. ``holder_keys=False`` keeps the wake-ups but no takeover when a session ends: for work the fence
     cannot stop (a side effect outside the database), since a session's end (a link cut on the server's side, a
     restart) does not prove that the replica's work stopped; a dead holder's role then waits for its lease.
+    ``patroni``, the REST APIs of a Patroni cluster's members (``http://host:8008``): a term starts, and runs
+    on, only while a member confirms the server reached as the primary, so a replica that cannot see a
+    promotion stops before the promoted server is written to (the core's ``PgStore::with_patroni``; the start
+    refuses timings a term could outlive its server's leadership with).
     """
 
     def __init__(
@@ -80,6 +91,7 @@ class Scheduler:
         holder_keys: bool = True,
         pool_size: int = 8,
         shutdown_timeout: Seconds | None = None,
+        patroni: str | Sequence[str] | None = None,
     ) -> None:
         self.config = config or Config()
         self._has_async = False
@@ -90,6 +102,7 @@ class Scheduler:
             holder_keys,
             count("pool_size", pool_size, 1, 64),
             optional_seconds("shutdown_timeout", shutdown_timeout),
+            _patroni_urls(patroni),
         )
 
     @overload

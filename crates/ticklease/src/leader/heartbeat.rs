@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::connect::coordination::{told, RoleSignals};
+use crate::connect::patroni::Confirmation;
 use crate::leader::drift::Drift;
 use crate::ops::metrics::Metrics;
 use crate::store::batch::{align_down, Batcher};
@@ -57,6 +58,23 @@ impl<S: LeaseStore> Heartbeat<S> {
         superseded_at.is_some_and(|at| at > self.acquire_sent.into_std())
     }
 
+    /// The instant the failover manager's word runs out, when the store
+    /// asks it: `abandon_after` after its last confirmation (at once
+    /// without one). See [`crate::patroni`].
+    fn unconfirmed_at(&self) -> Option<Instant> {
+        match self.store.primary_confirmation()? {
+            Confirmation::At(at) => Some(Instant::from_std(at) + self.config.abandon_after()),
+            Confirmation::Never => Some(self.acquire_sent),
+        }
+    }
+
+    /// When the term is abandoned: `abandon_after` after the last
+    /// acknowledged RENEW was sent, or when the failover manager's word runs out.
+    fn abandon_at(&self, last_ack: Instant) -> Instant {
+        let renewed = last_ack + self.config.abandon_after();
+        self.unconfirmed_at().map_or(renewed, |at| renewed.min(at))
+    }
+
     /// Runs until the term is lost (`Some(reason)`) or `stop` fires (`None`).
     /// `stop` is honoured between beats; a RENEW in flight is let finish.
     pub(crate) async fn run(self, stop: CancellationToken) -> Option<LossReason> {
@@ -76,7 +94,7 @@ impl<S: LeaseStore> Heartbeat<S> {
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => return None,
-                _ = sleep_until(beat_at.min(last_ack + cfg.abandon_after())) => {}
+                _ = sleep_until(beat_at.min(self.abandon_at(last_ack))) => {}
                 _ = told(self.signals.as_ref().map(|s| &s.holder), told_at) => {
                     told_at = Some(Instant::now());
                     tracing::debug!(role = %self.role, token = %self.token, "told of a pause; renewing now");
@@ -87,9 +105,14 @@ impl<S: LeaseStore> Heartbeat<S> {
                     "the term's database server was superseded by a promotion; ending the term");
                 return Some(LossReason::Superseded);
             }
-            let abandon_at = last_ack + cfg.abandon_after();
             let sent = Instant::now();
-            if sent >= abandon_at {
+            if self.unconfirmed_at().is_some_and(|at| sent >= at) {
+                tracing::warn!(role = %self.role, token = %self.token,
+                    "Patroni has not confirmed the term's server as the primary within abandon_after; ending the term");
+                return Some(LossReason::Superseded);
+            }
+            let abandon_at = self.abandon_at(last_ack);
+            if sent >= last_ack + cfg.abandon_after() {
                 tracing::warn!(role = %self.role, token = %self.token, since_ack = ?sent - last_ack,
                     "no RENEW acknowledged within abandon_after; abandoning the tick");
                 return Some(LossReason::HeartbeatTimeout);
@@ -108,7 +131,7 @@ impl<S: LeaseStore> Heartbeat<S> {
                 Ok(Ok(Renew::Renewed { db_now })) => {
                     last_ack = sent;
                     missed = false;
-                    self.abandon_at.send_replace(last_ack + cfg.abandon_after());
+                    self.abandon_at.send_replace(self.abandon_at(last_ack));
                     self.drift.observe(wall, sent.elapsed(), db_now);
                     if let Some(m) = &self.metrics {
                         m.renewed(sent.elapsed());

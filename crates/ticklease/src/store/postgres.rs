@@ -23,6 +23,7 @@ use super::{
 use crate::config::Config;
 use crate::connect::coordination::Signals;
 use crate::connect::hosts::{Hosts, PoolConnect};
+use crate::connect::patroni::{self, Confirmation, Confirmations, Patroni};
 use crate::connect::tls::PgConnect;
 use crate::error::{MigrateError, StoreError};
 use crate::store::migrate::LIBRARY;
@@ -86,6 +87,19 @@ pub struct PgStore {
     /// ends this replica's terms ([`PgStore::with_direct`]) or not
     /// ([`PgStore::with_direct_wakeups`]).
     records_key: bool,
+    /// The failover manager's word, when asked ([`PgStore::with_patroni`]).
+    primary: Option<PrimaryCheck>,
+}
+
+/// The Patroni check's state, shared by the store's clones.
+#[derive(Clone)]
+struct PrimaryCheck {
+    confirmations: Arc<Confirmations>,
+    /// The check's task, stopped with the last clone.
+    _watch: Arc<DropGuard>,
+    /// How young a confirmation ACQUIRE needs: `abandon_after −
+    /// heartbeat_every`, so a new term lives at least a beat.
+    fresh_for: Duration,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -140,6 +154,7 @@ impl PgStore {
             cancel,
             signals: None,
             records_key: false,
+            primary: None,
         };
         let conn = store
             .conn("schema check", Instant::now() + store.statement_timeout)
@@ -179,6 +194,80 @@ impl PgStore {
         let mut store = self.with_direct(direct).await?;
         store.records_key = false;
         Ok(store)
+    }
+
+    /// Asks Patroni's REST API, every half `heartbeat_every`, whether the
+    /// server this store reaches is the primary (see [`crate::patroni`]):
+    /// ACQUIRE is not sent without a confirmation younger than
+    /// `abandon_after − heartbeat_every` ([`StoreError::NotConfirmed`]), and
+    /// a term ends `abandon_after` after the last one. Reads Patroni's
+    /// settings first and refuses `config`'s timings when a term could
+    /// outlive its server's leadership, or Patroni's `failsafe_mode`.
+    pub async fn with_patroni(mut self, patroni: Patroni, config: &Config) -> Result<Self, StoreError> {
+        let settings = patroni
+            .settings()
+            .await
+            .map_err(|source| StoreError::Patroni { source })?;
+        if settings.failsafe_mode {
+            return Err(StoreError::Patroni {
+                source: patroni::PatroniError::FailsafeMode,
+            });
+        }
+        if config.abandon_after() + config.statement_timeout() > settings.margin() {
+            return Err(StoreError::Patroni {
+                source: patroni::PatroniError::Margin {
+                    abandon_after: config.abandon_after(),
+                    statement_timeout: config.statement_timeout(),
+                    ttl: settings.ttl,
+                    loop_wait: settings.loop_wait,
+                    retry_timeout: settings.retry_timeout,
+                },
+            });
+        }
+        let pooled = self.clone();
+        let (confirmations, guard) = patroni::watch(
+            config.heartbeat_every() / 2,
+            move || {
+                let patroni = patroni.clone();
+                async move { patroni.leader_postmaster().await }
+            },
+            move || {
+                let pooled = pooled.clone();
+                async move { pooled.server_postmaster().await }
+            },
+        );
+        self.primary = Some(PrimaryCheck {
+            confirmations,
+            _watch: Arc::new(guard),
+            fresh_for: config.abandon_after().saturating_sub(config.heartbeat_every()),
+        });
+        Ok(self)
+    }
+
+    /// When the postmaster of the server the pool reaches started, while it is writable.
+    async fn server_postmaster(&self) -> Option<i64> {
+        let rows = self
+            .query("postmaster", patroni::POSTMASTER_SQL, &[])
+            .await
+            .ok()?;
+        rows.first().and_then(|r| r.get(0))
+    }
+
+    /// With the Patroni check: an ACQUIRE waits for a fresh confirmation.
+    fn check_confirmed(&self, statement: &'static str) -> Result<(), StoreError> {
+        let Some(check) = &self.primary else {
+            return Ok(());
+        };
+        match check.confirmations.latest() {
+            Confirmation::At(at) if at.elapsed() < check.fresh_for => Ok(()),
+            latest => Err(StoreError::NotConfirmed {
+                statement,
+                since: match latest {
+                    Confirmation::At(at) => Some(at.elapsed()),
+                    Confirmation::Never => None,
+                },
+            }),
+        }
     }
 
     /// Through the pooled path: the session's key is visible (both URLs
@@ -255,6 +344,7 @@ impl PgStore {
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
         check_batch("ACQUIRE many", roles.len())?;
+        self.check_confirmed("ACQUIRE many")?;
         let names: Vec<&str> = roles.iter().map(Role::as_str).collect();
         let (ttl, interval, key) = (millis(lease_ttl), interval.map(millis), self.holder_key());
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
@@ -513,6 +603,7 @@ impl LeaseStore for PgStore {
         lease_ttl: Duration,
         interval: impl Into<Interval> + Send,
     ) -> Result<Acquire, StoreError> {
+        self.check_confirmed("ACQUIRE")?;
         let Interval { every, long_lived } = interval.into();
         let (ttl, interval, key) = (millis(lease_ttl), millis(every), self.holder_key());
         let rows = self
@@ -542,6 +633,7 @@ impl LeaseStore for PgStore {
         lease_ttl: Duration,
         ask: &OccurrenceAsk,
     ) -> Result<OccurrenceAnswer, StoreError> {
+        self.check_confirmed("ACQUIRE occurrence")?;
         let (ttl, key) = (millis(lease_ttl), self.holder_key());
         let reasons: Vec<&str> = ask.skipped.iter().map(|k| k.reason.as_str()).collect();
         let summaries: Vec<String> = ask.skipped.iter().map(Skipped::summary).collect();
@@ -924,6 +1016,10 @@ impl LeaseStore for PgStore {
 
     fn connection_events(&self) -> Option<crate::connect::hosts::ConnectionEvents> {
         Some(self.hosts.events())
+    }
+
+    fn primary_confirmation(&self) -> Option<Confirmation> {
+        self.primary.as_ref().map(|p| p.confirmations.latest())
     }
 }
 
