@@ -144,7 +144,7 @@ ticklease-alerts.test.yml && promtool test rules ticklease-alerts.test.yml"
     },
     /// Run a command as a fenced singleton: on every host the same line; each tick (or occurrence)
     /// runs CMD on exactly one, stopped before its lease can expire (while one server takes writes:
-    /// across a failover, see docs/runbook.md "Postgres failover").
+    /// across a failover, see docs/runbook.md "Postgres failover"; on Patroni, --patroni).
     #[command(after_help = run_help())]
     Run(RunCmd),
     /// The guard of `run`'s child (internal).

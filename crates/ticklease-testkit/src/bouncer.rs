@@ -55,8 +55,23 @@ impl PgBouncer {
         PgBouncer::start_inner(cluster, pool_size, settings, false)
     }
 
+    /// As [`PgBouncer::start`], in front of the server on `127.0.0.1:pg_port`
+    /// (a Patroni member's, say).
+    pub fn start_for_port(pg_port: u16, pool_size: u32) -> Result<PgBouncer, KitError> {
+        PgBouncer::start_port(pg_port, pool_size, "", false)
+    }
+
     pub(crate) fn start_inner(
         cluster: &PgCluster,
+        pool_size: u32,
+        settings: &str,
+        die_with_parent: bool,
+    ) -> Result<PgBouncer, KitError> {
+        PgBouncer::start_port(cluster.port(), pool_size, settings, die_with_parent)
+    }
+
+    fn start_port(
+        pg_port: u16,
         pool_size: u32,
         settings: &str,
         die_with_parent: bool,
@@ -81,7 +96,7 @@ impl PgBouncer {
              max_client_conn = 1000\nmax_db_connections = 0\nserver_round_robin = 0\n\
              ignore_startup_parameters = extra_float_digits,options\n\
              logfile = {log}\npidfile = {pid}\nadmin_users = postgres\n{settings}\n",
-            pg = cluster.port(),
+            pg = pg_port,
             log = dir.path().join("pgbouncer.log").display(),
             pid = dir.path().join("pgbouncer.pid").display(),
         );

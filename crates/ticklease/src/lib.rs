@@ -194,6 +194,27 @@
 //!    each supersession is a log line (warn), and the first two are metrics
 //!    (`leader_host_changes_total`, `leader_connections_lost_total`, for the
 //!    store's connections).
+//!    **With Patroni's word ([`PgStore::with_patroni`], opt-in), no term
+//!    runs on a server after another member is promoted, whether or not the
+//!    process reaches the promoted one.** Every half `heartbeat_every` the
+//!    store asks every given member's REST API (`GET /primary`) and reads
+//!    the postmaster start time of the server its pool reaches; a member
+//!    answering 200 as a running primary with that postmaster confirms it.
+//!    ACQUIRE is not sent without a confirmation younger than
+//!    `abandon_after − heartbeat_every` ([`StoreError::NotConfirmed`]), and
+//!    a term ends, reason `superseded`, `abandon_after` after the check that
+//!    last confirmed it (measured: 1.2 s after the old primary's Patroni was
+//!    killed, at the tests' 1.2 s). Patroni promotes no other member before
+//!    `ttl − loop_wait − retry_timeout` after a 200 (the leader demotes itself
+//!    once a key renewal failed for `retry_timeout`); the store's start reads
+//!    Patroni's settings and refuses `abandon_after + statement_timeout` above
+//!    that, or `failsafe_mode`. It relies on those Patroni semantics and on
+//!    clocks running at one rate; without Patroni's word (its REST API
+//!    unreachable) no term runs. Tested on a real Patroni cluster whose
+//!    primary's Patroni is killed and left dead (its Postgres stays
+//!    writable), with a replica that reaches only that server: no claim
+//!    commits there after the promotion (116 without the word).
+//!    See [`patroni`].
 //!    The coordination session and its waiters connect the same way. Every
 //!    connection of ours shows in `pg_stat_activity` as `ticklease store
 //!    <host>:<pid>` (`coordination`, `migrate`; holder ids of the process
