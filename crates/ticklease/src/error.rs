@@ -199,6 +199,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether nothing was sent because the failover manager has not
+    /// confirmed the store's server (its check logs each change once).
+    pub fn is_unconfirmed(&self) -> bool {
+        match self {
+            StoreError::NotConfirmed { .. } => true,
+            StoreError::Batch { source, .. } => source.is_unconfirmed(),
+            _ => false,
+        }
+    }
+
     /// Whether the statement could not finish (no answer in time, no
     /// connection, an error of the server or the link at that moment), so
     /// that sending it again may succeed; false when the database refused it

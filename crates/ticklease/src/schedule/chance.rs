@@ -91,6 +91,7 @@ impl NextChance {
             Ok(Lead::Refused(refusal)) => Polled::Refused(refusal),
             Ok(Lead::ShuttingDown) => return false,
             Ok(_) => Polled::TermEnded,
+            Err(Error::Store(e)) if e.is_unconfirmed() => Polled::Unconfirmed,
             Err(_) => Polled::Failed,
         };
         // Decided before the first await, so the future does not hold `last`.

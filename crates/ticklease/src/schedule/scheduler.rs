@@ -245,6 +245,11 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
             Ok(Ok(Lead::ShuttingDown)) => return,
             Ok(Ok(Lead::Refused(refusal))) => Polled::Refused(refusal),
             Ok(Ok(_)) => Polled::TermEnded,
+            // The Patroni check said so once, when it stopped confirming.
+            Ok(Err(Error::Store(e))) if e.is_unconfirmed() => {
+                tracing::debug!(%role, error = %chain(e), "poll not sent");
+                Polled::Unconfirmed
+            }
             Ok(Err(error)) => {
                 tracing::warn!(%role, error = %chain(error), "poll failed");
                 Polled::Failed

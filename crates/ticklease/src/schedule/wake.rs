@@ -15,6 +15,10 @@ pub(crate) enum Polled<'a> {
     TermEnded,
     /// The poll failed (an error or a panic).
     Failed,
+    /// No ACQUIRE was sent: the failover manager has not confirmed the
+    /// store's server ([`crate::StoreError::NotConfirmed`]); its check runs
+    /// every half beat, and a confirmation is acted on at the next.
+    Unconfirmed,
 }
 
 /// When a role loop asks the database next, and whose session's end wakes it earlier.
@@ -53,6 +57,7 @@ pub(crate) fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -
     match polled {
         Polled::TermEnded => after(Duration::ZERO),
         Polled::Failed => after(config.max_poll()),
+        Polled::Unconfirmed => after(config.heartbeat_every() / 2),
         Polled::Refused(Refusal::Held {
             remaining,
             holder_key,
@@ -126,6 +131,7 @@ mod tests {
     fn after_a_term_the_loop_asks_at_once_and_after_a_failure_it_waits_max_poll() {
         assert_eq!(wake(Polled::TermEnded, true).0, Duration::ZERO);
         assert_eq!(wake(Polled::Failed, true).0, S(5));
+        assert_eq!(wake(Polled::Unconfirmed, true).0, Duration::from_millis(1500));
         assert_eq!(
             wake(Polled::Refused(&Refusal::Contended), false).0,
             CONTENDED_RETRY

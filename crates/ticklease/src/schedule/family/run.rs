@@ -274,8 +274,17 @@ impl<S: LeaseStore> FamilyLoop<S> {
                 }
             }
             Err(error) => {
-                tracing::warn!(family = self.family.name(), error = %chain(&error), "ACQUIRE many failed");
-                let retry = Instant::now() + self.config.max_poll();
+                let retry = match &error {
+                    // The Patroni check said so once, when it stopped confirming.
+                    crate::Error::Store(e) if e.is_unconfirmed() => {
+                        tracing::debug!(family = self.family.name(), error = %chain(&error), "ACQUIRE many not sent");
+                        Instant::now() + self.config.heartbeat_every() / 2
+                    }
+                    _ => {
+                        tracing::warn!(family = self.family.name(), error = %chain(&error), "ACQUIRE many failed");
+                        Instant::now() + self.config.max_poll()
+                    }
+                };
                 for role in candidates {
                     if let Some(key) = key_of_mut(&mut self.keys, role) {
                         key.wake_at = retry;
