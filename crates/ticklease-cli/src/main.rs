@@ -112,8 +112,9 @@ fn init_logging(command: &Command) {
     // privilege, a schema the database refuses) is otherwise silent.
     let default = match command {
         // `--once` from a crontab stays silent on success (cron mails any output).
-        Command::Run(run) if !run.once => "warn,ticklease_run=info",
-        _ => "warn",
+        // deadpool's "could not be recycled" repeats what the one line per failover says.
+        Command::Run(run) if !run.once => "warn,ticklease_run=info,deadpool.postgres=error",
+        _ => "warn,deadpool.postgres=error",
     };
     let directives = std::env::var("RUST_LOG")
         .ok()

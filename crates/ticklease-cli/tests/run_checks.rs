@@ -170,3 +170,69 @@ async fn a_refusal_repeated_at_every_poll_is_shown_at_the_default_log_level() {
         .ok();
     assert!(seen.contains("permission denied"), "stderr said: {seen:?}");
 }
+
+/// Issue 42 item 4: an outage is one line when it ends, and a line every 30
+/// statement timeouts while it lasts (15 s at the tests' 500 ms); what
+/// happens meanwhile (connections refused, polls that could not reach the
+/// server) is at debug, not a line per poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_told_while_it_lasts_and_once_when_it_ends_not_at_every_poll() {
+    let cluster = tokio::task::spawn_blocking(PgCluster::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let url = cluster.url("postgres");
+    let migrated = std::process::Command::new(env!("CARGO_BIN_EXE_ticklease"))
+        .args(["migrate", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert_eq!(migrated.status.code(), Some(0));
+    let mut runner = run(&url, &["outage", "--every", "100ms", "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (said, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let mut lines = tokio::io::BufReader::new(runner.stderr.take().unwrap()).lines();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = said.send(line);
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    while heard.try_recv().is_ok() {}
+
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.stop_fast();
+        // Past one "still trying" line (15 s), short of a second (30 s).
+        std::thread::sleep(Duration::from_secs(20));
+        cluster.restart().unwrap();
+        cluster
+    })
+    .await
+    .unwrap();
+    let mut during = Vec::new();
+    while let Ok(line) = heard.try_recv() {
+        during.push(line);
+    }
+    let restored = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = heard.recv().await {
+            if line.contains("database connection restored") {
+                return line;
+            }
+        }
+        String::new()
+    })
+    .await
+    .unwrap_or_default();
+    let _ = runner.start_kill();
+    let _ = runner.wait().await;
+    drop(cluster);
+    let still = during.iter().filter(|l| l.contains("still trying")).count();
+    assert_eq!(still, 1, "one 'still trying' line in 20 s: {during:#?}");
+    assert!(
+        during.len() <= 3,
+        "at most a line besides (a tick cut short): {during:#?}"
+    );
+    assert!(restored.contains("down_ms"), "the outage's end: {restored:?}");
+}

@@ -73,6 +73,27 @@ fn spawn_worker(url: &str, http: &HttpPeer, smtp: &SmtpSink, log: &std::path::Pa
         .unwrap()
 }
 
+/// Issue 42 item 4: a failover is one line at the default level per process
+/// (the host it left, the one it reached, how long it was without one); what
+/// ticklease said besides (lost connections, missed beats, failed polls,
+/// the coordination session's reconnects) is at debug.
+fn one_line_per_worker(log: &std::path::Path, before: usize) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let after = &text[before..];
+    let ours: Vec<&str> = after
+        .lines()
+        .filter(|l| (l.contains(" WARN ") || l.contains(" ERROR ")) && l.contains(" ticklease::"))
+        .collect();
+    let changed = ours
+        .iter()
+        .filter(|l| l.contains("database host changed"))
+        .count();
+    assert!(
+        changed == 3 && ours.len() == 3 && ours.iter().all(|l| l.contains("down_ms")),
+        "one line per worker, saying how long: {ours:#?}"
+    );
+}
+
 /// Polls until every role has a term acquired (or a tick ended) after `since`
 /// on the server `observer` talks to; returns when each role was first seen
 /// led again, measured from `from`.
@@ -192,6 +213,7 @@ async fn workers_on_a_multi_host_url_lead_every_role_again_after_a_switchover_wi
     // The switchover: nothing committed is lost (caught up, then a fast
     // shutdown streams the rest), so only the leases' continuity is at stake.
     standby.wait_caught_up(&primary).await.unwrap();
+    let before = std::fs::metadata(&log).unwrap().len() as usize;
     primary.stop_fast();
     standby.promote().await.unwrap();
     let promoted = Instant::now();
@@ -213,6 +235,7 @@ async fn workers_on_a_multi_host_url_lead_every_role_again_after_a_switchover_wi
     // More load after the switchover, through the same multi-host URL.
     seed(&url, &endpoints);
     wait_drained(&observer, &log).await;
+    one_line_per_worker(&log, before);
 
     for w in &workers {
         let pid = nix::unistd::Pid::from_raw(w.id().unwrap() as i32);

@@ -198,7 +198,71 @@ pub enum StoreError {
     },
 }
 
+impl Error {
+    /// Whether it is a store statement cut off by an outage
+    /// ([`StoreError::is_outage`]).
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Error::Store(e) if e.is_outage())
+    }
+}
+
+/// Whether a server's error says that it or the link was away: no SQLSTATE
+/// (refused, reset, closed), class 08 (connection exception), 57P01–57P03
+/// (shut down, crashed, starting), 25006 (a read-only server: a demoted
+/// primary, or a standby a multi-host URL reached before a failover).
+fn pg_is_outage(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    match e.code() {
+        None => true,
+        Some(code) => {
+            code.code().starts_with("08")
+                || [
+                    SqlState::ADMIN_SHUTDOWN,
+                    SqlState::CRASH_SHUTDOWN,
+                    SqlState::CANNOT_CONNECT_NOW,
+                    SqlState::READ_ONLY_SQL_TRANSACTION,
+                ]
+                .contains(code)
+        }
+    }
+}
+
+/// [`pg_is_outage`] of the first server error in `e`'s chain; without
+/// one, whether the pool timed out.
+fn chain_is_outage(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() {
+            return pg_is_outage(pg);
+        }
+        if let Some(pool) = e.downcast_ref::<deadpool_postgres::PoolError>() {
+            if matches!(pool, deadpool_postgres::PoolError::Timeout(_)) {
+                return true;
+            }
+        }
+        next = e.source();
+    }
+    false
+}
+
 impl StoreError {
+    /// Whether the statement was cut off by an outage of the server or the
+    /// link (a failover, a restart, a cut link): no answer in time, a
+    /// connection refused, reset, closed or ended by the server, a
+    /// read-only server. Narrower than [`StoreError::is_transient`]: what a
+    /// server chose to refuse (a login, a privilege, a full server) is not.
+    /// Such errors are logged at debug: the connection's own line tells the
+    /// outage once, when it ends (and every minute while it lasts).
+    pub fn is_outage(&self) -> bool {
+        match self {
+            StoreError::Timeout { .. } => true,
+            StoreError::Connect { source, .. } => chain_is_outage(&**source),
+            StoreError::Db { source, .. } => pg_is_outage(source),
+            StoreError::Batch { source, .. } => source.is_outage(),
+            _ => false,
+        }
+    }
+
     /// Whether nothing was sent because the failover manager has not
     /// confirmed the store's server (its check logs each change once).
     pub fn is_unconfirmed(&self) -> bool {

@@ -190,8 +190,14 @@
 //!    server that died, a cluster re-created behind the same host names)
 //!    every statement fails (after at most one connection per host and
 //!    share of S) until the processes restart: an operator decides which
-//!    server's writes count. Each change of host, each lost connection,
-//!    each supersession is a log line (warn), and the first two are metrics
+//!    server's writes count. **A failover is one line per process** at warn
+//!    (`database host changed` from, to, `down_ms`; or `database connection
+//!    restored`), shared by the process's pools on the URL, and an outage
+//!    that lasts is one more every 30 S (`still trying`); what an outage
+//!    cuts off meanwhile (lost or refused connections, timeouts, missed
+//!    beats, polls) is at debug ([`StoreError::is_outage`]), while what a
+//!    server refuses warns each time. Each supersession is a line (warn);
+//!    host changes and lost connections are metrics
 //!    (`leader_host_changes_total`, `leader_connections_lost_total`, for the
 //!    store's connections).
 //!    **With Patroni's word ([`PgStore::with_patroni`], opt-in), no term

@@ -484,3 +484,25 @@ fn long_lease(ttl: Duration) -> ticklease::Config {
         .build()
         .unwrap()
 }
+
+/// Issue 42 item 4 (the review's F2): only an outage is logged at debug.
+/// A database the server says does not exist is its refusal, which warns at
+/// every poll; a port nobody listens on is an outage, told by one line.
+#[tokio::test]
+async fn a_database_that_does_not_exist_is_no_outage_and_a_closed_port_is() {
+    let cluster = PgCluster::shared();
+    let options = PgStoreOptions::from_config(&test_config());
+    let missing: PgConnect = cluster.url("no_such_database").parse().unwrap();
+    let missing = PgStore::connect(missing, options).await.unwrap_err();
+    assert!(!missing.is_outage(), "{missing:?}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let closed: PgConnect = format!("postgres://postgres@127.0.0.1:{port}/app")
+        .parse()
+        .unwrap();
+    let closed = PgStore::connect(closed, options).await.unwrap_err();
+    assert!(closed.is_outage(), "{closed:?}");
+}

@@ -282,7 +282,7 @@ impl Signals {
             probe: watch::Sender::new(std::collections::VecDeque::new()),
         });
         // Each host of a multi-host URL gets a share of the connect timeout.
-        let direct = Arc::new(Hosts::new(&with_client_keepalives(direct), connect_timeout));
+        let direct = Arc::new(Hosts::new(&with_client_keepalives(direct), connect_timeout).quiet());
         let first = match open_checked(&direct, connect_timeout, &events, &check).await {
             Ok(session) => {
                 // Up when the start returns: the first statements record the key.
@@ -619,7 +619,8 @@ async fn keep(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = &mut session.reader.0 => {
-                tracing::warn!("coordination session lost; reconnecting");
+                // The host's one line tells a failover; the gauge says the session is down.
+                tracing::debug!("coordination session lost; reconnecting");
             }
             _ = events.refused.notified() => {
                 tracing::warn!("the database holds this replica's key no more; reconnecting the coordination session");
@@ -636,7 +637,7 @@ async fn keep(
             match Session::open(&direct, connect_timeout, &events, Listen::All).await {
                 Ok(session) => break session,
                 Err(error) => {
-                    tracing::warn!(
+                    tracing::debug!(
                         error = &*error as &dyn std::error::Error,
                         ?backoff,
                         "coordination session could not reconnect"

@@ -45,6 +45,40 @@ pub struct Hosts {
     lost: AtomicU64,
     /// What this URL made of its servers' timelines.
     timelines: timeline::UrlTimelines,
+    /// Since when no connection could be had or kept (a connection lost, or
+    /// none made to the server last used), while that lasts.
+    outage: std::sync::Mutex<Option<std::time::Instant>>,
+    /// When an outage that goes on was last told.
+    still_down_said: std::sync::Mutex<Option<std::time::Instant>>,
+    /// How often it is told.
+    still_down_every: Duration,
+    /// Whether a change of host or a connection restored is logged (once
+    /// per process: the store's hosts say it, the coordination session's not).
+    says: bool,
+}
+
+/// The last reconnection this process told of: to which server, and when.
+static SAID: std::sync::Mutex<Option<(String, std::time::Instant)>> = std::sync::Mutex::new(None);
+
+/// How long a change of host without an outage is told once per process.
+const SAID_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How often an outage that goes on is told, in connect deadlines (a
+/// minute at the default 2 s statement timeout): a server that stays away
+/// is not a failover.
+const STILL_DOWN_DEADLINES: u32 = 30;
+
+/// Whether no other `Hosts` of this process (another store's, an idle
+/// pool's, an application's own) told of reaching `server` since `since`
+/// (its own outage's start); if so, this one does, and notes it.
+fn first_to_say(server: &Server, since: std::time::Instant) -> bool {
+    let mut said = SAID.lock().expect("said");
+    let text = server.to_string();
+    if said.as_ref().is_some_and(|(to, at)| *to == text && *at >= since) {
+        return false;
+    }
+    *said = Some((text, std::time::Instant::now()));
+    true
 }
 
 /// One server of a URL: the host it names (a name, an address or a socket
@@ -144,6 +178,26 @@ impl Hosts {
             first_probe: tokio::sync::OnceCell::new(),
             changes: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            outage: std::sync::Mutex::new(None),
+            still_down_said: std::sync::Mutex::new(None),
+            still_down_every: deadline * STILL_DOWN_DEADLINES,
+            says: true,
+        }
+    }
+
+    /// These hosts log nothing of a failover: another `Hosts` of the
+    /// process (the store's) says it in one line.
+    pub fn quiet(mut self) -> Self {
+        self.says = false;
+        self
+    }
+
+    /// Notes that a connection was lost or could not be made: the start of
+    /// an outage, unless one is under way.
+    fn trouble(&self, since: std::time::Instant) {
+        let mut outage = self.outage.lock().expect("outage");
+        if outage.is_none() && self.connected.load(Ordering::Relaxed) {
+            *outage = Some(since);
         }
     }
 
@@ -160,7 +214,12 @@ impl Hosts {
         let first = self.last_good.load(Ordering::Relaxed);
         let mut failed = None;
         for i in (0..self.hosts.len()).map(|k| (first + k) % self.hosts.len()) {
-            match tokio::time::timeout(self.per_host, self.attempt(i)).await {
+            let started = std::time::Instant::now();
+            let attempt = tokio::time::timeout(self.per_host, self.attempt(i)).await;
+            if i == first && !matches!(attempt, Ok(Ok(Attempt::Current(..)))) {
+                self.trouble(started);
+            }
+            match attempt {
                 Ok(Ok(Attempt::Current(client, connection, _))) => {
                     self.connected_to(i);
                     return Ok((client, *connection));
@@ -172,9 +231,31 @@ impl Hosts {
                 Err(_) => {}
             }
         }
-        Err(failed.unwrap_or(HostsError::TimedOut {
+        let failed = failed.unwrap_or(HostsError::TimedOut {
             per_host: self.per_host,
-        }))
+        });
+        self.still_down(&failed);
+        Err(failed)
+    }
+
+    /// An outage that goes on is told every [`STILL_DOWN_DEADLINES`]
+    /// connect deadlines, with the last error: one line per failover holds
+    /// only for a failover.
+    fn still_down(&self, failed: &HostsError) {
+        let Some(since) = *self.outage.lock().expect("outage") else {
+            return;
+        };
+        let mut said = self.still_down_said.lock().expect("still down");
+        let last = said.unwrap_or(since);
+        if !self.says || last.elapsed() < self.still_down_every {
+            return;
+        }
+        *said = Some(std::time::Instant::now());
+        tracing::warn!(
+            down_s = since.elapsed().as_secs(),
+            error = failed as &dyn std::error::Error,
+            "no database connection yet; still trying"
+        );
     }
 
     /// A connection to host `i`, its timeline read and judged when the URL
@@ -204,13 +285,27 @@ impl Hosts {
         }
     }
 
-    /// Notes a connection to host `i`: a change of host is logged and counted.
+    /// Notes a connection to host `i`: a change of host is counted, and
+    /// the outage it ends is told in one line, from where to where and how
+    /// long it lasted (a failover's other lines are at debug).
     fn connected_to(&self, i: usize) {
         self.timelines.used(i);
+        let outage = self.outage.lock().expect("outage").take();
         let before = self.last_good.swap(i, Ordering::Relaxed);
-        if self.connected.swap(true, Ordering::Relaxed) && before != i {
+        let changed = self.connected.swap(true, Ordering::Relaxed) && before != i;
+        if changed {
             self.changes.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(from = %self.servers[before], to = %self.servers[i], "database host changed");
+        }
+        *self.still_down_said.lock().expect("still down") = None;
+        let since = outage.unwrap_or_else(|| std::time::Instant::now() - SAID_FOR);
+        if !self.says || (outage.is_none() && !changed) || !first_to_say(&self.servers[i], since) {
+            return;
+        }
+        let (from, to) = (&self.servers[before], &self.servers[i]);
+        match outage.map(|since| since.elapsed().as_millis()) {
+            Some(down_ms) if changed => tracing::warn!(%from, %to, down_ms, "database host changed"),
+            None => tracing::warn!(%from, %to, "database host changed"),
+            Some(down_ms) => tracing::warn!(server = %to, down_ms, "database connection restored"),
         }
     }
 
@@ -366,7 +461,9 @@ impl deadpool_postgres::Connect for PoolConnect {
                         let task = tokio::spawn(async move {
                             if let Err(error) = connection.await {
                                 hosts.lost.fetch_add(1, Ordering::Relaxed);
-                                tracing::warn!(%server, error = &error as &dyn std::error::Error,
+                                hosts.trouble(std::time::Instant::now());
+                                // Counted; the reconnection's one line tells the outage.
+                                tracing::debug!(%server, error = &error as &dyn std::error::Error,
                                     "a database connection was lost; the next statement connects again");
                             }
                         });

@@ -141,12 +141,18 @@ impl<S: LeaseStore> Heartbeat<S> {
                     tracing::info!(role = %self.role, token = %self.token, %reason, "lease lost");
                     return Some(reason);
                 }
+                // A failover's missed beats say nothing the host's one line
+                // does not (they are counted); a refusal is worth a warning.
+                Ok(Err(error)) if error.is_outage() => {
+                    tracing::debug!(role = %self.role, token = %self.token, error = &error as &dyn std::error::Error,
+                        "RENEW failed; missed beat");
+                }
                 Ok(Err(error)) => {
                     tracing::warn!(role = %self.role, token = %self.token, error = &error as &dyn std::error::Error,
                         "RENEW failed; missed beat");
                 }
                 Err(_) => {
-                    tracing::warn!(role = %self.role, token = %self.token, after = ?deadline - sent,
+                    tracing::debug!(role = %self.role, token = %self.token, after = ?deadline - sent,
                         "RENEW did not answer; missed beat");
                 }
             }

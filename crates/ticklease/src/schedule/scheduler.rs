@@ -251,7 +251,12 @@ async fn role_loop<S: LeaseStore>(manager: Manager<S>, job: Job, shutdown: Cance
                 Polled::Unconfirmed
             }
             Ok(Err(error)) => {
-                tracing::warn!(%role, error = %chain(error), "poll failed");
+                // A failover's is told by the host's one line; a refusal here.
+                if error.is_outage() {
+                    tracing::debug!(%role, error = %chain(error), "poll failed");
+                } else {
+                    tracing::warn!(%role, error = %chain(error), "poll failed");
+                }
                 Polled::Failed
             }
             Err(panic) => {

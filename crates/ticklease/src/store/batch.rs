@@ -149,8 +149,13 @@ async fn run<S: LeaseStore>(
                 if let Ok(Err(error)) = &answer {
                     // One bad term must not cost the others their RELEASE
                     // (an unstamped completion would run again early).
-                    tracing::warn!(error = %crate::error::chain(error), terms = terms.len(),
-                        "RELEASE many failed; releasing its terms one by one");
+                    if error.is_outage() {
+                        tracing::debug!(error = %crate::error::chain(error), terms = terms.len(),
+                            "RELEASE many failed; releasing its terms one by one");
+                    } else {
+                        tracing::warn!(error = %crate::error::chain(error), terms = terms.len(),
+                            "RELEASE many failed; releasing its terms one by one");
+                    }
                     release_each(&*store, statement_timeout, terms, replies).await;
                 } else {
                     answer_each("RELEASE many", statement_timeout, answer, replies);

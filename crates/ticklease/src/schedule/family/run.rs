@@ -170,10 +170,13 @@ impl<S: LeaseStore> FamilyLoop<S> {
                 }
                 self.replicas = live;
             }
+            Ok(Err(error)) if error.is_outage() => {
+                tracing::debug!(family = self.family.name(), error = %chain(&error), "replica beat failed")
+            }
             Ok(Err(error)) => {
                 tracing::warn!(family = self.family.name(), error = %chain(&error), "replica beat failed")
             }
-            Err(_) => tracing::warn!(family = self.family.name(), "replica beat did not answer"),
+            Err(_) => tracing::debug!(family = self.family.name(), "replica beat did not answer"),
         }
     }
 
@@ -279,6 +282,11 @@ impl<S: LeaseStore> FamilyLoop<S> {
                     crate::Error::Store(e) if e.is_unconfirmed() => {
                         tracing::debug!(family = self.family.name(), error = %chain(&error), "ACQUIRE many not sent");
                         Instant::now() + self.config.heartbeat_every() / 2
+                    }
+                    // A failover's is told by the host's one line.
+                    _ if error.is_outage() => {
+                        tracing::debug!(family = self.family.name(), error = %chain(&error), "ACQUIRE many failed");
+                        Instant::now() + self.config.max_poll()
                     }
                     _ => {
                         tracing::warn!(family = self.family.name(), error = %chain(&error), "ACQUIRE many failed");
