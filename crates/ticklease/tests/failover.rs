@@ -506,3 +506,156 @@ async fn a_database_that_does_not_exist_is_no_outage_and_a_closed_port_is() {
     let closed = PgStore::connect(closed, options).await.unwrap_err();
     assert!(closed.is_outage(), "{closed:?}");
 }
+
+/// Issue 42 item 2: an ACQUIRE whose commit waits for a stalled synchronous
+/// standby does not answer within S; the client's cancel ends the wait and
+/// the transaction commits locally ("might not have been replicated"), so
+/// the role is held by a term nobody runs. The next ACQUIRE of the same
+/// manager finds its own holder there, releases that term and starts one:
+/// the lost answer costs no lease (before, the role waited it out).
+#[tokio::test]
+async fn an_acquire_whose_answer_a_stalled_synchronous_standby_kept_costs_no_lease() {
+    let (primary, standby, db) = primary_and_standby().await;
+    let owner = connect(&primary.config(&db)).await.unwrap();
+    owner
+        .batch_execute(&format!("ALTER DATABASE {db} SET synchronous_commit = on"))
+        .await
+        .unwrap();
+    let config = ticklease::Config::builder()
+        .lease_ttl(Duration::from_secs(30))
+        .heartbeat_every(Duration::from_secs(1))
+        .statement_timeout(Duration::from_millis(500))
+        .abandon_after(Duration::from_secs(3))
+        .max_poll(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let store = PgStore::connect(primary.config(&db), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let manager = Manager::start(store, config, [billing()]).await.unwrap();
+    set_synchronous(&primary, &db, "'*'").await;
+    standby.cut_wal_receipt().await.unwrap();
+    let work = |_tick| async { Ok::<_, std::io::Error>(()) };
+    let lost = manager.lead(&billing(), HOUR, work).await;
+    assert!(
+        lost.is_err(),
+        "the ACQUIRE's commit waits for the standby: {lost:?}"
+    );
+    // The cancel ends the wait and the commit becomes visible, a moment later.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let holder: Option<String> = scalar(&owner, "SELECT holder_id FROM leader_leases").await;
+        if holder.as_deref() == Some(manager.holder_id()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never committed locally: {holder:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    set_synchronous(&primary, &db, "''").await;
+    let started = tokio::time::Instant::now();
+    let led = manager.lead(&billing(), HOUR, work).await.unwrap();
+    assert!(matches!(led, Lead::Completed { .. }), "{led:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// The primary's `synchronous_standby_names`, reloaded; returns once it
+/// holds: with a name, once the standby is `sync`; without, once a commit
+/// on a fresh session no longer waits (the reload reached the checkpointer,
+/// which releases the waiters).
+async fn set_synchronous(primary: &PgCluster, db: &str, names: &str) {
+    let owner = connect(&primary.config(db)).await.unwrap();
+    owner
+        .batch_execute(&format!("ALTER SYSTEM SET synchronous_standby_names = {names}"))
+        .await
+        .unwrap();
+    owner.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !synchronous_holds(primary, db, names != "''").await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{names} never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn synchronous_holds(primary: &PgCluster, db: &str, on: bool) -> bool {
+    let client = connect(&primary.config(db)).await.unwrap();
+    if on {
+        let sync: i64 = scalar(
+            &client,
+            "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+        )
+        .await;
+        return sync == 1;
+    }
+    let commit = client.batch_execute("SET synchronous_commit = on; SELECT txid_current()");
+    tokio::time::timeout(Duration::from_millis(300), commit)
+        .await
+        .is_ok()
+}
+
+/// The review's F1 of the recovery above: two calls of one manager lead one
+/// role. While the second's term runs, the first's ACQUIRE is cut off (the
+/// table locked past S: its answer, a refusal, is lost); its next ACQUIRE
+/// finds the manager's own holder there and leaves the term alone: it is
+/// the second call's, live.
+#[tokio::test]
+async fn a_live_term_of_another_call_is_never_released_as_an_unanswered_acquires() {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    let mut owner = connect(&cluster.config(&db)).await.unwrap();
+    ticklease::migrate(&mut owner).await.unwrap();
+    let config = test_config();
+    let store = PgStore::connect(cluster.config(&db), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let manager = Manager::start(store, config, [billing()]).await.unwrap();
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+    let second = {
+        let (manager, started) = (manager.clone(), started.clone());
+        tokio::spawn(async move {
+            let work = |tick: ticklease::Tick| async move {
+                started.notify_one();
+                tokio::select! {
+                    _ = finished => Ok(()),
+                    cause = tick.cancelled() => Err(format!("cancelled: {cause:?}")),
+                }
+            };
+            manager.lead(&billing(), HOUR, work).await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("the second call leads");
+
+    let done = |_tick| async { Ok::<_, std::io::Error>(()) };
+    let locked = owner.transaction().await.unwrap();
+    locked
+        .batch_execute("LOCK TABLE leader_leases IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let cut = manager.lead(&billing(), HOUR, done).await;
+    assert!(cut.is_err(), "the ACQUIRE waits for the lock: {cut:?}");
+    locked.rollback().await.unwrap();
+    let first = manager.lead(&billing(), HOUR, done).await.unwrap();
+    assert!(
+        matches!(first, Lead::Refused(ticklease::Refusal::Held { .. })),
+        "{first:?}"
+    );
+    // Beats enough for a released term's RENEW to find it over.
+    tokio::time::sleep(config.heartbeat_every() * 3).await;
+    finish.send(()).unwrap();
+    let second = second.await.unwrap().unwrap();
+    assert!(matches!(second, Lead::Completed { .. }), "{second:?}");
+}

@@ -223,6 +223,12 @@ struct Inner<S> {
     batcher: Batcher,
     /// Per role on a cron schedule: what the database last said of its occurrences.
     occurrences: std::sync::Mutex<std::collections::HashMap<Role, occurrence::Known>>,
+    /// Roles whose last ACQUIRE was sent and not answered (it timed out, or
+    /// its connection failed): its term may have started all the same.
+    unanswered: std::sync::Mutex<BTreeSet<Role>>,
+    /// Per role: the ACQUIREs in flight and the terms whose RELEASE is not
+    /// done, of this manager ([`Running`]).
+    running: std::sync::Mutex<std::collections::HashMap<Role, usize>>,
     /// The origin of the heartbeat grid family terms beat on.
     epoch: Instant,
 }
@@ -339,6 +345,8 @@ impl<S: LeaseStore> Manager<S> {
                 unreleased: AtomicUsize::new(0),
                 lost_drain_ms: Default::default(),
                 occurrences: Default::default(),
+                unanswered: Default::default(),
+                running: Default::default(),
             }),
         };
         let report = manager.check_roles().await?;
@@ -596,18 +604,72 @@ impl<S: LeaseStore> Manager<S> {
         if let (Some(m), Some(signals)) = (&inner.metrics, inner.store.signals()) {
             m.coordination_up(signals.key().is_some());
         }
-        let sent = Instant::now();
-        let sent_wall = SystemTime::now();
-        let term = match inner
-            .store
-            .acquire(role, &inner.holder_id, inner.config.lease_ttl(), interval)
-            .await?
-        {
-            Acquire::Acquired(term) => term,
-            Acquire::Refused(refusal) => return Ok(Err(refusal)),
+        // At most twice: once more after releasing a term an unanswered ACQUIRE started.
+        loop {
+            let sent = Instant::now();
+            let sent_wall = SystemTime::now();
+            let answer = inner
+                .store
+                .acquire(role, &inner.holder_id, inner.config.lease_ttl(), interval)
+                .await;
+            let unanswered = self.note_answer(role, answer.as_ref().err());
+            let term = match answer? {
+                Acquire::Acquired(term) => term,
+                Acquire::Refused(Refusal::Held { holder, .. })
+                    if unanswered && holder == inner.holder_id && self.release_unanswered(role).await? =>
+                {
+                    continue;
+                }
+                Acquire::Refused(refusal) => return Ok(Err(refusal)),
+            };
+            inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
+            return Ok(Ok((term, sent)));
+        }
+    }
+
+    /// Notes whether this ACQUIRE of `role` went unanswered (`error` a
+    /// statement sent that did not finish: its commit may have gone
+    /// through, as a cancelled wait for a synchronous standby commits
+    /// locally); returns whether the one before it did.
+    fn note_answer(&self, role: &Role, error: Option<&StoreError>) -> bool {
+        let mut unanswered = self.inner.unanswered.lock().expect("unanswered");
+        let before = unanswered.remove(role);
+        // Sent and cut off (a timeout, a connection lost mid-statement), not
+        // refused, nor never sent (no connection, no Patroni word).
+        if error.is_some_and(|e| e.is_outage() && !matches!(e, StoreError::Connect { .. })) {
+            unanswered.insert(role.clone());
+        }
+        before
+    }
+
+    /// The term an unanswered ACQUIRE of this manager started: nobody runs
+    /// it, and the role would wait out its lease. RELEASEs it (interrupted)
+    /// when the row still names this holder and nothing else of this
+    /// manager asks for or leads the role; true if it did.
+    async fn release_unanswered(&self, role: &Role) -> Result<bool, Error> {
+        let inner = &self.inner;
+        // Another call of this manager leads the role, or asks for it (the
+        // review's F1: its live term was released): the term may be its.
+        if Running::count(inner, role) > 1 {
+            return Ok(false);
+        }
+        let rows = inner.store.status_of(std::slice::from_ref(role)).await?;
+        let Some(row) = rows
+            .iter()
+            .find(|r| r.holder_id.as_deref() == Some(inner.holder_id.as_str()))
+        else {
+            return Ok(false);
         };
-        inner.drift.observe(sent_wall, sent.elapsed(), term.db_now);
-        Ok(Ok((term, sent)))
+        let ending = Ending {
+            error: Some("its ACQUIRE was not answered: the term ran nothing".into()),
+            ..Ending::of(Release::Interrupted)
+        };
+        let released = inner
+            .store
+            .release_ending(role, row.token, Release::Interrupted, Duration::ZERO, &ending)
+            .await?;
+        tracing::info!(%role, token = %row.token, released, "released the term of an ACQUIRE whose answer was lost");
+        Ok(released)
     }
 
     fn heartbeat(
@@ -685,6 +747,10 @@ impl<S: LeaseStore> Manager<S> {
         if inner.shutdown.is_cancelled() {
             return Ok(Lead::ShuttingDown);
         }
+        // Counted from before the ACQUIRE is sent until the term's own
+        // count starts: an orphan term is released only when this call is
+        // the role's one ACQUIRE or term here.
+        let _asking = Running::start(inner, role);
         let (term, sent) = match self.acquire(role, interval).await? {
             Ok(started) => started,
             Err(refusal) => return Ok(Lead::Refused(refusal)),
@@ -755,6 +821,7 @@ impl<S: LeaseStore> Manager<S> {
             armed: true,
             scope: scope.clone(),
             abandon_at: abandon_seen.clone(),
+            running: Running::start(inner, role),
         };
         let tick = Tick {
             abandon_at: abandon_seen,
@@ -983,6 +1050,52 @@ struct TermGuard<S: LeaseStore> {
     /// The last acknowledged RENEW (or the ACQUIRE) plus A: where the lease
     /// ends, as this process knows it.
     abandon_at: tokio::sync::watch::Receiver<Instant>,
+    /// Held until the term's RELEASE is done.
+    running: Arc<Running<S>>,
+}
+
+/// One ACQUIRE in flight, or one term until its RELEASE is done, of a
+/// role in this manager (counted in `Inner::running`).
+struct Running<S: LeaseStore> {
+    inner: Arc<Inner<S>>,
+    role: Role,
+}
+
+impl<S: LeaseStore> Running<S> {
+    fn start(inner: &Arc<Inner<S>>, role: &Role) -> Arc<Self> {
+        *inner
+            .running
+            .lock()
+            .expect("running")
+            .entry(role.clone())
+            .or_default() += 1;
+        Arc::new(Running {
+            inner: inner.clone(),
+            role: role.clone(),
+        })
+    }
+
+    fn count(inner: &Inner<S>, role: &Role) -> usize {
+        inner
+            .running
+            .lock()
+            .expect("running")
+            .get(role)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+impl<S: LeaseStore> Drop for Running<S> {
+    fn drop(&mut self) {
+        let mut running = self.inner.running.lock().expect("running");
+        if let Some(n) = running.get_mut(&self.role) {
+            *n -= 1;
+            if *n == 0 {
+                running.remove(&self.role);
+            }
+        }
+    }
 }
 
 impl<S: LeaseStore> TermGuard<S> {
@@ -998,7 +1111,9 @@ impl<S: LeaseStore> TermGuard<S> {
         // after it would date the role's cooldown from its own late hour.
         let config = &self.inner.config;
         let grace_end = *self.abandon_at.borrow() - config.abandon_after() + config.lease_ttl();
+        let running = self.running.clone();
         self.inner.releases.spawn(async move {
+            let _running = running;
             let bound = inner.config.statement_timeout();
             let mut backoff = RELEASE_RETRY_MIN;
             let mut tried = false;
