@@ -1009,8 +1009,8 @@ pub use schedule::family::REGISTRATION_TTL_MAX;
 pub use schedule::scheduler::{cancel_on_signals, Scheduler, Stopped};
 pub use store::{
     Acquire, Ending, FamilyOccurrenceAsk, Interval, LeaseStatus, LeaseStore, LossReason, OccurrenceAnswer,
-    OccurrenceAsk, PgStore, PgStoreOptions, Refusal, Release, Releasing, Renew, Term, BATCH_MAX,
-    ERROR_SUMMARY_MAX, OUTPUT_KEPT_MAX, POOL_SIZE_MAX, STATUS_COUNTED_MAX,
+    OccurrenceAsk, PgStore, PgStoreOptions, Refusal, Release, Releasing, Renew, SynchronousWaits, Term,
+    BATCH_MAX, ERROR_SUMMARY_MAX, OUTPUT_KEPT_MAX, POOL_SIZE_MAX, STATUS_COUNTED_MAX,
 };
 pub use term::family::{Family, FAMILY_KEYS_MAX, FAMILY_TERMS_DEFAULT};
 pub use term::fence::Fence;

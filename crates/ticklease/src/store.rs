@@ -291,6 +291,19 @@ pub struct OccurrenceAnswer {
     pub last_pause: Option<(SystemTime, SystemTime)>,
 }
 
+/// Statements waiting for a synchronous standby to confirm their commit,
+/// among the backends the store's login may see (its own; all of them with
+/// `pg_read_all_stats`). Postgres applies no `statement_timeout` to that
+/// wait: a standby that stops confirming holds every commit, and a
+/// statement cancelled there is committed locally.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SynchronousWaits {
+    /// How many wait now.
+    pub waiting: u64,
+    /// The longest wait so far (0 when none waits).
+    pub longest: Duration,
+}
+
 /// Most roles in one batched statement; larger batches are split.
 pub const BATCH_MAX: usize = 1000;
 
@@ -556,6 +569,13 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// connections); `None` for a store without any.
     fn connection_events(&self) -> Option<crate::connect::hosts::ConnectionEvents> {
         None
+    }
+
+    /// The statements of the store's login that wait now for a synchronous
+    /// standby to confirm their commit (see [`SynchronousWaits`]); `None`
+    /// for a store without a server.
+    fn synchronous_waits(&self) -> impl Future<Output = Result<Option<SynchronousWaits>, StoreError>> + Send {
+        async { Ok(None) }
     }
 
     /// What the failover manager last said of the store's server, when the

@@ -659,3 +659,44 @@ async fn a_live_term_of_another_call_is_never_released_as_an_unanswered_acquires
     let second = second.await.unwrap().unwrap();
     assert!(matches!(second, Lead::Completed { .. }), "{second:?}");
 }
+
+/// Issue 42 item 2: a stalled synchronous standby shows in a scrape: while
+/// a commit of the replica's login waits for it, how many wait and the
+/// longest wait; once the primary stops waiting for it, none.
+#[tokio::test]
+async fn a_stalled_synchronous_standby_shows_in_the_waits_a_scrape_exports() {
+    let (primary, standby, db) = primary_and_standby().await;
+    let owner = connect(&primary.config(&db)).await.unwrap();
+    owner
+        .batch_execute(&format!("ALTER DATABASE {db} SET synchronous_commit = on"))
+        .await
+        .unwrap();
+    let config = test_config();
+    let store = PgStore::connect(primary.config(&db), PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    assert_eq!(exported(&store, "leader_synchronous_waiting").await, Some(0.0));
+    set_synchronous(&primary, &db, "'*'").await;
+    standby.cut_wal_receipt().await.unwrap();
+    // A commit no one cancels: it waits as long as the standby is away.
+    let waiter = connect(&primary.config(&db)).await.unwrap();
+    let waiting =
+        tokio::spawn(async move { waiter.batch_execute("SELECT leader_seed(ARRAY['stalled'])").await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let longest = exported(&store, "leader_synchronous_wait_seconds").await.unwrap();
+        if longest > 0.5 {
+            assert!(exported(&store, "leader_synchronous_waiting").await.unwrap() >= 1.0);
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no wait seen: {longest}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    set_synchronous(&primary, &db, "''").await;
+    waiting.await.unwrap().unwrap();
+    assert_eq!(exported(&store, "leader_synchronous_waiting").await, Some(0.0));
+    assert_eq!(
+        exported(&store, "leader_synchronous_wait_seconds").await,
+        Some(0.0)
+    );
+}

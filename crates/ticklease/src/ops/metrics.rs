@@ -19,6 +19,11 @@
 //!   `leader_occurrence_next_seconds{role}` (until the next occurrence to run,
 //!   0 once due) and `leader_occurrence_late_seconds{role}` (how long it has
 //!   been due with no term running it; the `TickleaseOccurrenceLate` alert);
+//!   `leader_synchronous_waiting` and `leader_synchronous_wait_seconds`: the
+//!   statements of the replica's login that wait for a synchronous standby to
+//!   confirm their commit, and the longest wait (the
+//!   `TickleaseSynchronousStandbyStalled` alert; with `pg_read_all_stats`,
+//!   every login's);
 //! - **this replica**: `leader_is_leader{role}`, `leader_ticks_total{role,outcome}`,
 //!   `leader_lease_lost_total{role,reason}` (reason `taken_over`, `paused`,
 //!   `released`, `heartbeat_timeout`, `superseded` when the term was lost, `panicked` or
@@ -157,6 +162,8 @@ struct Inner {
     occurrences_skipped: Family<ReasonLabels, Counter>,
     rows_left_out: Gauge,
     status_unreadable: Gauge,
+    synchronous_waiting: Gauge,
+    synchronous_wait: FloatGauge,
 }
 
 /// Most rows of `leader_leases` one refresh of the cluster facts reads.
@@ -213,6 +220,18 @@ impl Inner {
             "1 when this replica's last refresh of the cluster facts could not read leader_leases \
              (exists at 0 from the start)",
             self.status_unreadable.clone(),
+        );
+        r.register(
+            "leader_synchronous_waiting",
+            "Statements of this replica's database login that wait now for a synchronous standby to \
+             confirm their commit (cluster fact, as far as the login sees)",
+            self.synchronous_waiting.clone(),
+        );
+        r.register(
+            "leader_synchronous_wait_seconds",
+            "The longest of those waits so far, 0 when none waits: a standby that stopped confirming \
+             holds every commit (the TickleaseSynchronousStandbyStalled alert)",
+            self.synchronous_wait.clone(),
         );
         r.register(
             "leader_last_tick_age_seconds",
@@ -402,6 +421,8 @@ impl Metrics {
             occurrences_skipped: Family::default(),
             rows_left_out: Gauge::default(),
             status_unreadable: Gauge::default(),
+            synchronous_waiting: Gauge::default(),
+            synchronous_wait: FloatGauge::default(),
         };
         inner.register_into(registry);
         for role in &inner.roles {
@@ -515,6 +536,15 @@ impl Metrics {
             Ok((rows, total)) => self.refreshed(&rows, total),
             Err(error) => self.unreadable(&error),
         }
+        // Unread is none: a stale wait would page on; an unreadable store
+        // pages as TickleaseStatusUnreadable.
+        let waits = store.synchronous_waits().await.ok().flatten();
+        self.inner
+            .synchronous_waiting
+            .set(waits.map_or(0, |w| i64::try_from(w.waiting).unwrap_or(i64::MAX)));
+        self.inner
+            .synchronous_wait
+            .set(waits.map_or(0.0, |w| w.longest.as_secs_f64()));
     }
 
     /// The roles a refresh of declared roles reads: those and every key of

@@ -47,6 +47,7 @@ const PAUSE: &str = include_str!("pause.sql");
 const UNPAUSE: &str = include_str!("unpause.sql");
 const SEED: &str = include_str!("seed.sql");
 const RUN_NOW: &str = include_str!("run_now.sql");
+const SYNCHRONOUS_WAITS: &str = include_str!("synchronous_waits.sql");
 const NOTIFY: &str = "SELECT pg_notify('ticklease', p) FROM unnest($1::text[]) AS p";
 
 /// Largest pool the store accepts.
@@ -1016,6 +1017,16 @@ impl LeaseStore for PgStore {
 
     fn connection_events(&self) -> Option<crate::connect::hosts::ConnectionEvents> {
         Some(self.hosts.events())
+    }
+
+    async fn synchronous_waits(&self) -> Result<Option<super::SynchronousWaits>, StoreError> {
+        let rows = self.query("synchronous waits", SYNCHRONOUS_WAITS, &[]).await?;
+        let row = one("synchronous waits", rows)?;
+        let longest: f64 = row.get("longest");
+        Ok(Some(super::SynchronousWaits {
+            waiting: u64::try_from(row.get::<_, i64>("waiting")).unwrap_or(0),
+            longest: Duration::try_from_secs_f64(longest).unwrap_or_default(),
+        }))
     }
 
     fn primary_confirmation(&self) -> Option<Confirmation> {
