@@ -18,7 +18,7 @@ use ticklease_testkit::ha::{
     claim_violations, create_claims, every_role_claims_after, last_claim, spawn_checked_replica,
     spawn_replica,
 };
-use ticklease_testkit::{connect, test_config, PatroniCluster};
+use ticklease_testkit::{connect, test_config, Fault, FaultProxy, PatroniCluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_a_switchover_and_a_killed_primary_every_role_leads_again_and_tokens_only_grow() {
@@ -83,9 +83,11 @@ async fn through_a_switchover_and_a_killed_primary_every_role_leads_again_and_to
 
 /// Issue 42 item 1: the process that cannot see the promotion. The old
 /// primary's Patroni is killed and left dead (its Postgres stays writable:
-/// nothing demotes it); replica 0's URL names that server alone, replica 1's
-/// every member. With Patroni's word, replica 0's terms end and none
-/// starts once no member confirms its server, so no claim commits on the
+/// nothing demoted it); replica 0's URL names that server alone, replica 1's
+/// every member, replica 2's every member through proxies whose links to
+/// the others are cut at the fault (a one-sided partition). With Patroni's
+/// word, replicas 0 and 2 end their terms and start none once no member
+/// confirms their server, so no claim commits on the
 /// old primary after the promotion, and replica 1 leads every role on the
 /// promoted server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,6 +137,20 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
     let stop = ticklease::CancellationToken::new();
     spawn_checked_replica(&old_url, config, 0, false, Some(patroni()), stop.clone()).await;
     spawn_checked_replica(&url, config, 1, false, Some(patroni()), stop.clone()).await;
+    // Replica 2 reaches every member through a proxy of its own; at the
+    // fault, the links to the others are cut (a one-sided partition: it
+    // reaches the old primary alone, and never sees the promotion).
+    let mut proxies = Vec::new();
+    for m in cluster.members() {
+        let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], m.pg_port));
+        proxies.push((m.name.clone(), FaultProxy::start(upstream).await.unwrap()));
+    }
+    let hosts: Vec<String> = proxies.iter().map(|(_, p)| p.addr().to_string()).collect();
+    let partitioned = format!(
+        "postgres://postgres@{}/app?target_session_attrs=read-write",
+        hosts.join(",")
+    );
+    spawn_checked_replica(&partitioned, config, 2, false, Some(patroni()), stop.clone()).await;
     every_role_claims_after(&url, 0, Duration::from_secs(30)).await;
     // A term whose work runs until it is cancelled (a `ticklease run` child), on the old primary.
     let started = Arc::new(Notify::new());
@@ -150,6 +166,11 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
 
     cluster.kill_patroni(&old).unwrap();
     let killed_at = std::time::Instant::now();
+    for (name, proxy) in &proxies {
+        if *name != old {
+            proxy.set(Fault::Reset);
+        }
+    }
     let (cluster, new) = tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         loop {
