@@ -210,11 +210,19 @@
 //!    `abandon_after − heartbeat_every` ([`StoreError::NotConfirmed`]), and
 //!    a term ends, reason `superseded`, `abandon_after` after the check that
 //!    last confirmed it (measured: 1.2 s after the old primary's Patroni was
-//!    killed, at the tests' 1.2 s). Patroni promotes no other member before
-//!    `ttl − loop_wait − retry_timeout` after a 200 (the leader demotes itself
-//!    once a key renewal failed for `retry_timeout`); the store's start reads
-//!    Patroni's settings and refuses `abandon_after + statement_timeout` above
-//!    that, or `failsafe_mode`. It relies on those Patroni semantics and on
+//!    killed, at the tests' 1.2 s). An answer counts only while its
+//!    `dcs_last_seen` is within `loop_wait + 1 s` of its `Date` (a leader
+//!    whose HA loop froze answers 200 until its key expires; a REST request
+//!    for `/cluster` refreshes it too: Patroni's watchdog covers a stalled
+//!    loop for a leader polled that way), and while the
+//!    settings it reads again at every check still admit the store's
+//!    timings. Patroni promotes no other member before `ttl − loop_wait −
+//!    max(retry_timeout, loop_wait + 3 s)` after such a 200 (a live leader
+//!    demotes itself once a key renewal failed for `retry_timeout`); the
+//!    store's start reads Patroni's settings and refuses `abandon_after +
+//!    statement_timeout` above that, or `failsafe_mode` (read as Patroni's
+//!    `parse_bool`). It relies on those Patroni semantics (2.1 or later), on
+//!    an HA cycle's own work taking under a second, and on
 //!    clocks running at one rate; without Patroni's word (its REST API
 //!    unreachable) no term runs. Tested on a real Patroni cluster whose
 //!    primary's Patroni is killed and left dead (its Postgres stays

@@ -23,7 +23,11 @@ use super::{
 use crate::config::Config;
 use crate::connect::coordination::Signals;
 use crate::connect::hosts::{Hosts, PoolConnect};
-use crate::connect::patroni::{self, Confirmation, Confirmations, Patroni};
+#[cfg(feature = "patroni")]
+use crate::connect::patroni::check::{self, Confirmations};
+use crate::connect::patroni::Confirmation;
+#[cfg(feature = "patroni")]
+use crate::connect::patroni::Patroni;
 use crate::connect::tls::PgConnect;
 use crate::error::{MigrateError, StoreError};
 use crate::store::migrate::LIBRARY;
@@ -89,10 +93,12 @@ pub struct PgStore {
     /// ([`PgStore::with_direct_wakeups`]).
     records_key: bool,
     /// The failover manager's word, when asked ([`PgStore::with_patroni`]).
+    #[cfg(feature = "patroni")]
     primary: Option<PrimaryCheck>,
 }
 
 /// The Patroni check's state, shared by the store's clones.
+#[cfg(feature = "patroni")]
 #[derive(Clone)]
 struct PrimaryCheck {
     confirmations: Arc<Confirmations>,
@@ -155,6 +161,7 @@ impl PgStore {
             cancel,
             signals: None,
             records_key: false,
+            #[cfg(feature = "patroni")]
             primary: None,
         };
         let conn = store
@@ -204,33 +211,23 @@ impl PgStore {
     /// a term ends `abandon_after` after the last one. Reads Patroni's
     /// settings first and refuses `config`'s timings when a term could
     /// outlive its server's leadership, or Patroni's `failsafe_mode`.
+    #[cfg(feature = "patroni")]
     pub async fn with_patroni(mut self, patroni: Patroni, config: &Config) -> Result<Self, StoreError> {
-        let settings = patroni
+        let (abandon_after, statement_timeout) = (config.abandon_after(), config.statement_timeout());
+        patroni
             .settings()
             .await
+            .and_then(|settings| settings.admit(abandon_after, statement_timeout))
             .map_err(|source| StoreError::Patroni { source })?;
-        if settings.failsafe_mode {
-            return Err(StoreError::Patroni {
-                source: patroni::PatroniError::FailsafeMode,
-            });
-        }
-        if config.abandon_after() + config.statement_timeout() > settings.margin() {
-            return Err(StoreError::Patroni {
-                source: patroni::PatroniError::Margin {
-                    abandon_after: config.abandon_after(),
-                    statement_timeout: config.statement_timeout(),
-                    ttl: settings.ttl,
-                    loop_wait: settings.loop_wait,
-                    retry_timeout: settings.retry_timeout,
-                },
-            });
-        }
         let pooled = self.clone();
-        let (confirmations, guard) = patroni::watch(
+        let (confirmations, guard) = check::watch(
             config.heartbeat_every() / 2,
             move || {
                 let patroni = patroni.clone();
-                async move { patroni.leader_postmaster().await }
+                async move {
+                    let word = patroni.leader().await.ok_or(check::Refusal::NoLeader)?;
+                    word.confirms(abandon_after, statement_timeout)
+                }
             },
             move || {
                 let pooled = pooled.clone();
@@ -246,21 +243,19 @@ impl PgStore {
     }
 
     /// When the postmaster of the server the pool reaches started, while it is writable.
+    #[cfg(feature = "patroni")]
     async fn server_postmaster(&self) -> Option<i64> {
-        let rows = self
-            .query("postmaster", patroni::POSTMASTER_SQL, &[])
-            .await
-            .ok()?;
+        let rows = self.query("postmaster", check::POSTMASTER_SQL, &[]).await.ok()?;
         rows.first().and_then(|r| r.get(0))
     }
 
     /// With the Patroni check: an ACQUIRE waits for a fresh confirmation.
     fn check_confirmed(&self, statement: &'static str) -> Result<(), StoreError> {
-        let Some(check) = &self.primary else {
+        let Some((latest, fresh_for)) = self.confirmation_and_freshness() else {
             return Ok(());
         };
-        match check.confirmations.latest() {
-            Confirmation::At(at) if at.elapsed() < check.fresh_for => Ok(()),
+        match latest {
+            Confirmation::At(at) if at.elapsed() < fresh_for => Ok(()),
             latest => Err(StoreError::NotConfirmed {
                 statement,
                 since: match latest {
@@ -269,6 +264,18 @@ impl PgStore {
                 },
             }),
         }
+    }
+
+    /// The latest confirmation and how young ACQUIRE needs it, when the
+    /// store asks Patroni.
+    fn confirmation_and_freshness(&self) -> Option<(Confirmation, Duration)> {
+        #[cfg(feature = "patroni")]
+        return self
+            .primary
+            .as_ref()
+            .map(|check| (check.confirmations.latest(), check.fresh_for));
+        #[cfg(not(feature = "patroni"))]
+        None
     }
 
     /// Through the pooled path: the session's key is visible (both URLs
@@ -1030,7 +1037,7 @@ impl LeaseStore for PgStore {
     }
 
     fn primary_confirmation(&self) -> Option<Confirmation> {
-        self.primary.as_ref().map(|p| p.confirmations.latest())
+        self.confirmation_and_freshness().map(|(latest, _)| latest)
     }
 }
 

@@ -1,0 +1,265 @@
+//! The check's state (feature `patroni`): what one check heard, and the
+//! latest confirmation the store's statements and heartbeats read.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::{Confirmation, PatroniError, PatroniSettings};
+
+/// What the member answering as the primary said, at one check.
+#[derive(Debug)]
+pub(crate) struct Word {
+    /// Its postmaster's start time, µs since the epoch.
+    pub(crate) postmaster: i64,
+    /// Its `Date` less its `dcs_last_seen`, in whole seconds (`None` when
+    /// either is missing: a Patroni before 2.1, or no `Date`).
+    pub(crate) dcs_contact_age_secs: Option<i64>,
+    /// Its settings, read again.
+    pub(crate) settings: Result<PatroniSettings, PatroniError>,
+}
+
+/// Why a check confirmed nothing.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// No member answered as a running primary.
+    NoLeader,
+    /// The leader's last DCS contact is too old, or unknown: its HA loop
+    /// may be stalled while its REST API answers.
+    Stale {
+        /// How old, in whole seconds.
+        age_secs: Option<i64>,
+    },
+    /// Its settings no longer bound a term.
+    Settings(PatroniError),
+}
+
+impl Word {
+    /// The leader's postmaster, if its word bounds a term of these timings.
+    pub(crate) fn confirms(
+        self,
+        abandon_after: Duration,
+        statement_timeout: Duration,
+    ) -> Result<i64, Refusal> {
+        let settings = self.settings.map_err(Refusal::Settings)?;
+        settings
+            .admit(abandon_after, statement_timeout)
+            .map_err(Refusal::Settings)?;
+        let within = i64::try_from(settings.dcs_contact_within().as_secs()).unwrap_or(i64::MAX);
+        match self.dcs_contact_age_secs {
+            Some(age) if age <= within => Ok(self.postmaster),
+            age_secs => Err(Refusal::Stale { age_secs }),
+        }
+    }
+}
+
+/// The postmaster start time (µs since the epoch) of the server a
+/// statement reaches, NULL while it is in recovery. Callable by any login.
+pub(crate) const POSTMASTER_SQL: &str = "SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
+     ELSE (EXTRACT(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::int8 END";
+
+/// The latest confirmation, shared by the check's task and the store's clones.
+#[derive(Debug)]
+pub(crate) struct Confirmations {
+    at: Mutex<Option<Instant>>,
+    /// The last check's outcome (for one log line per change).
+    outcome: Mutex<Option<Outcome>>,
+}
+
+impl Confirmations {
+    pub(crate) fn latest(&self) -> Confirmation {
+        match *self.at.lock().expect("not poisoned") {
+            Some(at) => Confirmation::At(at.into_std()),
+            None => Confirmation::Never,
+        }
+    }
+
+    /// Records one check's result; logs a change of outcome.
+    fn record(&self, started: Instant, leader: Result<i64, Refusal>, ours: Option<i64>) {
+        let outcome = match (&leader, ours) {
+            (Ok(leader), Some(ours)) if *leader == ours => Outcome::Confirmed,
+            (Ok(_), _) => Outcome::OtherServer,
+            (Err(Refusal::NoLeader), _) => Outcome::NoLeader,
+            (Err(Refusal::Stale { .. }), _) => Outcome::Stale,
+            (Err(Refusal::Settings(_)), _) => Outcome::Settings,
+        };
+        if outcome == Outcome::Confirmed {
+            let mut at = self.at.lock().expect("not poisoned");
+            *at = Some(at.map_or(started, |before| before.max(started)));
+        }
+        let before = self.outcome.lock().expect("not poisoned").replace(outcome);
+        if before == Some(outcome) {
+            return;
+        }
+        const ENDS: &str = "no term starts, and terms end abandon_after after the last confirmation";
+        match leader {
+            Ok(_) if outcome == Outcome::Confirmed => {
+                tracing::info!(postmaster_start_us = ?ours, "Patroni confirms the store's server as the primary")
+            }
+            Ok(_) => tracing::warn!(
+                reached_primary = ours.is_some(),
+                "Patroni's primary is not the store's server: {ENDS}"
+            ),
+            Err(Refusal::NoLeader) => {
+                tracing::warn!("no Patroni member says it is a running primary: {ENDS}")
+            }
+            Err(Refusal::Stale { age_secs }) => tracing::warn!(dcs_contact_age_secs = ?age_secs,
+                "Patroni's primary has not reached its DCS lately (its HA loop may be stalled) or does not say when: {ENDS}"),
+            Err(Refusal::Settings(error)) => tracing::error!(error = %error,
+                "Patroni's settings no longer bound a term: {ENDS}"),
+        }
+    }
+}
+
+/// A check's outcome, for one log line per change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Confirmed,
+    OtherServer,
+    NoLeader,
+    Stale,
+    Settings,
+}
+
+/// Checks every `every` until the guard is dropped: `leader` asks Patroni,
+/// `ours` reads the postmaster of the server the store reaches.
+pub(crate) fn watch<L, O, LF, OF>(every: Duration, leader: L, ours: O) -> (Arc<Confirmations>, DropGuard)
+where
+    L: Fn() -> LF + Send + 'static,
+    O: Fn() -> OF + Send + 'static,
+    LF: std::future::Future<Output = Result<i64, Refusal>> + Send,
+    OF: std::future::Future<Output = Option<i64>> + Send,
+{
+    let confirmations = Arc::new(Confirmations {
+        at: Mutex::new(None),
+        outcome: Mutex::new(None),
+    });
+    let stop = CancellationToken::new();
+    let (record, stopped) = (confirmations.clone(), stop.clone());
+    let check = tokio::spawn(async move {
+        loop {
+            let started = Instant::now();
+            let (leader, ours) = futures::join!(leader(), ours());
+            record.record(started, leader, ours);
+            tokio::select! {
+                _ = stopped.cancelled() => return,
+                _ = tokio::time::sleep_until(started + every) => {}
+            }
+        }
+    });
+    // A check that died would leave every term to end unexplained.
+    tokio::spawn(async move {
+        if let Err(error) = check.await {
+            if error.is_panic() {
+                tracing::error!(
+                    "the Patroni check stopped: no term starts on this store, and terms end abandon_after after the last confirmation"
+                );
+            }
+        }
+    });
+    (confirmations, stop.drop_guard())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn settings(ttl: u64, loop_wait: u64, retry_timeout: u64) -> PatroniSettings {
+        PatroniSettings {
+            ttl: SECOND * ttl as u32,
+            loop_wait: SECOND * loop_wait as u32,
+            retry_timeout: SECOND * retry_timeout as u32,
+            failsafe_mode: false,
+        }
+    }
+
+    fn word(age_secs: Option<i64>, settings: Result<PatroniSettings, PatroniError>) -> Word {
+        Word {
+            postmaster: 7,
+            dcs_contact_age_secs: age_secs,
+            settings,
+        }
+    }
+
+    #[test]
+    fn a_leader_whose_dcs_contact_is_older_than_a_loop_and_a_second_confirms_nothing() {
+        let kit = || Ok(settings(20, 1, 5));
+        let (abandon_after, statement_timeout) = (SECOND * 6, SECOND * 2);
+        assert_eq!(
+            word(Some(0), kit())
+                .confirms(abandon_after, statement_timeout)
+                .unwrap(),
+            7
+        );
+        assert_eq!(
+            word(Some(2), kit())
+                .confirms(abandon_after, statement_timeout)
+                .unwrap(),
+            7
+        );
+        for stale in [Some(3), Some(60), None] {
+            assert!(
+                matches!(
+                    word(stale, kit()).confirms(abandon_after, statement_timeout),
+                    Err(Refusal::Stale { .. })
+                ),
+                "{stale:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_leader_whose_settings_no_longer_bound_the_term_confirms_nothing() {
+        let (abandon_after, statement_timeout) = (SECOND * 6, SECOND * 2);
+        let shortened = word(Some(0), Ok(settings(10, 1, 5)));
+        assert!(matches!(
+            shortened.confirms(abandon_after, statement_timeout),
+            Err(Refusal::Settings(PatroniError::Margin { .. }))
+        ));
+        let failsafe = word(
+            Some(0),
+            Ok(PatroniSettings {
+                failsafe_mode: true,
+                ..settings(20, 1, 5)
+            }),
+        );
+        assert!(matches!(
+            failsafe.confirms(abandon_after, statement_timeout),
+            Err(Refusal::Settings(PatroniError::FailsafeMode))
+        ));
+        let unread = word(Some(0), Err(PatroniError::NoUrl));
+        assert!(matches!(
+            unread.confirms(abandon_after, statement_timeout),
+            Err(Refusal::Settings(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_check_confirms_only_the_postmaster_patroni_names() {
+        let c = Confirmations {
+            at: Mutex::new(None),
+            outcome: Mutex::new(None),
+        };
+        let t0 = Instant::now();
+        c.record(t0, Ok(3), Some(2));
+        assert_eq!(c.latest(), Confirmation::Never);
+        c.record(t0, Err(Refusal::NoLeader), Some(2));
+        assert_eq!(c.latest(), Confirmation::Never);
+        c.record(t0, Ok(2), None);
+        assert_eq!(c.latest(), Confirmation::Never);
+        c.record(t0, Ok(2), Some(2));
+        assert_eq!(c.latest(), Confirmation::At(t0.into_std()));
+        let t1 = t0 + Duration::from_secs(1);
+        c.record(t1, Ok(3), Some(2));
+        c.record(t1, Err(Refusal::Stale { age_secs: Some(9) }), Some(2));
+        assert_eq!(
+            c.latest(),
+            Confirmation::At(t0.into_std()),
+            "a refusal keeps the last confirmation's instant"
+        );
+    }
+}
