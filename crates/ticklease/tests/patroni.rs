@@ -85,8 +85,10 @@ async fn through_a_switchover_and_a_killed_primary_every_role_leads_again_and_to
 /// primary's Patroni is killed and left dead (its Postgres stays writable:
 /// nothing demoted it); replica 0's URL names that server alone, replica 1's
 /// every member, replica 2's every member through proxies whose links to
-/// the others are cut at the fault (a one-sided partition). With Patroni's
-/// word, replicas 0 and 2 end their terms and start none once no member
+/// the others are cut at the fault (a one-sided partition), replica 3's
+/// every member, whose database slots on the others a login with CONNECT
+/// alone holds. With Patroni's word, replicas 0, 2 and 3 end their terms
+/// and start none once no member
 /// confirms their server, so no claim commits on the
 /// old primary after the promotion, and replica 1 leads every role on the
 /// promoted server.
@@ -151,6 +153,20 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
         hosts.join(",")
     );
     spawn_checked_replica(&partitioned, config, 2, false, Some(patroni()), stop.clone()).await;
+    // Replica 3, a login of the app's, reaches every member, but a login
+    // with CONNECT alone holds the database's connection slots on the
+    // others (its limit: superusers, the test's rig, are not held to it).
+    owner_of(&url)
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE app_login LOGIN IN ROLE ticklease_app; CREATE ROLE hog LOGIN; \
+             ALTER DATABASE app CONNECTION LIMIT {HELD_SLOTS}"
+        ))
+        .await
+        .unwrap();
+    let all_hosts = cluster.url("app").replacen("postgres@", "app_login@", 1);
+    spawn_checked_replica(&all_hosts, config, 3, false, Some(patroni()), stop.clone()).await;
+    let _held = hold_slots(&cluster, &old).await;
     every_role_claims_after(&url, 0, Duration::from_secs(30)).await;
     // A term whose work runs until it is cancelled (a `ticklease run` child), on the old primary.
     let started = Arc::new(Notify::new());
@@ -216,15 +232,15 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
     let old_primary = connect(&old_url.parse().unwrap()).await.unwrap();
     let row = old_primary
         .query_one(
-            "SELECT count(*), count(DISTINCT replica) FROM claims WHERE at >= $1",
+            "SELECT count(*), coalesce(array_agg(DISTINCT replica), '{}') FROM claims WHERE at >= $1",
             &[&promoted_at],
         )
         .await
         .unwrap();
-    let (after, replicas): (i64, i64) = (row.get(0), row.get(1));
+    let (after, replicas): (i64, Vec<i32>) = (row.get(0), row.get(1));
     assert_eq!(
         after, 0,
-        "{after} claims (of {replicas} replicas) committed on the old primary after the promotion"
+        "{after} claims (of replicas {replicas:?}) committed on the old primary after the promotion"
     );
     let (shared, backwards) = claim_violations(&new_url).await;
     assert_eq!(
@@ -233,6 +249,34 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
         "terms shared or tokens backwards on the promoted server"
     );
     drop(cluster);
+}
+
+/// The database's connection limit, as many connections as a hostile login holds on each member.
+const HELD_SLOTS: usize = 30;
+
+/// A superuser's session on `url`.
+async fn owner_of(url: &str) -> tokio_postgres::Client {
+    connect(&url.parse().unwrap()).await.unwrap()
+}
+
+/// The login `hog` takes every connection slot of the database `app` on
+/// each member but `old`, and holds them until dropped; `app_login` is then
+/// refused there.
+async fn hold_slots(cluster: &PatroniCluster, old: &str) -> Vec<tokio_postgres::Client> {
+    let mut held = Vec::new();
+    for m in cluster.members().iter().filter(|m| m.name != old) {
+        let at = |user: &str| format!("postgres://{user}@127.0.0.1:{}/app", m.pg_port);
+        for _ in 0..HELD_SLOTS {
+            held.push(connect(&at("hog").parse().unwrap()).await.unwrap());
+        }
+        let refused = connect(&at("app_login").parse().unwrap()).await.unwrap_err();
+        assert!(
+            format!("{refused:?}").contains("too many connections"),
+            "{}: {refused}",
+            m.name
+        );
+    }
+    held
 }
 
 /// Leads `relay` on `url` with Patroni's word, its work running until the
