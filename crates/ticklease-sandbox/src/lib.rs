@@ -17,7 +17,7 @@ pub mod worker;
 
 pub use audit::{Audit, AuditError, Violation};
 pub use cluster::{connect, on_lasting_thread, ClusterOptions, PgCluster, SandboxError, ServerCert};
-pub use patroni::PatroniCluster;
+pub use patroni::{FrozenLoop, PatroniCluster};
 pub use peers::{HttpPeer, SmtpSink};
 pub use standby::{config_for_hosts, url_for_hosts, Standby};
 pub use worker::WorkerProcess;

@@ -50,6 +50,16 @@ impl PatroniCluster {
     /// Starts etcd and three Patroni members and waits until one leads and
     /// the two others stream from it.
     pub fn start() -> Result<PatroniCluster, SandboxError> {
+        Self::start_announcing(|m| Ok(m.api_port))
+    }
+
+    /// [`PatroniCluster::start`], each member's REST API announced to the
+    /// others (its `connect_address`, which the members and `patronictl`
+    /// use) at the local port `announce` gives: a proxy a test can cut, to
+    /// part the members from one REST API while the test still reaches it.
+    pub fn start_announcing(
+        mut announce: impl FnMut(&Member) -> Result<u16, SandboxError>,
+    ) -> Result<PatroniCluster, SandboxError> {
         let root = tempfile::tempdir().map_err(io("create the Patroni dir"))?;
         let user = server_user()?;
         if let Some((uid, gid)) = user {
@@ -80,7 +90,7 @@ impl PatroniCluster {
             patronis: Vec::new(),
         };
         for m in cluster.members.clone() {
-            let config = cluster.write_config(&m, client)?;
+            let config = cluster.write_config(&m, announce(&m)?, client)?;
             let log = format!("patroni-{}", m.name);
             let child = spawn(
                 user,
@@ -230,6 +240,36 @@ impl PatroniCluster {
         Ok(())
     }
 
+    /// Stops member `name`'s HA loop (Patroni's main thread) with ptrace,
+    /// its REST API's threads running on (they answer as the loop last
+    /// left things), until the guard is dropped. Needs root.
+    pub fn freeze_ha_loop(&self, name: &str) -> Result<FrozenLoop, SandboxError> {
+        let pid = Pid::from_raw(self.patronis[self.index(name)?].id() as i32);
+        let (frozen_tx, frozen_rx) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        // A ptrace tracer is a thread: this one holds the loop until told.
+        let tracer = std::thread::spawn(move || {
+            use nix::sys::ptrace;
+            let frozen = ptrace::seize(pid, ptrace::Options::empty()).and_then(|()| ptrace::interrupt(pid));
+            let ok = frozen.is_ok();
+            let _ = frozen_tx.send(frozen);
+            if ok {
+                let _ = released.recv();
+                // Fails only if the thread is not yet in its stop; the
+                // tracer's exit detaches it then.
+                let _ = ptrace::detach(pid, None);
+            }
+        });
+        match frozen_rx.recv() {
+            Ok(Ok(())) => Ok(FrozenLoop {
+                release: Some(release),
+                tracer: Some(tracer),
+            }),
+            Ok(Err(e)) => Err(io("ptrace Patroni's HA loop")(e.into())),
+            Err(_) => Err(io("ptrace Patroni's HA loop")(std::io::ErrorKind::Other.into())),
+        }
+    }
+
     /// Starts member `name`'s Patroni again (after [`PatroniCluster::kill_patroni`]).
     pub fn restart_patroni(&mut self, name: &str) -> Result<(), SandboxError> {
         let i = self.index(name)?;
@@ -295,14 +335,14 @@ impl PatroniCluster {
         cmd
     }
 
-    fn write_config(&self, m: &Member, etcd_port: u16) -> Result<PathBuf, SandboxError> {
+    fn write_config(&self, m: &Member, announced: u16, etcd_port: u16) -> Result<PathBuf, SandboxError> {
         let root = self.root.path().display();
         let bin = bindir()?;
         // Short timings so that a failover fits a test: Patroni's smallest
         // TTL is 20 s; loop_wait 1 s acts on a switchover within a second.
         let yaml = format!(
             "scope: ticklease\nname: {name}\n\
-             restapi:\n  listen: 127.0.0.1:{api}\n  connect_address: 127.0.0.1:{api}\n\
+             restapi:\n  listen: 127.0.0.1:{api}\n  connect_address: 127.0.0.1:{announced}\n\
              etcd3:\n  hosts: 127.0.0.1:{etcd_port}\n\
              bootstrap:\n  dcs:\n    ttl: 20\n    loop_wait: 1\n    retry_timeout: 5\n\
              \x20   maximum_lag_on_failover: 1048576\n    postgresql:\n      use_pg_rewind: true\n\
@@ -328,6 +368,22 @@ impl PatroniCluster {
                 .map_err(|e| io("chown a Patroni config")(e.into()))?;
         }
         Ok(path)
+    }
+}
+
+/// A member's HA loop held by [`PatroniCluster::freeze_ha_loop`]; runs on when dropped.
+#[derive(Debug)]
+pub struct FrozenLoop {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    tracer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for FrozenLoop {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(tracer) = self.tracer.take() {
+            let _ = tracer.join();
+        }
     }
 }
 

@@ -26,13 +26,7 @@ async fn through_a_switchover_and_a_killed_primary_every_role_leads_again_and_to
         .await
         .unwrap()
         .unwrap();
-    let owner = connect(&cluster.url("postgres").parse().unwrap()).await.unwrap();
-    owner.batch_execute("CREATE DATABASE app").await.unwrap();
-    let url = cluster.url("app");
-    ticklease::migrate(&mut connect(&url.parse().unwrap()).await.unwrap())
-        .await
-        .unwrap();
-    create_claims(&url).await;
+    let url = app_database(&cluster).await;
     let config = test_config();
     let stop = ticklease::CancellationToken::new();
     for r in 0..3 {
@@ -99,13 +93,7 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
         .await
         .unwrap()
         .unwrap();
-    let owner = connect(&cluster.url("postgres").parse().unwrap()).await.unwrap();
-    owner.batch_execute("CREATE DATABASE app").await.unwrap();
-    let url = cluster.url("app");
-    ticklease::migrate(&mut connect(&url.parse().unwrap()).await.unwrap())
-        .await
-        .unwrap();
-    create_claims(&url).await;
+    let url = app_database(&cluster).await;
     let config = test_config();
     let patroni = || Patroni::new(cluster.api_urls(), config.statement_timeout()).unwrap();
 
@@ -187,21 +175,7 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
             proxy.set(Fault::Reset);
         }
     }
-    let (cluster, new) = tokio::task::spawn_blocking(move || {
-        let started = std::time::Instant::now();
-        loop {
-            if let Some(new) = cluster.leader().filter(|m| m.name != old).map(|m| m.name.clone()) {
-                return (cluster, new);
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(90),
-                "no member was promoted"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-    .await
-    .unwrap();
+    let (cluster, new) = promoted_beside(cluster, old).await;
     let promoted_at = std::time::SystemTime::now();
     let (lost, ended) = tokio::time::timeout(Duration::from_secs(10), long)
         .await
@@ -229,19 +203,7 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
     tokio::time::sleep(config.abandon_after() * 2).await;
     stop.cancel();
 
-    let old_primary = connect(&old_url.parse().unwrap()).await.unwrap();
-    let row = old_primary
-        .query_one(
-            "SELECT count(*), coalesce(array_agg(DISTINCT replica), '{}') FROM claims WHERE at >= $1",
-            &[&promoted_at],
-        )
-        .await
-        .unwrap();
-    let (after, replicas): (i64, Vec<i32>) = (row.get(0), row.get(1));
-    assert_eq!(
-        after, 0,
-        "{after} claims (of replicas {replicas:?}) committed on the old primary after the promotion"
-    );
+    assert_no_claims_after(&old_url, promoted_at).await;
     let (shared, backwards) = claim_violations(&new_url).await;
     assert_eq!(
         (shared, backwards),
@@ -277,6 +239,150 @@ async fn hold_slots(cluster: &PatroniCluster, old: &str) -> Vec<tokio_postgres::
         );
     }
     held
+}
+
+/// A database `app` with ticklease's schema and the claims table; its multi-host URL.
+async fn app_database(cluster: &PatroniCluster) -> String {
+    let owner = connect(&cluster.url("postgres").parse().unwrap()).await.unwrap();
+    owner.batch_execute("CREATE DATABASE app").await.unwrap();
+    let url = cluster.url("app");
+    ticklease::migrate(&mut connect(&url.parse().unwrap()).await.unwrap())
+        .await
+        .unwrap();
+    create_claims(&url).await;
+    url
+}
+
+/// Waits until Patroni says a member other than `old` leads; its name.
+async fn promoted_beside(cluster: PatroniCluster, old: String) -> (PatroniCluster, String) {
+    tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(new) = cluster.leader().filter(|m| m.name != old).map(|m| m.name.clone()) {
+                return (cluster, new);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "no member was promoted"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// No claim committed on the server of `url` at or after `since`.
+async fn assert_no_claims_after(url: &str, since: std::time::SystemTime) {
+    let server = connect(&url.parse().unwrap()).await.unwrap();
+    let row = server
+        .query_one(
+            "SELECT count(*), coalesce(array_agg(DISTINCT replica), '{}') FROM claims WHERE at >= $1",
+            &[&since],
+        )
+        .await
+        .unwrap();
+    let (after, replicas): (i64, Vec<i32>) = (row.get(0), row.get(1));
+    assert_eq!(
+        after, 0,
+        "{after} claims (of replicas {replicas:?}) committed on the old primary after the promotion"
+    );
+}
+
+/// The review's F1: a leader whose HA loop froze while its REST API
+/// answers says 200 until its key expires (Patroni 3.0.2 answers from
+/// `is_leader()`, the last renewal + ttl); the members, parted from that
+/// REST API, promote another. With Patroni's word, an answer counts only
+/// while the leader's `dcs_last_seen` is within `loop_wait + 1 s` of its
+/// `Date`: the replica on the old primary ends its terms and starts none
+/// within that and `abandon_after` of the freeze, long before the promotion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_patronis_word_a_leader_whose_ha_loop_froze_confirms_nothing_once_its_dcs_contact_is_stale() {
+    let (cluster, apis) = cluster_with_cuttable_apis().await;
+    let url = app_database(&cluster).await;
+    let config = test_config();
+    let patroni = || Patroni::new(cluster.api_urls(), config.statement_timeout()).unwrap();
+    let contact_within = patroni().settings().await.unwrap().dcs_contact_within();
+    let old = cluster.leader().unwrap().name.clone();
+    let old_url = cluster.member_url(&old, "app").unwrap();
+    let stop = ticklease::CancellationToken::new();
+    spawn_checked_replica(&old_url, config, 0, false, Some(patroni()), stop.clone()).await;
+    spawn_checked_replica(&url, config, 1, false, Some(patroni()), stop.clone()).await;
+    every_role_claims_after(&url, 0, Duration::from_secs(30)).await;
+    let started = Arc::new(Notify::new());
+    let long = tokio::spawn(lead_until_cancelled(
+        old_url.clone(),
+        patroni(),
+        config,
+        started.clone(),
+    ));
+    tokio::time::timeout(Duration::from_secs(30), started.notified())
+        .await
+        .expect("the long term started");
+
+    // The members no longer reach the old leader's REST API (else they see
+    // its primary alive and promote none); this test still does.
+    apis.iter()
+        .find(|(name, _)| *name == old)
+        .unwrap()
+        .1
+        .set(Fault::Reset);
+    let frozen = cluster.freeze_ha_loop(&old).unwrap();
+    let frozen_at = std::time::Instant::now();
+    let (cluster, new) = promoted_beside(cluster, old).await;
+    let (promoted, promoted_at) = (std::time::Instant::now(), std::time::SystemTime::now());
+    let (lost, ended) = tokio::time::timeout(Duration::from_secs(10), long)
+        .await
+        .expect("the long term on the old primary still runs after the promotion")
+        .unwrap();
+    assert_eq!(
+        lost,
+        Some(LossReason::Superseded),
+        "the long term ended otherwise"
+    );
+    // The last answer that counted came within contact_within + 1 s (whole
+    // seconds) of the freeze; a check later, abandon_after on, it ended.
+    let bound =
+        contact_within + Duration::from_secs(1) + config.abandon_after() + config.heartbeat_every() * 2;
+    assert!(
+        ended < frozen_at + bound && ended < promoted,
+        "the long term ended {:?} after the freeze, {:?} before the promotion",
+        ended - frozen_at,
+        promoted.checked_duration_since(ended)
+    );
+    eprintln!(
+        "{new} promoted {:?} after the old leader's HA loop froze; the long term ended {:?} after",
+        promoted - frozen_at,
+        ended - frozen_at
+    );
+    let new_url = cluster.member_url(&new, "app").unwrap();
+    let bound = (config.lease_ttl() + config.max_poll() + config.statement_timeout() * 3) * 2;
+    every_role_claims_after(&new_url, last_claim(&new_url).await, bound).await;
+    tokio::time::sleep(config.abandon_after() * 2).await;
+    stop.cancel();
+    assert_no_claims_after(&old_url, promoted_at).await;
+    drop(frozen);
+    drop(cluster);
+}
+
+/// A cluster whose members reach each other's REST API through a proxy
+/// each (the announced `connect_address`), by member name.
+async fn cluster_with_cuttable_apis() -> (PatroniCluster, Vec<(String, FaultProxy)>) {
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut apis = Vec::new();
+        let cluster = PatroniCluster::start_announcing(|m| {
+            let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], m.api_port));
+            let proxy = runtime.block_on(FaultProxy::start(upstream)).unwrap();
+            let port = proxy.port();
+            apis.push((m.name.clone(), proxy));
+            Ok(port)
+        })
+        .unwrap();
+        (cluster, apis)
+    })
+    .await
+    .unwrap()
 }
 
 /// Leads `relay` on `url` with Patroni's word, its work running until the
