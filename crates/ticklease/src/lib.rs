@@ -226,8 +226,12 @@
 //!    clocks running at one rate; without Patroni's word (its REST API
 //!    unreachable) no term runs. Tested on a real Patroni cluster whose
 //!    primary's Patroni is killed and left dead (its Postgres stays
-//!    writable), with a replica that reaches only that server: no claim
-//!    commits there after the promotion (116 without the word).
+//!    writable), with replicas that reach only that server (its URL alone;
+//!    a one-sided partition; the others' slots held by a login with CONNECT
+//!    alone): no claim commits there after the promotion (71–116 without
+//!    the word); and one whose leader's HA loop is frozen while its REST
+//!    API answers: the term there ends 3 s after the freeze, 17 s before
+//!    the promotion (without the freshness rule, 0.2 s before it).
 //!    See [`patroni`].
 //!    The coordination session and its waiters connect the same way. Every
 //!    connection of ours shows in `pg_stat_activity` as `ticklease store
