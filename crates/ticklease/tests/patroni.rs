@@ -156,17 +156,7 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
     spawn_checked_replica(&all_hosts, config, 3, false, Some(patroni()), stop.clone()).await;
     let _held = hold_slots(&cluster, &old).await;
     every_role_claims_after(&url, 0, Duration::from_secs(30)).await;
-    // A term whose work runs until it is cancelled (a `ticklease run` child), on the old primary.
-    let started = Arc::new(Notify::new());
-    let long = tokio::spawn(lead_until_cancelled(
-        old_url.clone(),
-        patroni(),
-        config,
-        started.clone(),
-    ));
-    tokio::time::timeout(Duration::from_secs(30), started.notified())
-        .await
-        .expect("the long term started");
+    let long = long_term(&old_url, patroni(), config).await;
 
     cluster.kill_patroni(&old).unwrap();
     let killed_at = std::time::Instant::now();
@@ -309,16 +299,7 @@ async fn with_patronis_word_a_leader_whose_ha_loop_froze_confirms_nothing_once_i
     spawn_checked_replica(&old_url, config, 0, false, Some(patroni()), stop.clone()).await;
     spawn_checked_replica(&url, config, 1, false, Some(patroni()), stop.clone()).await;
     every_role_claims_after(&url, 0, Duration::from_secs(30)).await;
-    let started = Arc::new(Notify::new());
-    let long = tokio::spawn(lead_until_cancelled(
-        old_url.clone(),
-        patroni(),
-        config,
-        started.clone(),
-    ));
-    tokio::time::timeout(Duration::from_secs(30), started.notified())
-        .await
-        .expect("the long term started");
+    let long = long_term(&old_url, patroni(), config).await;
 
     // The members no longer reach the old leader's REST API (else they see
     // its primary alive and promote none); this test still does.
@@ -383,6 +364,26 @@ async fn cluster_with_cuttable_apis() -> (PatroniCluster, Vec<(String, FaultProx
     })
     .await
     .unwrap()
+}
+
+/// Starts a term on `url` whose work runs until it is cancelled (a
+/// `ticklease run` child) and waits until it runs ([`lead_until_cancelled`]).
+async fn long_term(
+    url: &str,
+    patroni: Patroni,
+    config: ticklease::Config,
+) -> tokio::task::JoinHandle<(Option<LossReason>, std::time::Instant)> {
+    let started = Arc::new(Notify::new());
+    let long = tokio::spawn(lead_until_cancelled(
+        url.to_owned(),
+        patroni,
+        config,
+        started.clone(),
+    ));
+    tokio::time::timeout(Duration::from_secs(30), started.notified())
+        .await
+        .expect("the long term started");
+    long
 }
 
 /// Leads `relay` on `url` with Patroni's word, its work running until the

@@ -201,9 +201,10 @@ pub enum Confirmation {
 mod tests {
     use super::*;
 
-    const SECOND: Duration = Duration::from_secs(1);
+    pub(crate) const SECOND: Duration = Duration::from_secs(1);
 
-    fn settings(ttl: u64, loop_wait: u64, retry_timeout: u64) -> PatroniSettings {
+    /// Settings of these whole seconds, failsafe_mode off.
+    pub(crate) fn settings(ttl: u64, loop_wait: u64, retry_timeout: u64) -> PatroniSettings {
         PatroniSettings {
             ttl: SECOND * ttl as u32,
             loop_wait: SECOND * loop_wait as u32,

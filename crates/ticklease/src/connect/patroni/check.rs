@@ -164,18 +164,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{settings, SECOND};
     use super::*;
-
-    const SECOND: Duration = Duration::from_secs(1);
-
-    fn settings(ttl: u64, loop_wait: u64, retry_timeout: u64) -> PatroniSettings {
-        PatroniSettings {
-            ttl: SECOND * ttl as u32,
-            loop_wait: SECOND * loop_wait as u32,
-            retry_timeout: SECOND * retry_timeout as u32,
-            failsafe_mode: false,
-        }
-    }
 
     fn word(age_secs: Option<i64>, settings: Result<PatroniSettings, PatroniError>) -> Word {
         Word {

@@ -110,14 +110,25 @@ impl Patroni {
     /// its HA loop's view is `ttl` old, which refreshes the `dcs_last_seen`
     /// a stalled loop would otherwise let go stale.
     async fn settings_beside(&self, leader: &reqwest::Url) -> Result<PatroniSettings, PatroniError> {
-        let others =
-            self.urls.iter().filter(|url| *url != leader).map(|url| {
-                Box::pin(async move { self.get(url, "config").await.and_then(|a| a.body).ok_or(()) })
-            });
-        let config = match futures::future::select_ok(others).await {
-            Ok((config, _)) => Some(config),
+        let others: Vec<_> = self
+            .urls
+            .iter()
+            .filter(|url| *url != leader)
+            .map(|url| Box::pin(async move { self.get(url, "config").await.and_then(|a| a.body).ok_or(()) }))
+            .collect();
+        // select_ok panics on no futures: the leader may be the only member given.
+        let beside = if others.is_empty() {
+            None
+        } else {
+            futures::future::select_ok(others)
+                .await
+                .ok()
+                .map(|(config, _)| config)
+        };
+        let config = match beside {
+            Some(config) => Some(config),
             // The only member, or none of the others answers.
-            Err(()) => self.get(leader, "config").await.and_then(|a| a.body),
+            None => self.get(leader, "config").await.and_then(|a| a.body),
         };
         config.as_ref().map_or_else(|| Err(self.no_settings()), settings)
     }
