@@ -159,26 +159,28 @@ pub async fn run(rounds: usize, timing: Timing, setups: &[Setup], out: &Path) ->
     for round in 1..=rounds {
         for &setup in setups {
             eprintln!("patroni: round {round} of {rounds}: {}", setup.label());
-            // A round on its own task: a panic of the test kit's (a bound
-            // passed) fails that round, not the run.
-            match tokio::spawn(one_round(setup, timing)).await {
-                Ok(Ok(r)) => results.rounds.push((setup, round, r)),
-                Ok(Err(e)) => results
-                    .failures
-                    .push(format!("{}, round {round}: {e:#}", setup.label())),
+            match one_round_caught(setup, timing).await {
+                Ok(r) => results.rounds.push((setup, round, r)),
                 Err(e) => {
-                    results
-                        .failures
-                        .push(format!("{}, round {round}: {}", setup.label(), panic_text(e)))
+                    let failed = format!("{}, round {round}: {e}", setup.label());
+                    eprintln!("patroni: failed: {failed}");
+                    results.failures.push(failed);
                 }
-            }
-            if let Some(f) = results.failures.last() {
-                eprintln!("patroni: failed: {f}");
             }
             write(&results, setups, timing, out)?;
         }
     }
     Ok(())
+}
+
+/// [`one_round`] on a task of its own, so that a panic of the test kit's
+/// (a bound passed) fails that round, not the run; why it failed.
+async fn one_round_caught(setup: Setup, timing: Timing) -> Result<Round, String> {
+    match tokio::spawn(one_round(setup, timing)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(e) => Err(panic_text(e)),
+    }
 }
 
 /// What a round's task panicked with.
