@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use ticklease_bench::chaos::WorkerFlags;
 use ticklease_bench::drill::Driver;
 use ticklease_bench::failover::{Mode, Scenario};
+use ticklease_bench::patroni::{Replication, Word};
 use ticklease_bench::scale;
 use ticklease_bench::scale_replica::ReplicaFlags;
 use ticklease_bench::Timing;
@@ -33,8 +34,9 @@ pub enum Cmd {
     /// Postgres switchovers (standby caught up, primary stopped, standby promoted)
     /// under a drill leader and a follower on the multi-host URL.
     Promotion(PromotionArgs),
-    /// Patroni failovers (switchover, killed postmaster, killed Patroni restarted or not) under three
-    /// replicas on the multi-host URL, with and without the direct URL: patroni.md.
+    /// Patroni failovers (switchover, killed postmaster, killed Patroni restarted or not, with a
+    /// one-sided partition) under four replicas on the multi-host URL, async and sync, with and without
+    /// Patroni's word and the direct URL: patroni.md.
     Patroni(PatroniArgs),
     /// Worker replicas under seeded random faults (promotions of the standby,
     /// with and without a lost tail, among them), then the history checker.
@@ -127,8 +129,18 @@ pub struct PromotionArgs {
 
 #[derive(clap::Args)]
 pub struct PatroniArgs {
+    /// Rounds of every combination of the settings below.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Patroni's replication: async, sync (`synchronous_mode: true`), or both (`async,sync`).
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["async", "sync"])]
+    pub replication: Vec<Replication>,
+    /// Replicas built without Patroni's word, with it (`PgStore::with_patroni`), or both.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["without", "with"])]
+    pub patroni_word: Vec<Word>,
+    /// Replicas with the direct URL (`true`), without (`false`), or both.
+    #[arg(long, value_delimiter = ',', default_values = ["true", "false"])]
+    pub direct: Vec<bool>,
     #[arg(long, value_enum, default_value = "default")]
     pub timing: Timing,
     #[arg(long, default_value = "docs/benchmarks")]

@@ -113,9 +113,22 @@ pub async fn promotion(args: PromotionArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the Patroni failover rounds (the module writes and prints its report).
+/// Runs the Patroni failover rounds over every combination of the settings
+/// given (the module writes its report).
 pub async fn patroni(args: PatroniArgs) -> anyhow::Result<()> {
-    patroni::run(args.rounds, args.timing, &args.out).await
+    let mut setups = Vec::new();
+    for &replication in &args.replication {
+        for &word in &args.patroni_word {
+            for &direct in &args.direct {
+                setups.push(patroni::Setup {
+                    replication,
+                    word,
+                    direct,
+                });
+            }
+        }
+    }
+    patroni::run(args.rounds, args.timing, &setups, &args.out).await
 }
 
 /// Runs the chaos run, draws its timeline, and fails on any violation; the

@@ -35,6 +35,8 @@ pub struct PatroniCluster {
     members: Vec<Member>,
     etcd: Child,
     patronis: Vec<Child>,
+    /// Patroni's `synchronous_mode`: the leader commits only once a standby has the commit.
+    synchronous: bool,
 }
 
 impl std::fmt::Debug for PatroniCluster {
@@ -42,15 +44,22 @@ impl std::fmt::Debug for PatroniCluster {
         f.debug_struct("PatroniCluster")
             .field("root", &self.root.path())
             .field("members", &self.members)
+            .field("synchronous", &self.synchronous)
             .finish()
     }
 }
 
 impl PatroniCluster {
-    /// Starts etcd and three Patroni members and waits until one leads and
-    /// the two others stream from it.
+    /// Starts etcd and three Patroni members (asynchronous replication) and
+    /// waits until one leads and the two others stream from it.
     pub fn start() -> Result<PatroniCluster, SandboxError> {
-        Self::start_announcing(|m| Ok(m.api_port))
+        PatroniCluster::start_with(false)
+    }
+
+    /// [`PatroniCluster::start`], with Patroni's `synchronous_mode` on when
+    /// `synchronous`: then healthy also means one member is the synchronous standby.
+    pub fn start_with(synchronous: bool) -> Result<PatroniCluster, SandboxError> {
+        PatroniCluster::launch(synchronous, |m| Ok(m.api_port))
     }
 
     /// [`PatroniCluster::start`], each member's REST API announced to the
@@ -58,6 +67,13 @@ impl PatroniCluster {
     /// use) at the local port `announce` gives: a proxy a test can cut, to
     /// part the members from one REST API while the test still reaches it.
     pub fn start_announcing(
+        announce: impl FnMut(&Member) -> Result<u16, SandboxError>,
+    ) -> Result<PatroniCluster, SandboxError> {
+        PatroniCluster::launch(false, announce)
+    }
+
+    fn launch(
+        synchronous: bool,
         mut announce: impl FnMut(&Member) -> Result<u16, SandboxError>,
     ) -> Result<PatroniCluster, SandboxError> {
         let root = tempfile::tempdir().map_err(io("create the Patroni dir"))?;
@@ -88,6 +104,7 @@ impl PatroniCluster {
             members,
             etcd,
             patronis: Vec::new(),
+            synchronous,
         };
         for m in cluster.members.clone() {
             let config = cluster.write_config(&m, announce(&m)?, client)?;
@@ -136,8 +153,18 @@ impl PatroniCluster {
             .find(|m| http_status(m.api_port, "/primary") == Some(200))
     }
 
+    /// The members Patroni names synchronous standbys (in synchronous mode,
+    /// the only ones a switchover or a failover may promote).
+    pub fn synchronous_standbys(&self) -> impl Iterator<Item = &Member> {
+        self.members
+            .iter()
+            .filter(|m| http_status(m.api_port, "/sync") == Some(200))
+    }
+
     /// Waits until one member leads and every other runs as a replica
-    /// streaming from it; returns how long that took.
+    /// streaming from it (in synchronous mode, one of them the synchronous
+    /// standby: until Patroni names one, the leader commits asynchronously);
+    /// returns how long that took.
     pub fn wait_healthy(&self) -> Result<Duration, SandboxError> {
         let started = Instant::now();
         loop {
@@ -151,13 +178,17 @@ impl PatroniCluster {
                 .iter()
                 .filter(|m| http_status(m.api_port, "/replica?lag=1MB") == Some(200))
                 .count();
-            if leaders == 1 && replicas == MEMBERS - 1 {
+            let synchronous = self.synchronous_standbys().count();
+            if leaders == 1 && replicas == MEMBERS - 1 && (!self.synchronous || synchronous == 1) {
                 return Ok(started.elapsed());
             }
             if started.elapsed() > SETTLE_MAX {
                 return Err(SandboxError::Command {
                     what: "Patroni cluster settling".into(),
-                    output: format!("{leaders} leaders, {replicas} replicas; {}", self.log_tail()),
+                    output: format!(
+                        "{leaders} leaders, {replicas} replicas, {synchronous} synchronous; {}",
+                        self.log_tail()
+                    ),
                 });
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -345,7 +376,7 @@ impl PatroniCluster {
              restapi:\n  listen: 127.0.0.1:{api}\n  connect_address: 127.0.0.1:{announced}\n\
              etcd3:\n  hosts: 127.0.0.1:{etcd_port}\n\
              bootstrap:\n  dcs:\n    ttl: 20\n    loop_wait: 1\n    retry_timeout: 5\n\
-             \x20   maximum_lag_on_failover: 1048576\n    postgresql:\n      use_pg_rewind: true\n\
+             \x20   maximum_lag_on_failover: 1048576\n    synchronous_mode: {synchronous}\n    postgresql:\n      use_pg_rewind: true\n\
              \x20     parameters:\n        wal_log_hints: 'on'\n        max_wal_senders: 10\n\
              \x20       max_replication_slots: 10\n        track_commit_timestamp: 'on'\n\
              \x20 initdb:\n  - encoding: UTF8\n  - auth: trust\n  - locale: C\n\
@@ -360,6 +391,7 @@ impl PatroniCluster {
             api = m.api_port,
             pg = m.pg_port,
             bin = bin.display(),
+            synchronous = self.synchronous,
         );
         let path = self.config_path(&m.name);
         std::fs::write(&path, yaml).map_err(io("write a Patroni config"))?;
