@@ -94,6 +94,30 @@ async fn a_lossy_promotion_issues_tokens_above_the_lost_ones() {
     assert!(!fenced, "the lost token passes the fence on the new primary");
 }
 
+/// With `host=A,B`, A the primary black-holed and B a standby, a pass over
+/// the hosts is one to try again (A may answer next), not B's refusal as a
+/// read-only server, which named the standby where the primary was slow.
+#[tokio::test]
+async fn a_standbys_refusal_beside_a_primary_that_timed_out_is_no_answer() {
+    let (primary, standby, db) = primary_and_standby().await;
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", primary.port()).parse().unwrap();
+    let a = FaultProxy::start(upstream).await.unwrap();
+    a.set(Fault::Blackhole);
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{db}?target_session_attrs=read-write",
+        a.port(),
+        standby.cluster().port()
+    );
+    let hosts = ticklease::hosts::Hosts::new(&url.parse().unwrap(), Duration::from_secs(2));
+    let failed = hosts.connect().await.err().expect("no host is writable in time");
+    assert!(
+        matches!(failed, ticklease::hosts::HostsError::TimedOut { .. }),
+        "{failed:?}"
+    );
+    a.set(Fault::Pass);
+    assert!(hosts.connect().await.is_ok(), "the primary answers again");
+}
+
 /// Item 3 of issue 22: with `host=A,B` and A black-holed (it accepts TCP and
 /// never answers), every new connection spent its whole deadline on A and B
 /// was never tried: no tick ran. Each host now gets a share of the deadline

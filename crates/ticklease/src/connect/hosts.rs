@@ -213,6 +213,7 @@ impl Hosts {
         }
         let first = self.last_good.load(Ordering::Relaxed);
         let mut failed = None;
+        let mut timed_out = false;
         for i in (0..self.hosts.len()).map(|k| (first + k) % self.hosts.len()) {
             let started = std::time::Instant::now();
             let attempt = tokio::time::timeout(self.per_host, self.attempt(i)).await;
@@ -228,9 +229,15 @@ impl Hosts {
                     failed = Some(HostsError::Superseded { by, timeline });
                 }
                 Ok(Err(e)) => failed = Some(HostsError::Db(e)),
-                Err(_) => {}
+                Err(_) => timed_out = true,
             }
         }
+        // A standby's refusal says nothing while a host that may be the
+        // primary did not answer in time: the pass is one to try again.
+        let failed = match failed {
+            Some(HostsError::Db(e)) if timed_out && read_only_refusal(&e) => None,
+            failed => failed,
+        };
         let failed = failed.unwrap_or(HostsError::TimedOut {
             per_host: self.per_host,
         });
@@ -479,6 +486,13 @@ impl deadpool_postgres::Connect for PoolConnect {
             }
         })
     }
+}
+
+/// tokio-postgres's refusal of a read-only server for `target_session_attrs=read-write`.
+fn read_only_refusal(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
 }
 
 /// A single-host config's server.
