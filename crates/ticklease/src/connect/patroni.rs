@@ -63,75 +63,7 @@ pub const PATRONI_URLS_MAX: usize = 16;
 /// cycle's own work) add to the age of an answer's DCS contact.
 const WHOLE_SECONDS_SLACK: Duration = Duration::from_secs(1);
 
-/// Why the failover manager's word cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum PatroniError {
-    /// No member's REST API was given.
-    #[error("no Patroni REST API URL given")]
-    NoUrl,
-    /// More members than [`PATRONI_URLS_MAX`].
-    #[error("{given} Patroni REST API URLs given; at most {max}")]
-    TooManyUrls {
-        /// How many were given.
-        given: usize,
-        /// The most accepted.
-        max: usize,
-    },
-    /// A URL that is not `http://host:port`.
-    #[error("Patroni REST API URL {url:?}: {problem}")]
-    BadUrl {
-        /// The URL given.
-        url: String,
-        /// What is wrong with it.
-        problem: &'static str,
-    },
-    /// No member answered `GET /config` with Patroni's settings.
-    #[error("no Patroni member answered GET /config with its settings (asked {asked})")]
-    NoSettings {
-        /// The members asked.
-        asked: String,
-    },
-    /// A setting Patroni's dynamic configuration holds that this cannot read.
-    #[error("Patroni's {name} is {value}: not a whole number of seconds")]
-    Setting {
-        /// The setting's name.
-        name: &'static str,
-        /// Its JSON value.
-        value: String,
-    },
-    /// Patroni's `failsafe_mode` is on.
-    #[error(
-        "Patroni's failsafe_mode is on: a leader cut off from the DCS then stays primary, so its word bounds nothing"
-    )]
-    FailsafeMode,
-    /// The settings leave a term running after another member may be promoted.
-    #[error(
-        "abandon_after {abandon_after:?} + statement_timeout {statement_timeout:?} exceeds Patroni's \
-         ttl {ttl:?} - loop_wait {loop_wait:?} - max(retry_timeout {retry_timeout:?}, loop_wait + 3s): \
-         a term could outlive its server's leadership; lower abandon_after or raise Patroni's ttl"
-    )]
-    Margin {
-        /// The replica's `abandon_after`.
-        abandon_after: Duration,
-        /// The replica's `statement_timeout`.
-        statement_timeout: Duration,
-        /// Patroni's `ttl`.
-        ttl: Duration,
-        /// Patroni's `loop_wait`.
-        loop_wait: Duration,
-        /// Patroni's `retry_timeout`.
-        retry_timeout: Duration,
-    },
-    /// The HTTP client could not be built.
-    #[cfg(feature = "patroni")]
-    #[error("could not build the HTTP client for Patroni")]
-    Client {
-        /// reqwest's error.
-        #[source]
-        source: reqwest::Error,
-    },
-}
+pub use crate::error::PatroniError;
 
 /// Patroni's settings that bound its promotions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
