@@ -225,6 +225,27 @@ impl PatroniCluster {
         Ok(())
     }
 
+    /// Changes one of Patroni's dynamic settings (`patronictl edit-config
+    /// --set name=value`), as an operator would mid-run.
+    pub fn edit_config(&self, setting: &str) -> Result<(), SandboxError> {
+        let first = &self.members[0].name;
+        let out = self
+            .as_server(Command::new("patronictl"))
+            .arg("-c")
+            .arg(self.config_path(first))
+            .args(["edit-config", "--force", "--set", setting])
+            .output()
+            .map_err(io("run patronictl edit-config"))?;
+        if !out.status.success() {
+            return Err(SandboxError::Command {
+                what: format!("patronictl edit-config --set {setting}"),
+                output: String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr),
+            });
+        }
+        Ok(())
+    }
+
     /// SIGKILLs the leader's postmaster and waits until Patroni started
     /// another (on that member: a restart) or another member leads (a
     /// failover); then [`PatroniCluster::wait_healthy`] tells when it is

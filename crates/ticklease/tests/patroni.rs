@@ -346,6 +346,53 @@ async fn with_patronis_word_a_leader_whose_ha_loop_froze_confirms_nothing_once_i
     drop(cluster);
 }
 
+/// The review's R2-1: an `edit-config` that leaves Patroni's margin below
+/// `abandon_after + statement_timeout` withdraws the word given under the
+/// old settings: a running term ends at its next beat once a check read
+/// the new settings, not `abandon_after` after its last confirmation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_patronis_word_an_edit_that_breaks_the_margin_ends_a_running_term_at_its_next_beat() {
+    let cluster = tokio::task::spawn_blocking(PatroniCluster::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let _ = app_database(&cluster).await;
+    // Long enough an abandon_after that its end and a beat's differ.
+    let config = ticklease::Config::builder()
+        .lease_ttl(Duration::from_secs(10))
+        .heartbeat_every(Duration::from_secs(1))
+        .statement_timeout(Duration::from_millis(500))
+        .abandon_after(Duration::from_secs(5))
+        .max_poll(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let patroni = Patroni::new(cluster.api_urls(), config.statement_timeout()).unwrap();
+    let leader = cluster.leader().unwrap().name.clone();
+    let long = long_term(&cluster.member_url(&leader, "app").unwrap(), patroni, config).await;
+    // ttl 20 - loop_wait 1 - retry_timeout 15: a margin of 4 s, under 5.5 s.
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.edit_config("retry_timeout=15").unwrap();
+        cluster
+    })
+    .await
+    .unwrap();
+    let edited = std::time::Instant::now();
+    let (lost, ended) = tokio::time::timeout(Duration::from_secs(20), long)
+        .await
+        .expect("the term runs on under settings that no longer bound it")
+        .unwrap();
+    assert_eq!(lost, Some(LossReason::Superseded), "the term ended otherwise");
+    // A check, the re-read it starts, the next check, the next beat:
+    // about 2 s; abandon_after after the last confirmation would be 5 s.
+    let ended = ended.duration_since(edited);
+    assert!(
+        ended < config.abandon_after() * 3 / 5,
+        "the term ended {ended:?} after the edit"
+    );
+    eprintln!("the term ended {ended:?} after the edit");
+    drop(cluster);
+}
+
 /// A cluster whose members reach each other's REST API through a proxy
 /// each (the announced `connect_address`), by member name.
 async fn cluster_with_cuttable_apis() -> (PatroniCluster, Vec<(String, FaultProxy)>) {

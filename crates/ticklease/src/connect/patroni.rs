@@ -47,7 +47,9 @@
 //! [`crate::PgStore::with_patroni`] refuses `abandon_after +
 //! statement_timeout` above the margin, and a check whose settings do so
 //! confirms nothing, so an old primary's terms have stopped, with their
-//! last statement, before another server is promoted. It relies on
+//! last statement, before another server is promoted. Settings that no
+//! longer admit the timings withdraw the word: running terms end at their
+//! next beat. It relies on
 //! Patroni's `failsafe_mode` off (refused when on: a leader cut off from
 //! the DCS then stays primary), on Patroni 2.1 or later (`dcs_last_seen`),
 //! and on the clocks of the Patroni hosts and this one running at one rate.

@@ -17,8 +17,9 @@ pub(crate) struct Word {
     /// Its `Date` less its `dcs_last_seen`, in whole seconds (`None` when
     /// either is missing: a Patroni before 2.1, or no `Date`).
     pub(crate) dcs_contact_age_secs: Option<i64>,
-    /// Its settings, read again.
-    pub(crate) settings: Result<PatroniSettings, PatroniError>,
+    /// The settings as last read (again at every check, in the
+    /// background: a member that hangs slows no confirmation).
+    pub(crate) settings: Result<PatroniSettings, Arc<PatroniError>>,
 }
 
 /// Why a check confirmed nothing.
@@ -33,7 +34,7 @@ pub(crate) enum Refusal {
         age_secs: Option<i64>,
     },
     /// Its settings no longer bound a term.
-    Settings(PatroniError),
+    Settings(Arc<PatroniError>),
 }
 
 impl Word {
@@ -46,10 +47,12 @@ impl Word {
         let settings = self.settings.map_err(Refusal::Settings)?;
         settings
             .admit(abandon_after, statement_timeout)
-            .map_err(Refusal::Settings)?;
+            .map_err(|e| Refusal::Settings(Arc::new(e)))?;
         let within = i64::try_from(settings.dcs_contact_within().as_secs()).unwrap_or(i64::MAX);
         match self.dcs_contact_age_secs {
-            Some(age) if age <= within => Ok(self.postmaster),
+            // Below zero only when Patroni's clock stepped back since its
+            // last DCS read: an age that says nothing.
+            Some(age) if (0..=within).contains(&age) => Ok(self.postmaster),
             age_secs => Err(Refusal::Stale { age_secs }),
         }
     }
@@ -85,10 +88,16 @@ impl Confirmations {
             (Err(Refusal::Stale { .. }), _) => Outcome::Stale,
             (Err(Refusal::Settings(_)), _) => Outcome::Settings,
         };
-        if outcome == Outcome::Confirmed {
-            let mut at = self.at.lock().expect("not poisoned");
-            *at = Some(at.map_or(started, |before| before.max(started)));
+        let mut at = self.at.lock().expect("not poisoned");
+        match outcome {
+            Outcome::Confirmed => *at = Some(at.map_or(started, |before| before.max(started))),
+            // Settings that no longer bound a term withdraw the word given
+            // under the old ones: its margin is gone, so terms end at their
+            // next beat, not abandon_after after it.
+            Outcome::Settings => *at = None,
+            _ => {}
         }
+        drop(at);
         let before = self.outcome.lock().expect("not poisoned").replace(outcome);
         if before == Some(outcome) {
             return;
@@ -108,7 +117,7 @@ impl Confirmations {
             Err(Refusal::Stale { age_secs }) => tracing::warn!(dcs_contact_age_secs = ?age_secs,
                 "Patroni's primary has not reached its DCS lately (its HA loop may be stalled) or does not say when: {ENDS}"),
             Err(Refusal::Settings(error)) => tracing::error!(error = %error,
-                "Patroni's settings no longer bound a term: {ENDS}"),
+                "Patroni's settings no longer bound a term: no term starts, and running terms end at their next beat"),
         }
     }
 }
@@ -171,8 +180,12 @@ mod tests {
         Word {
             postmaster: 7,
             dcs_contact_age_secs: age_secs,
-            settings,
+            settings: settings.map_err(Arc::new),
         }
+    }
+
+    fn refused_for(refusal: Result<i64, Refusal>, expected: fn(&PatroniError) -> bool) -> bool {
+        matches!(refusal, Err(Refusal::Settings(e)) if expected(&e))
     }
 
     #[test]
@@ -191,7 +204,7 @@ mod tests {
                 .unwrap(),
             7
         );
-        for stale in [Some(3), Some(60), None] {
+        for stale in [Some(3), Some(60), None, Some(-5)] {
             assert!(
                 matches!(
                     word(stale, kit()).confirms(abandon_after, statement_timeout),
@@ -206,9 +219,9 @@ mod tests {
     fn a_leader_whose_settings_no_longer_bound_the_term_confirms_nothing() {
         let (abandon_after, statement_timeout) = (SECOND * 6, SECOND * 2);
         let shortened = word(Some(0), Ok(settings(10, 1, 5)));
-        assert!(matches!(
+        assert!(refused_for(
             shortened.confirms(abandon_after, statement_timeout),
-            Err(Refusal::Settings(PatroniError::Margin { .. }))
+            |e| matches!(e, PatroniError::Margin { .. })
         ));
         let failsafe = word(
             Some(0),
@@ -217,9 +230,9 @@ mod tests {
                 ..settings(20, 1, 5)
             }),
         );
-        assert!(matches!(
+        assert!(refused_for(
             failsafe.confirms(abandon_after, statement_timeout),
-            Err(Refusal::Settings(PatroniError::FailsafeMode))
+            |e| matches!(e, PatroniError::FailsafeMode)
         ));
         let unread = word(Some(0), Err(PatroniError::NoUrl));
         assert!(matches!(
@@ -250,6 +263,13 @@ mod tests {
             c.latest(),
             Confirmation::At(t0.into_std()),
             "a refusal keeps the last confirmation's instant"
+        );
+        let shortened = Arc::new(PatroniError::FailsafeMode);
+        c.record(t1, Err(Refusal::Settings(shortened)), Some(2));
+        assert_eq!(
+            c.latest(),
+            Confirmation::Never,
+            "settings that no longer bound a term withdraw the word"
         );
     }
 }

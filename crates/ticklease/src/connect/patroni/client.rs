@@ -1,5 +1,7 @@
 //! Patroni's REST API over plain HTTP (feature `patroni`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::check::Word;
@@ -13,6 +15,17 @@ const ANSWER_BYTES_MAX: usize = 64 * 1024;
 pub struct Patroni {
     urls: Vec<reqwest::Url>,
     http: reqwest::Client,
+    latest: Arc<Latest>,
+}
+
+/// The settings as last read, shared by the clones.
+#[derive(Debug, Default)]
+struct Latest {
+    /// `None` until read; an error when the settings read cannot bound a
+    /// term (unreadable). A read that reached no member keeps the last.
+    settings: Mutex<Option<Result<PatroniSettings, Arc<PatroniError>>>>,
+    /// Whether a re-read runs (one at a time).
+    reading: AtomicBool,
 }
 
 /// One member's answer: its HTTP status, its JSON body (if the body is
@@ -50,19 +63,37 @@ impl Patroni {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|source| PatroniError::Client { source })?;
-        Ok(Patroni { urls, http })
+        Ok(Patroni {
+            urls,
+            http,
+            latest: Arc::default(),
+        })
     }
 
     /// Patroni's settings, from the first member that answers `GET /config`.
     pub async fn settings(&self) -> Result<PatroniSettings, PatroniError> {
         for url in &self.urls {
             if let Some(body) = self.get(url, "config").await.and_then(|a| a.body) {
-                return settings(&body);
+                let read = settings(&body);
+                self.keep(&read);
+                return read;
             }
         }
         Err(self.no_settings())
     }
 
+    /// Keeps a read's result, unless it reached no member.
+    fn keep(&self, read: &Result<PatroniSettings, PatroniError>) {
+        let kept = match read {
+            Ok(settings) => Ok(*settings),
+            Err(PatroniError::Setting { name, value }) => Err(Arc::new(PatroniError::Setting {
+                name,
+                value: value.clone(),
+            })),
+            Err(_) => return,
+        };
+        *self.latest.settings.lock().expect("not poisoned") = Some(kept);
+    }
     fn no_settings(&self) -> PatroniError {
         let asked: Vec<&str> = self.urls.iter().map(reqwest::Url::as_str).collect();
         PatroniError::NoSettings {
@@ -96,13 +127,30 @@ impl Patroni {
                 continue;
             };
             let seen = body.get("dcs_last_seen").and_then(serde_json::Value::as_i64);
+            self.read_settings_again(url);
+            let settings = self.latest.settings.lock().expect("not poisoned").clone();
             return Some(Word {
                 postmaster,
                 dcs_contact_age_secs: date.zip(seen).map(|(date, seen)| date - seen),
-                settings: self.settings_beside(url).await,
+                settings: settings.unwrap_or_else(|| Err(Arc::new(self.no_settings()))),
             });
         }
         None
+    }
+
+    /// Reads the settings again in the background (one read at a time):
+    /// the next check judges by them, and a member that hangs delays no
+    /// confirmation.
+    fn read_settings_again(&self, leader: &reqwest::Url) {
+        if self.latest.reading.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (patroni, leader) = (self.clone(), leader.clone());
+        tokio::spawn(async move {
+            let read = patroni.settings_beside(&leader).await;
+            patroni.keep(&read);
+            patroni.latest.reading.store(false, Ordering::Release);
+        });
     }
 
     /// The settings, asked of the members other than `leader` first: a
@@ -405,6 +453,7 @@ mod tests {
         .await;
         let ask = |url: String| async move {
             let patroni = Patroni::new([url], Duration::from_secs(5)).unwrap();
+            patroni.settings().await.unwrap();
             let word = patroni.leader().await.expect("a running primary answered");
             word.confirms(abandon_after, statement_timeout)
         };
@@ -433,5 +482,40 @@ mod tests {
             started.elapsed() < Duration::from_secs(20),
             "read up to the limit, not to the timeout"
         );
+    }
+
+    /// A member that accepts connections and never answers (a stopped Patroni).
+    async fn hung() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_member_that_hangs_slows_no_check_of_the_leader() {
+        let leader = member(vec![
+            ("primary", 200, primary_seen(0)),
+            ("config", 200, KIT.into()),
+        ])
+        .await;
+        let timeout = Duration::from_secs(5);
+        let patroni = Patroni::new([leader, hung().await], timeout).unwrap();
+        patroni.settings().await.unwrap();
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let word = patroni.leader().await.expect("the leader answered");
+            assert!(word.settings.is_ok());
+            assert!(
+                started.elapsed() < timeout / 2,
+                "a check took {:?}: it waited for the hung member",
+                started.elapsed()
+            );
+        }
     }
 }
