@@ -12,21 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ticklease_testkit::{connect, PatroniCluster, PgBouncer};
-
-/// The scaled timings (the test kit's), as flags.
-const TIMINGS: [&str; 10] = [
-    "--lease-ttl",
-    "2s",
-    "--heartbeat-every",
-    "300ms",
-    "--statement-timeout",
-    "500ms",
-    "--abandon-after",
-    "1200ms",
-    "--max-poll",
-    "200ms",
-];
+use ticklease_testkit::{connect, PatroniCluster, PgBouncer, TEST_TIMING_FLAGS};
 
 /// A child's command line: `sleep <this test's own number>`.
 fn child_seconds() -> String {
@@ -80,7 +66,7 @@ fn runner(url: &str, extra: &[&str], patroni: Option<&str>, seconds: &str) -> Ch
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticklease"));
     cmd.args(["run", "relay", "--database-url", url])
         .args(extra)
-        .args(TIMINGS)
+        .args(TEST_TIMING_FLAGS)
         .env_remove("DATABASE_URL")
         .env_remove("TICKLEASE_PATRONI")
         .stdout(Stdio::null())

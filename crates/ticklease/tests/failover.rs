@@ -539,12 +539,7 @@ async fn a_database_that_does_not_exist_is_no_outage_and_a_closed_port_is() {
 /// the lost answer costs no lease (before, the role waited it out).
 #[tokio::test]
 async fn an_acquire_whose_answer_a_stalled_synchronous_standby_kept_costs_no_lease() {
-    let (primary, standby, db) = primary_and_standby().await;
-    let owner = connect(&primary.config(&db)).await.unwrap();
-    owner
-        .batch_execute(&format!("ALTER DATABASE {db} SET synchronous_commit = on"))
-        .await
-        .unwrap();
+    let (primary, standby, db, owner) = synchronous_commits().await;
     let config = ticklease::Config::builder()
         .lease_ttl(Duration::from_secs(30))
         .heartbeat_every(Duration::from_secs(1))
@@ -684,17 +679,29 @@ async fn a_live_term_of_another_call_is_never_released_as_an_unanswered_acquires
     assert!(matches!(second, Lead::Completed { .. }), "{second:?}");
 }
 
-/// Issue 42 item 2: a stalled synchronous standby shows in a scrape: while
-/// a commit of the replica's login waits for it, how many wait and the
-/// longest wait; once the primary stops waiting for it, none.
-#[tokio::test]
-async fn a_stalled_synchronous_standby_shows_in_the_waits_a_scrape_exports() {
+/// A primary and its standby whose database's commits wait for a
+/// synchronous standby once `synchronous_standby_names` names one.
+async fn synchronous_commits() -> (
+    PgCluster,
+    ticklease_testkit::Standby,
+    String,
+    tokio_postgres::Client,
+) {
     let (primary, standby, db) = primary_and_standby().await;
     let owner = connect(&primary.config(&db)).await.unwrap();
     owner
         .batch_execute(&format!("ALTER DATABASE {db} SET synchronous_commit = on"))
         .await
         .unwrap();
+    (primary, standby, db, owner)
+}
+
+/// Issue 42 item 2: a stalled synchronous standby shows in a scrape: while
+/// a commit of the replica's login waits for it, how many wait and the
+/// longest wait; once the primary stops waiting for it, none.
+#[tokio::test]
+async fn a_stalled_synchronous_standby_shows_in_the_waits_a_scrape_exports() {
+    let (primary, standby, db, _owner) = synchronous_commits().await;
     let config = test_config();
     let store = PgStore::connect(primary.config(&db), PgStoreOptions::from_config(&config))
         .await

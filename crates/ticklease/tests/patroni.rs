@@ -167,15 +167,7 @@ async fn with_patronis_word_a_replica_that_reaches_only_the_old_primary_commits_
     }
     let (cluster, new) = promoted_beside(cluster, old).await;
     let promoted_at = std::time::SystemTime::now();
-    let (lost, ended) = tokio::time::timeout(Duration::from_secs(10), long)
-        .await
-        .expect("the long term on the old primary still runs after the promotion")
-        .unwrap();
-    assert_eq!(
-        lost,
-        Some(LossReason::Superseded),
-        "the long term ended otherwise"
-    );
+    let ended = superseded_end(long).await;
     // Its word ran out at most a check (half a beat) plus abandon_after after the kill.
     let ended = ended.duration_since(killed_at);
     assert!(
@@ -312,15 +304,7 @@ async fn with_patronis_word_a_leader_whose_ha_loop_froze_confirms_nothing_once_i
     let frozen_at = std::time::Instant::now();
     let (cluster, new) = promoted_beside(cluster, old).await;
     let (promoted, promoted_at) = (std::time::Instant::now(), std::time::SystemTime::now());
-    let (lost, ended) = tokio::time::timeout(Duration::from_secs(10), long)
-        .await
-        .expect("the long term on the old primary still runs after the promotion")
-        .unwrap();
-    assert_eq!(
-        lost,
-        Some(LossReason::Superseded),
-        "the long term ended otherwise"
-    );
+    let ended = superseded_end(long).await;
     // The last answer that counted came within contact_within + 1 s (whole
     // seconds) of the freeze; a check later, abandon_after on, it ended.
     let bound =
@@ -411,6 +395,23 @@ async fn cluster_with_cuttable_apis() -> (PatroniCluster, Vec<(String, FaultProx
     })
     .await
     .unwrap()
+}
+
+/// When the long term on the old primary ended, lost as superseded, soon
+/// after the promotion at the latest.
+async fn superseded_end(
+    long: tokio::task::JoinHandle<(Option<LossReason>, std::time::Instant)>,
+) -> std::time::Instant {
+    let (lost, ended) = tokio::time::timeout(Duration::from_secs(10), long)
+        .await
+        .expect("the long term on the old primary still runs after the promotion")
+        .unwrap();
+    assert_eq!(
+        lost,
+        Some(LossReason::Superseded),
+        "the long term ended otherwise"
+    );
+    ended
 }
 
 /// Starts a term on `url` whose work runs until it is cancelled (a
