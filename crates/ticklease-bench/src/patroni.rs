@@ -10,8 +10,10 @@
 //! the old primary stays writable: two writable servers), the fourth
 //! replica's proxies to the other members resetting every connection from
 //! then on (a one-sided partition: it reaches the old primary alone).
-//! Measured per fault: the fault → every role led again, Patroni healthy (or
-//! the promotion seen) → every role led again; for the last, the claims the
+//! Measured per fault: the fault → every role led again, the primary
+//! writable again (Patroni healthy and its Postgres out of recovery: Patroni
+//! answers as the primary while the restarted or promoted Postgres still
+//! replays, and that is Patroni's time) → every role led again; for the last, the claims the
 //! old primary took after the promotion (writes to be rewound) and how long
 //! a role was led on both servers at once.
 
@@ -113,7 +115,8 @@ struct Trial {
     fault: Fault,
     /// The fault → every role claimed again.
     from_fault: Duration,
-    /// Patroni healthy again (the promotion seen, for the last fault) → every role claimed again.
+    /// The primary writable again (Patroni healthy, its Postgres out of
+    /// recovery; the promoted server's, for the last fault) → every role claimed again.
     from_healthy: Duration,
     /// What the old primary took after the promotion (the last fault alone leaves it writable).
     split: Option<Split>,
@@ -297,6 +300,7 @@ async fn inflict(
         Ok(cluster)
     })
     .await??;
+    writable(url).await;
     let healthy = Instant::now();
     every_role_claims_after(url, before, LED_AGAIN_MAX).await;
     let trial = Trial {
@@ -335,17 +339,12 @@ async fn two_writable(
         }
     }
     let (cluster, new) = promoted(cluster, old.to_owned()).await?;
-    let promoted_at = Instant::now();
     let new_url = cluster.member_url(&new, "app")?;
     let old_url = cluster.member_url(old, "app")?;
     // The instant the promoted server took writes, on its own clock (the
     // old primary's: one machine): REST API's 200 comes before it leaves recovery.
-    let promoted_clock = on_primary(
-        &new_url,
-        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 WHERE NOT pg_is_in_recovery()",
-        LED_AGAIN_MAX,
-    )
-    .await;
+    let promoted_clock = writable(&new_url).await;
+    let promoted_at = Instant::now();
     let before = last_claim(&new_url).await;
     every_role_claims_after(&new_url, before, LED_AGAIN_MAX).await;
     let led = Instant::now();
@@ -360,6 +359,17 @@ async fn two_writable(
         split: Some(split),
     };
     Ok((trial, cluster))
+}
+
+/// Waits until the primary `url` reaches takes writes; its clock then (ms
+/// since the epoch).
+async fn writable(url: &str) -> i64 {
+    on_primary(
+        url,
+        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 WHERE NOT pg_is_in_recovery()",
+        LED_AGAIN_MAX,
+    )
+    .await
 }
 
 /// Waits until a member other than `old` leads; its name.
@@ -460,12 +470,13 @@ fn markdown(results: &Results, setups: &[Setup], timing: Timing) -> String {
          server, and a fourth replica reaching every member through proxies of its own. Per round, on a fresh \
          cluster, the four faults in this order; at the last, the fourth replica's proxies to the members other than \
          the old primary reset every connection (a one-sided partition). Seconds, p50 / p99 / max over the rounds \
-         (raw: `patroni.csv`). \"Healthy\" is Patroni's REST API showing one primary and two streaming replicas (and \
+         (raw: `patroni.csv`). \"Writable\" is Patroni's REST API showing one primary and two streaming replicas (and \
          a synchronous standby in synchronous mode), or, for the Patroni killed for good, another member answering \
-         as primary. The old primary's claims are those committed after the promoted server took writes, read {} s \
+         as primary, and then that primary's Postgres out of recovery (Patroni answers as the primary while a \
+         restarted or promoted Postgres still replays: that time is Patroni's). The old primary's claims are those committed after the promoted server took writes, read {} s \
          after the promotion (the partition lasts that long); \"on two servers\" is the longest a role's claims went \
          on on the old primary after its first on the promoted server.\n\n\
-         | replication | Patroni's word | direct URL | fault | n | fault → led again | healthy → led again \
+         | replication | Patroni's word | direct URL | fault | n | fault → led again | writable → led again \
          | old primary's claims after the promotion (max): multi-host replicas / partitioned replica \
          | a role claimed on two servers at once (max s): multi-host / partitioned |\n\
          |---|---|---|---|---|---|---|---|---|\n",
