@@ -3,6 +3,7 @@
 -- confirmation: how many, and the longest such wait so far, in seconds
 -- (from the statement's start: an autocommit statement's commit waits at
 -- its end). A read: it never waits for a standby itself.
+-- Calls: nothing (reads pg_catalog.pg_stat_activity)
 SELECT count(*)::int8 AS waiting,
        coalesce(EXTRACT(epoch FROM max(pg_catalog.clock_timestamp() - a.state_change)), 0)::float8 AS longest
   FROM pg_catalog.pg_stat_activity AS a
