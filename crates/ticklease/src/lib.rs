@@ -155,7 +155,12 @@
 //!    connection that finds itself on a read-only server leaves the pool at
 //!    once; with a multi-host URL (`host=a,b`, `target_session_attrs=read-write`)
 //!    the next statement finds the new primary, so a failover costs missed
-//!    beats, not a restart. Each host is its own connection attempt, bounded
+//!    beats, not a restart. **A role is asked for again as soon as its
+//!    server answers**: during an outage the store connects every 100 ms
+//!    doubling to 0.5 s, and the first connection made (or one that reaches
+//!    another host) wakes every role loop whose poll failed, where before
+//!    it waited `max_poll` (with Patroni's word, the check runs at once then
+//!    too, and its confirmation wakes the loops it kept waiting). Each host is its own connection attempt, bounded
 //!    as a whole (TCP, TLS, startup, authentication, the read-write check)
 //!    by an equal share of S (or the URL's `connect_timeout`, if shorter),
 //!    and the host that answered last is tried first: a first host that
@@ -703,7 +708,7 @@
 //!   a second (`leader_key_wait`), each asking whether the key is still alive (a
 //!   squatter granted the key after the holder's death delays a takeover by
 //!   that second), and a waiter whose wait fails (its backend terminated, a
-//!   restart) waits again with backoff (100 ms doubling to 5 s). **Waits
+//!   restart) waits again with backoff (100 ms doubling to 0.5 s). **Waits
 //!   leave the server's log quiet**: the slice catches its own lock timeout,
 //!   which it sets to 90 % of `deadlock_timeout` (so `log_lock_waits`
 //!   reports nothing while that is above 111 ms), and a wait given up (a

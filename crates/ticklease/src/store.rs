@@ -571,6 +571,14 @@ pub trait LeaseStore: Send + Sync + 'static {
         None
     }
 
+    /// A receiver that moves when a statement that failed may now work: an
+    /// outage ended, a connection reached another host, the failover
+    /// manager confirmed the server. A role loop whose poll failed waits for
+    /// it (or `max_poll`); `None` for a store that cannot tell.
+    fn usable(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// The statements of the store's login that wait now for a synchronous
     /// standby to confirm their commit (see [`SynchronousWaits`]); `None`
     /// for a store without a server.

@@ -731,3 +731,63 @@ async fn a_stalled_synchronous_standby_shows_in_the_waits_a_scrape_exports() {
         Some(0.0)
     );
 }
+
+/// Issue 42 item 3: a role loop whose poll failed in an outage asks again
+/// once the server answers again (the store reconnects at most 0.5 s apart
+/// during an outage, and its return wakes the loop), not `max_poll` (10 s
+/// here) later: a restarted server costs a pooled URL without a direct one
+/// no more than it costs one with.
+#[tokio::test]
+async fn a_poll_that_failed_in_an_outage_is_sent_again_once_the_server_is_back() {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    ticklease::migrate(&mut connect(&cluster.config(&db)).await.unwrap())
+        .await
+        .unwrap();
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port());
+    let config = ticklease::Config::builder()
+        .lease_ttl(Duration::from_secs(20))
+        .heartbeat_every(Duration::from_secs(1))
+        .statement_timeout(Duration::from_millis(500))
+        .abandon_after(Duration::from_secs(3))
+        .max_poll(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let store = PgStore::connect(
+        url.parse::<PgConnect>().unwrap(),
+        PgStoreOptions::from_config(&config),
+    )
+    .await
+    .unwrap();
+    let manager = Manager::start(store, config, [billing()]).await.unwrap();
+    proxy.set(Fault::Reset);
+    let mut chance = ticklease::NextChance::new(&manager, &billing());
+    let work = || async { Ok::<_, std::io::Error>(()) };
+    let failed = manager
+        .lead(&billing(), Duration::from_secs(3600), |_| work())
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+    let back = {
+        let waited = chance.wait(&failed);
+        tokio::pin!(waited);
+        // The outage outlasts a few reconnects; the wait is still on.
+        assert!(tokio::time::timeout(Duration::from_millis(1500), &mut waited)
+            .await
+            .is_err());
+        proxy.set(Fault::Pass);
+        let back = tokio::time::Instant::now();
+        assert!(waited.await);
+        back
+    };
+    let lead = manager
+        .lead(&billing(), Duration::from_secs(3600), |_| work())
+        .await;
+    assert!(matches!(lead, Ok(Lead::Completed { .. })), "{lead:?}");
+    assert!(
+        back.elapsed() < Duration::from_secs(4),
+        "led {:?} after the server was back: a reconnect's step (0.5 s) and a statement, not max_poll (10 s)",
+        back.elapsed()
+    );
+}

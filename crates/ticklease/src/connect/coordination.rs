@@ -28,7 +28,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::connect::hosts::{Hosts, HostsError};
+use crate::connect::hosts::{Hosts, HostsError, RECONNECT_MAX, RECONNECT_MIN};
 use crate::connect::tls::PgConnect;
 use crate::error::StoreError;
 
@@ -57,16 +57,6 @@ const KEEPALIVES: &str = "SET tcp_keepalives_idle = 2; SET tcp_keepalives_interv
 const WAITER_SETTINGS: &str = "SET statement_timeout = 0; SET idle_session_timeout = 0; \
      SET client_connection_check_interval = 1000";
 
-/// The first reconnect of a session or a waiter comes this soon, and each
-/// later one twice as late, up to [`RECONNECT_MAX`].
-const RECONNECT_MIN: Duration = Duration::from_millis(100);
-/// The longest between reconnects while the server is away: a session's
-/// reconnect is what wakes the role loops waiting on it once the server is
-/// back, so it bounds how long after a restart or a promotion the roles
-/// lead again (it was 5 s: a Patroni restart's roles led again 1.4-3.2 s
-/// after the cluster was healthy, waiting out backoffs of 1.6-3.2 s).
-/// An attempt costs a connection the server refuses or a standby turns away.
-const RECONNECT_MAX: Duration = Duration::from_millis(500);
 /// Tries to find a free key (a collision is a 2^-32 event: the high half is
 /// this backend's pid).
 const KEY_TRIES: usize = 3;

@@ -55,6 +55,11 @@ pub struct Hosts {
     /// Whether a change of host or a connection restored is logged (once
     /// per process: the store's hosts say it, the coordination session's not).
     says: bool,
+    /// Moves when an outage ends or a connection reaches another host:
+    /// what a statement that failed meanwhile may now find working.
+    usable: tokio::sync::watch::Sender<u64>,
+    /// An outage began: the [`Hosts::reconnect_during_outages`] task starts trying.
+    outage_began: tokio::sync::Notify,
 }
 
 /// The last reconnection this process told of: to which server, and when.
@@ -62,6 +67,18 @@ static SAID: std::sync::Mutex<Option<(String, std::time::Instant)>> = std::sync:
 
 /// How long a change of host without an outage is told once per process.
 const SAID_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The first reconnect after a connection is lost (the store's, its
+/// coordination session's or a key waiter's) comes this soon, and each
+/// later one twice as late, up to [`RECONNECT_MAX`].
+pub(crate) const RECONNECT_MIN: Duration = Duration::from_millis(100);
+/// The longest between reconnects while the server is away: a reconnect is
+/// what wakes the role loops once the server is back, so it bounds how long
+/// after a restart or a promotion the roles lead again (it was 5 s: a
+/// Patroni restart's roles led again 1.4-3.2 s after the cluster was
+/// healthy, waiting out backoffs of 1.6-3.2 s). An attempt costs a
+/// connection the server refuses or a standby turns away.
+pub(crate) const RECONNECT_MAX: Duration = Duration::from_millis(500);
 
 /// How often an outage that goes on is told, in connect deadlines (a
 /// minute at the default 2 s statement timeout): a server that stays away
@@ -182,6 +199,8 @@ impl Hosts {
             still_down_said: std::sync::Mutex::new(None),
             still_down_every: deadline * STILL_DOWN_DEADLINES,
             says: true,
+            usable: tokio::sync::watch::Sender::new(0),
+            outage_began: tokio::sync::Notify::new(),
         }
     }
 
@@ -198,6 +217,7 @@ impl Hosts {
         let mut outage = self.outage.lock().expect("outage");
         if outage.is_none() && self.connected.load(Ordering::Relaxed) {
             *outage = Some(since);
+            self.outage_began.notify_one();
         }
     }
 
@@ -303,6 +323,9 @@ impl Hosts {
         if changed {
             self.changes.fetch_add(1, Ordering::Relaxed);
         }
+        if changed || outage.is_some() {
+            self.usable_again();
+        }
         *self.still_down_said.lock().expect("still down") = None;
         let since = outage.unwrap_or_else(|| std::time::Instant::now() - SAID_FOR);
         if !self.says || (outage.is_none() && !changed) || !first_to_say(&self.servers[i], since) {
@@ -374,6 +397,50 @@ impl Hosts {
             }
         });
         Some(stop.drop_guard())
+    }
+
+    /// Until the guard is dropped: once an outage begins (a connection lost
+    /// or not made), connects every [`RECONNECT_MIN`] doubling to
+    /// [`RECONNECT_MAX`] until one is made, so that the outage's end is seen
+    /// when the server comes back, not at the next statement
+    /// ([`Hosts::usable`] moves then). One connection per step per store,
+    /// however many roles wait.
+    pub(crate) fn reconnect_during_outages(self: &Arc<Self>) -> DropGuard {
+        let stop = CancellationToken::new();
+        let (hosts, stopped) = (self.clone(), stop.clone());
+        tokio::spawn(async move {
+            stopped
+                .run_until_cancelled(async {
+                    loop {
+                        hosts.outage_began.notified().await;
+                        hosts.reconnect().await;
+                    }
+                })
+                .await;
+        });
+        stop.drop_guard()
+    }
+
+    /// Connects until a connection is made (by this task or a statement's).
+    async fn reconnect(&self) {
+        let mut backoff = RECONNECT_MIN;
+        while self.outage.lock().expect("outage").is_some() {
+            tokio::time::sleep(backoff).await;
+            // The connection only shows the server is back; the pool makes its own.
+            let _ = self.connect().await;
+            backoff = (backoff * 2).min(RECONNECT_MAX);
+        }
+    }
+
+    /// A receiver that moves when an outage ends or a connection reaches
+    /// another host (a failover): a statement that failed before may now work.
+    pub fn usable(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.usable.subscribe()
+    }
+
+    /// Moves [`Hosts::usable`]: something a failed statement waited for changed.
+    pub(crate) fn usable_again(&self) {
+        self.usable.send_modify(|n| *n += 1);
     }
 
     /// When a server this process used was last found superseded by a

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -54,6 +55,9 @@ pub struct NextChance {
     shutdown: CancellationToken,
     /// The wait on the current holder's key, kept while the holder stays the same.
     waiting: Option<(i64, BoxFuture<'static, ()>)>,
+    /// Moves when the store may work again ([`LeaseStore::usable`]): seen
+    /// at each wake-up, so a move during the next poll wakes its wait.
+    usable: Option<watch::Receiver<u64>>,
     told_at: Option<tokio::time::Instant>,
 }
 
@@ -78,6 +82,7 @@ impl NextChance {
             signals,
             shutdown: manager.shutdown_token(),
             waiting: None,
+            usable: manager.store().usable(),
             told_at: None,
         }
     }
@@ -125,11 +130,16 @@ impl NextChance {
             woken,
             told_at,
             shutdown,
+            usable,
             ..
         } = self;
         let gone = tokio::select! {
             _ = shutdown.cancelled() => return false,
             _ = tokio::time::sleep(wake.after) => false,
+            Some(()) = usable_moved(usable.as_mut()), if wake.on_usable => {
+                tracing::debug!(%role, "the store's connections came back; asking now");
+                false
+            }
             _ = told(woken.as_ref().map(|w| &w.follower), *told_at) => {
                 *told_at = Some(tokio::time::Instant::now());
                 false
@@ -145,6 +155,18 @@ impl NextChance {
             tracing::debug!(%role, "the holder's coordination session ended; acquiring now");
             *waiting = None;
         }
+        if let Some(usable) = usable {
+            usable.borrow_and_update();
+        }
         true
+    }
+}
+
+/// Resolves when `usable` ([`LeaseStore::usable`]) moves, at once if it
+/// moved unseen; never without one, or once its store is gone.
+async fn usable_moved(usable: Option<&mut watch::Receiver<u64>>) -> Option<()> {
+    match usable {
+        Some(usable) => usable.changed().await.ok(),
+        None => None,
     }
 }

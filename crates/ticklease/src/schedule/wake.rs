@@ -21,11 +21,15 @@ pub(crate) enum Polled<'a> {
     Unconfirmed,
 }
 
-/// When a role loop asks the database next, and whose session's end wakes it earlier.
+/// When a role loop asks the database next, and what wakes it earlier.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Wake {
     pub(crate) after: Duration,
+    /// The holder whose coordination session's end wakes it.
     pub(crate) holder_key: Option<i64>,
+    /// Whether the store's connections coming back (or Patroni confirming
+    /// its server) wakes it ([`crate::store::LeaseStore::usable`]).
+    pub(crate) on_usable: bool,
 }
 
 /// Retry after losing a race to another replica's ACQUIRE: the next answer
@@ -53,11 +57,17 @@ pub(crate) fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -
     let after = |after| Wake {
         after,
         holder_key: None,
+        on_usable: false,
+    };
+    let or_usable = |after| Wake {
+        after,
+        holder_key: None,
+        on_usable: true,
     };
     match polled {
         Polled::TermEnded => after(Duration::ZERO),
-        Polled::Failed => after(config.max_poll()),
-        Polled::Unconfirmed => after(config.heartbeat_every() / 2),
+        Polled::Failed => or_usable(config.max_poll()),
+        Polled::Unconfirmed => or_usable(config.heartbeat_every() / 2),
         Polled::Refused(Refusal::Held {
             remaining,
             holder_key,
@@ -65,6 +75,7 @@ pub(crate) fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -
         }) => Wake {
             after: cap(*remaining),
             holder_key: holder_key.filter(|_| signalled),
+            on_usable: false,
         },
         Polled::Refused(Refusal::NotDue { remaining, .. }) => after(cap(*remaining)),
         Polled::Refused(Refusal::Contended) => after(CONTENDED_RETRY),
@@ -99,6 +110,10 @@ mod tests {
         (w.after, w.holder_key)
     }
 
+    fn on_usable(polled: Polled<'_>) -> bool {
+        next_wake(&polled, &Config::default(), true).on_usable
+    }
+
     #[test]
     fn a_follower_wakes_when_the_holders_lease_runs_out_capped_at_max_poll_without_signals() {
         let soon = held(S(2), Some(7));
@@ -125,6 +140,15 @@ mod tests {
         assert_eq!(wake(Polled::Refused(&paused), false).0, S(5));
         // An unpause from psql notifies no one: a session does not help.
         assert_eq!(wake(Polled::Refused(&paused), true).0, S(5));
+    }
+
+    #[test]
+    fn only_a_failed_or_unconfirmed_poll_is_woken_by_the_store_becoming_usable() {
+        assert!(on_usable(Polled::Failed));
+        assert!(on_usable(Polled::Unconfirmed));
+        assert!(!on_usable(Polled::TermEnded));
+        assert!(!on_usable(Polled::Refused(&held(S(2), Some(7)))));
+        assert!(!on_usable(Polled::Refused(&Refusal::Contended)));
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub struct PgStore {
     hosts: Arc<Hosts>,
     /// The probe of a multi-host URL's hosts, stopped with the last clone.
     _probe: Option<Arc<DropGuard>>,
+    /// The reconnects during an outage, stopped with the last clone.
+    _reconnect: Arc<DropGuard>,
     statement_timeout: Duration,
     cancel: CancelTarget,
     signals: Option<Signals>,
@@ -153,10 +155,12 @@ impl PgStore {
             .expect("no runtime-dependent options");
         // Each probe pass is bounded by the statement timeout as a whole.
         let probe = hosts.watch(options.statement_timeout).map(Arc::new);
+        let reconnect = Arc::new(hosts.reconnect_during_outages());
         let store = PgStore {
             pool,
             hosts,
             _probe: probe,
+            _reconnect: reconnect,
             statement_timeout: options.statement_timeout,
             cancel,
             signals: None,
@@ -220,8 +224,10 @@ impl PgStore {
             .and_then(|settings| settings.admit(abandon_after, statement_timeout))
             .map_err(|source| StoreError::Patroni { source })?;
         let pooled = self.clone();
+        let hosts = self.hosts.clone();
         let (confirmations, guard) = check::watch(
             config.heartbeat_every() / 2,
+            (self.hosts.usable(), move || hosts.usable_again()),
             move || {
                 let patroni = patroni.clone();
                 async move {
@@ -1024,6 +1030,10 @@ impl LeaseStore for PgStore {
 
     fn connection_events(&self) -> Option<crate::connect::hosts::ConnectionEvents> {
         Some(self.hosts.events())
+    }
+
+    fn usable(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.hosts.usable())
     }
 
     async fn synchronous_waits(&self) -> Result<Option<super::SynchronousWaits>, StoreError> {

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -63,6 +64,10 @@ impl Word {
 pub(crate) const POSTMASTER_SQL: &str = "SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
      ELSE (EXTRACT(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::int8 END";
 
+/// The shortest time between two checks, however often the store's
+/// connections change: each costs a request to every member.
+const CHECK_SPACING: Duration = Duration::from_millis(100);
+
 /// The latest confirmation, shared by the check's task and the store's clones.
 #[derive(Debug)]
 pub(crate) struct Confirmations {
@@ -79,8 +84,9 @@ impl Confirmations {
         }
     }
 
-    /// Records one check's result; logs a change of outcome.
-    fn record(&self, started: Instant, leader: Result<i64, Refusal>, ours: Option<i64>) {
+    /// Records one check's result; logs a change of outcome. True when it
+    /// confirms after one that did not.
+    fn record(&self, started: Instant, leader: Result<i64, Refusal>, ours: Option<i64>) -> bool {
         let outcome = match (&leader, ours) {
             (Ok(leader), Some(ours)) if *leader == ours => Outcome::Confirmed,
             (Ok(_), _) => Outcome::OtherServer,
@@ -100,7 +106,7 @@ impl Confirmations {
         drop(at);
         let before = self.outcome.lock().expect("not poisoned").replace(outcome);
         if before == Some(outcome) {
-            return;
+            return false;
         }
         const ENDS: &str = "no term starts, and terms end abandon_after after the last confirmation";
         match leader {
@@ -119,6 +125,7 @@ impl Confirmations {
             Err(Refusal::Settings(error)) => tracing::error!(error = %error,
                 "Patroni's settings no longer bound a term: no term starts, and running terms end at their next beat"),
         }
+        outcome == Outcome::Confirmed
     }
 }
 
@@ -133,8 +140,17 @@ enum Outcome {
 }
 
 /// Checks every `every` until the guard is dropped: `leader` asks Patroni,
-/// `ours` reads the postmaster of the server the store reaches.
-pub(crate) fn watch<L, O, LF, OF>(every: Duration, leader: L, ours: O) -> (Arc<Confirmations>, DropGuard)
+/// `ours` reads the postmaster of the server the store reaches. `again`
+/// moving (the store's connections came back, or reached another host)
+/// checks at once, at most every [`CHECK_SPACING`]: a promoted server is
+/// confirmed when the store reaches it, not up to `every` later; `gained`
+/// is called when a check confirms after one that did not.
+pub(crate) fn watch<L, O, LF, OF>(
+    every: Duration,
+    (mut again, gained): (watch::Receiver<u64>, impl Fn() + Send + 'static),
+    leader: L,
+    ours: O,
+) -> (Arc<Confirmations>, DropGuard)
 where
     L: Fn() -> LF + Send + 'static,
     O: Fn() -> OF + Send + 'static,
@@ -150,11 +166,15 @@ where
     let check = tokio::spawn(async move {
         loop {
             let started = Instant::now();
+            again.borrow_and_update();
             let (leader, ours) = futures::join!(leader(), ours());
-            record.record(started, leader, ours);
+            if record.record(started, leader, ours) {
+                gained();
+            }
             tokio::select! {
                 _ = stopped.cancelled() => return,
                 _ = tokio::time::sleep_until(started + every) => {}
+                Ok(()) = again.changed() => tokio::time::sleep_until(started + CHECK_SPACING).await,
             }
         }
     });
@@ -248,17 +268,21 @@ mod tests {
             outcome: Mutex::new(None),
         };
         let t0 = Instant::now();
-        c.record(t0, Ok(3), Some(2));
+        assert!(!c.record(t0, Ok(3), Some(2)));
         assert_eq!(c.latest(), Confirmation::Never);
-        c.record(t0, Err(Refusal::NoLeader), Some(2));
+        assert!(!c.record(t0, Err(Refusal::NoLeader), Some(2)));
         assert_eq!(c.latest(), Confirmation::Never);
-        c.record(t0, Ok(2), None);
+        assert!(!c.record(t0, Ok(2), None));
         assert_eq!(c.latest(), Confirmation::Never);
-        c.record(t0, Ok(2), Some(2));
+        assert!(
+            c.record(t0, Ok(2), Some(2)),
+            "gained: the role loops waiting on it are woken"
+        );
         assert_eq!(c.latest(), Confirmation::At(t0.into_std()));
+        assert!(!c.record(t0, Ok(2), Some(2)), "kept, not gained");
         let t1 = t0 + Duration::from_secs(1);
-        c.record(t1, Ok(3), Some(2));
-        c.record(t1, Err(Refusal::Stale { age_secs: Some(9) }), Some(2));
+        assert!(!c.record(t1, Ok(3), Some(2)));
+        assert!(!c.record(t1, Err(Refusal::Stale { age_secs: Some(9) }), Some(2)));
         assert_eq!(
             c.latest(),
             Confirmation::At(t0.into_std()),
@@ -270,6 +294,38 @@ mod tests {
             c.latest(),
             Confirmation::Never,
             "settings that no longer bound a term withdraw the word"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_store_reaching_its_server_again_checks_at_once_and_a_confirmation_gained_is_told() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (checks, gains) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (again, seen) = watch::channel(0u64);
+        let (counted, told) = (checks.clone(), gains.clone());
+        let (_confirmations, _guard) = watch(
+            Duration::from_secs(10),
+            (seen, move || {
+                told.fetch_add(1, Ordering::SeqCst);
+            }),
+            move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                // Patroni names our server from the second check on.
+                async move { Ok(if n == 0 { 1 } else { 2 }) }
+            },
+            || async { Some(2) },
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            (checks.load(Ordering::SeqCst), gains.load(Ordering::SeqCst)),
+            (1, 0)
+        );
+        again.send_modify(|n| *n += 1);
+        tokio::time::sleep(CHECK_SPACING).await;
+        assert_eq!(
+            (checks.load(Ordering::SeqCst), gains.load(Ordering::SeqCst)),
+            (2, 1),
+            "checked at once, not 10 s after the last, and the confirmation told"
         );
     }
 }
