@@ -187,10 +187,12 @@
 //!    When it answers writable on the older timeline, the pool drops
 //!    every connection made before and the heartbeat ends every term that
 //!    started before as lost, reason `superseded` (its work may have
-//!    written to a server whose writes are to be rewound), at its next beat:
-//!    within S + 2 S / hosts + max(`heartbeat_every`, S) of the promotion (a
-//!    probe pass waits S after the last one ended and takes at most S /
-//!    hosts). Timelines only grow in one cluster; what the process saw is
+//!    written to a server whose writes are to be rewound), as soon as the
+//!    store sees it (its connections then move to the promoted host, which
+//!    wakes the heartbeat), not at the term's next beat: within S + 2 S /
+//!    hosts of the promotion, plus 200 ms (a probe pass waits S after the
+//!    last one ended and takes at most S / hosts; the heartbeat renews at
+//!    most once per 200 ms for a move). Timelines only grow in one cluster; what the process saw is
 //!    never forgotten, so while only superseded servers answer (a promoted
 //!    server that died, a cluster re-created behind the same host names)
 //!    every statement fails (after at most one connection per host and

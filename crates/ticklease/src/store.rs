@@ -592,3 +592,12 @@ pub trait LeaseStore: Send + Sync + 'static {
         None
     }
 }
+
+/// Resolves when `usable` ([`LeaseStore::usable`]) moves, at once if it
+/// moved unseen; never without one, or once its store is gone.
+pub(crate) async fn usable_moved(usable: Option<&mut tokio::sync::watch::Receiver<u64>>) -> Option<()> {
+    match usable {
+        Some(usable) => usable.changed().await.ok(),
+        None => None,
+    }
+}

@@ -22,12 +22,12 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::connect::coordination::{told, RoleSignals};
+use crate::connect::coordination::{told, RoleSignals, SIGNAL_SPACING};
 use crate::connect::patroni::Confirmation;
 use crate::leader::drift::Drift;
 use crate::ops::metrics::Metrics;
 use crate::store::batch::{align_down, Batcher};
-use crate::store::{LeaseStore, LossReason, Renew};
+use crate::store::{usable_moved, LeaseStore, LossReason, Renew};
 use crate::term::role::Role;
 use crate::term::token::Token;
 
@@ -83,6 +83,10 @@ impl<S: LeaseStore> Heartbeat<S> {
         let mut last_sent = self.acquire_sent;
         let mut missed = false;
         let mut told_at = None;
+        // The store's connections reaching another host (or coming back)
+        // is when a promotion is seen: the term is judged then, not at its
+        // next beat, and a missed beat is sent again.
+        let mut usable = self.store.usable();
         loop {
             let beat_at = match (missed, self.grid) {
                 (true, _) => last_sent + cfg.heartbeat_every() / 2,
@@ -99,6 +103,14 @@ impl<S: LeaseStore> Heartbeat<S> {
                     told_at = Some(Instant::now());
                     tracing::debug!(role = %self.role, token = %self.token, "told of a pause; renewing now");
                 }
+                Some(()) = usable_moved(usable.as_mut()) => {
+                    // A link that flaps costs a RENEW per spacing, not per reconnect.
+                    sleep_until(last_sent + SIGNAL_SPACING).await;
+                    tracing::debug!(role = %self.role, token = %self.token, "the store's connections came back or moved; renewing now");
+                }
+            }
+            if let Some(usable) = &mut usable {
+                usable.borrow_and_update();
             }
             if self.server_superseded() {
                 tracing::warn!(role = %self.role, token = %self.token,

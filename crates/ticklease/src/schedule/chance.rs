@@ -14,7 +14,7 @@ use crate::connect::coordination::{told, RoleSignals, Signals};
 use crate::error::Error;
 use crate::leader::lead::{Lead, Manager};
 use crate::schedule::wake::{next_wake, Polled, Wake};
-use crate::store::LeaseStore;
+use crate::store::{usable_moved, LeaseStore};
 use crate::term::role::Role;
 
 /// Waits for a role's next chance after a call of [`Manager::lead`]: until
@@ -159,14 +159,5 @@ impl NextChance {
             usable.borrow_and_update();
         }
         true
-    }
-}
-
-/// Resolves when `usable` ([`LeaseStore::usable`]) moves, at once if it
-/// moved unseen; never without one, or once its store is gone.
-async fn usable_moved(usable: Option<&mut watch::Receiver<u64>>) -> Option<()> {
-    match usable {
-        Some(usable) => usable.changed().await.ok(),
-        None => None,
     }
 }
