@@ -160,7 +160,10 @@
 //!    doubling to 0.5 s, and the first connection made (or one that reaches
 //!    another host) wakes every role loop whose poll failed, where before
 //!    it waited `max_poll` (with Patroni's word, the check runs at once then
-//!    too, and its confirmation wakes the loops it kept waiting). Each host is its own connection attempt, bounded
+//!    too, and its confirmation wakes the loops it kept waiting; a check in
+//!    which Patroni names another server than the store's probes the URL's
+//!    hosts at once, not at the next probe, so a promoted server is reached
+//!    within a check's period). Each host is its own connection attempt, bounded
 //!    as a whole (TCP, TLS, startup, authentication, the read-write check)
 //!    by an equal share of S (or the URL's `connect_timeout`, if shorter),
 //!    and the host that answered last is tried first: a first host that

@@ -224,10 +224,18 @@ impl PgStore {
             .and_then(|settings| settings.admit(abandon_after, statement_timeout))
             .map_err(|source| StoreError::Patroni { source })?;
         let pooled = self.clone();
-        let hosts = self.hosts.clone();
+        let (told, looking) = (self.hosts.clone(), self.hosts.clone());
+        let hooks = check::Hooks {
+            again: self.hosts.usable(),
+            gained: move || told.usable_again(),
+            elsewhere: move || {
+                let hosts = looking.clone();
+                async move { hosts.probe().await }
+            },
+        };
         let (confirmations, guard) = check::watch(
             config.heartbeat_every() / 2,
-            (self.hosts.usable(), move || hosts.usable_again()),
+            hooks,
             move || {
                 let patroni = patroni.clone();
                 async move {

@@ -84,9 +84,9 @@ impl Confirmations {
         }
     }
 
-    /// Records one check's result; logs a change of outcome. True when it
-    /// confirms after one that did not.
-    fn record(&self, started: Instant, leader: Result<i64, Refusal>, ours: Option<i64>) -> bool {
+    /// Records one check's result; logs a change of outcome. The outcome,
+    /// and whether it changed.
+    fn record(&self, started: Instant, leader: Result<i64, Refusal>, ours: Option<i64>) -> (Outcome, bool) {
         let outcome = match (&leader, ours) {
             (Ok(leader), Some(ours)) if *leader == ours => Outcome::Confirmed,
             (Ok(_), _) => Outcome::OtherServer,
@@ -106,7 +106,7 @@ impl Confirmations {
         drop(at);
         let before = self.outcome.lock().expect("not poisoned").replace(outcome);
         if before == Some(outcome) {
-            return false;
+            return (outcome, false);
         }
         const ENDS: &str = "no term starts, and terms end abandon_after after the last confirmation";
         match leader {
@@ -125,7 +125,7 @@ impl Confirmations {
             Err(Refusal::Settings(error)) => tracing::error!(error = %error,
                 "Patroni's settings no longer bound a term: no term starts, and running terms end at their next beat"),
         }
-        outcome == Outcome::Confirmed
+        (outcome, true)
     }
 }
 
@@ -139,19 +139,33 @@ enum Outcome {
     Settings,
 }
 
+/// What the check tells the store, and what it hears from it.
+pub(crate) struct Hooks<G, E> {
+    /// Moves when the store's connections came back or reached another
+    /// host: the check runs at once, at most every [`CHECK_SPACING`], so a
+    /// promoted server is confirmed when the store reaches it, not up to a
+    /// check's period later.
+    pub(crate) again: watch::Receiver<u64>,
+    /// Called when a check confirms after one that did not.
+    pub(crate) gained: G,
+    /// Awaited after each check in which Patroni named another server
+    /// than the store's: the store looks for it among its URL's hosts then,
+    /// not at its next probe.
+    pub(crate) elsewhere: E,
+}
+
 /// Checks every `every` until the guard is dropped: `leader` asks Patroni,
-/// `ours` reads the postmaster of the server the store reaches. `again`
-/// moving (the store's connections came back, or reached another host)
-/// checks at once, at most every [`CHECK_SPACING`]: a promoted server is
-/// confirmed when the store reaches it, not up to `every` later; `gained`
-/// is called when a check confirms after one that did not.
-pub(crate) fn watch<L, O, LF, OF>(
+/// `ours` reads the postmaster of the server the store reaches.
+pub(crate) fn watch<L, O, LF, OF, G, E, EF>(
     every: Duration,
-    (mut again, gained): (watch::Receiver<u64>, impl Fn() + Send + 'static),
+    hooks: Hooks<G, E>,
     leader: L,
     ours: O,
 ) -> (Arc<Confirmations>, DropGuard)
 where
+    G: Fn() + Send + 'static,
+    E: Fn() -> EF + Send + 'static,
+    EF: std::future::Future<Output = ()> + Send,
     L: Fn() -> LF + Send + 'static,
     O: Fn() -> OF + Send + 'static,
     LF: std::future::Future<Output = Result<i64, Refusal>> + Send,
@@ -163,13 +177,20 @@ where
     });
     let stop = CancellationToken::new();
     let (record, stopped) = (confirmations.clone(), stop.clone());
+    let Hooks {
+        mut again,
+        gained,
+        elsewhere,
+    } = hooks;
     let check = tokio::spawn(async move {
         loop {
             let started = Instant::now();
             again.borrow_and_update();
             let (leader, ours) = futures::join!(leader(), ours());
-            if record.record(started, leader, ours) {
-                gained();
+            match record.record(started, leader, ours) {
+                (Outcome::Confirmed, true) => gained(),
+                (Outcome::OtherServer, _) => elsewhere().await,
+                _ => {}
             }
             tokio::select! {
                 _ = stopped.cancelled() => return,
@@ -268,21 +289,25 @@ mod tests {
             outcome: Mutex::new(None),
         };
         let t0 = Instant::now();
-        assert!(!c.record(t0, Ok(3), Some(2)));
+        assert_eq!(c.record(t0, Ok(3), Some(2)), (Outcome::OtherServer, true));
         assert_eq!(c.latest(), Confirmation::Never);
-        assert!(!c.record(t0, Err(Refusal::NoLeader), Some(2)));
-        assert_eq!(c.latest(), Confirmation::Never);
-        assert!(!c.record(t0, Ok(2), None));
-        assert_eq!(c.latest(), Confirmation::Never);
-        assert!(
-            c.record(t0, Ok(2), Some(2)),
-            "gained: the role loops waiting on it are woken"
+        assert_eq!(
+            c.record(t0, Err(Refusal::NoLeader), Some(2)),
+            (Outcome::NoLeader, true)
         );
+        assert_eq!(c.latest(), Confirmation::Never);
+        assert_eq!(c.record(t0, Ok(2), None), (Outcome::OtherServer, true));
+        assert_eq!(c.latest(), Confirmation::Never);
+        assert_eq!(c.record(t0, Ok(2), Some(2)), (Outcome::Confirmed, true), "gained");
         assert_eq!(c.latest(), Confirmation::At(t0.into_std()));
-        assert!(!c.record(t0, Ok(2), Some(2)), "kept, not gained");
+        assert_eq!(
+            c.record(t0, Ok(2), Some(2)),
+            (Outcome::Confirmed, false),
+            "kept, not gained"
+        );
         let t1 = t0 + Duration::from_secs(1);
-        assert!(!c.record(t1, Ok(3), Some(2)));
-        assert!(!c.record(t1, Err(Refusal::Stale { age_secs: Some(9) }), Some(2)));
+        c.record(t1, Ok(3), Some(2));
+        c.record(t1, Err(Refusal::Stale { age_secs: Some(9) }), Some(2));
         assert_eq!(
             c.latest(),
             Confirmation::At(t0.into_std()),
@@ -298,16 +323,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_store_reaching_its_server_again_checks_at_once_and_a_confirmation_gained_is_told() {
+    async fn a_check_naming_another_server_looks_for_it_and_the_store_reaching_it_checks_at_once() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let (checks, gains) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let looks = Arc::new(AtomicUsize::new(0));
         let (again, seen) = watch::channel(0u64);
-        let (counted, told) = (checks.clone(), gains.clone());
+        let (counted, told, looked) = (checks.clone(), gains.clone(), looks.clone());
         let (_confirmations, _guard) = watch(
             Duration::from_secs(10),
-            (seen, move || {
-                told.fetch_add(1, Ordering::SeqCst);
-            }),
+            Hooks {
+                again: seen,
+                gained: move || {
+                    told.fetch_add(1, Ordering::SeqCst);
+                },
+                elsewhere: move || {
+                    looked.fetch_add(1, Ordering::SeqCst);
+                    async {}
+                },
+            },
             move || {
                 let n = counted.fetch_add(1, Ordering::SeqCst);
                 // Patroni names our server from the second check on.
@@ -319,6 +352,11 @@ mod tests {
         assert_eq!(
             (checks.load(Ordering::SeqCst), gains.load(Ordering::SeqCst)),
             (1, 0)
+        );
+        assert_eq!(
+            looks.load(Ordering::SeqCst),
+            1,
+            "Patroni named another server: the store looked for it"
         );
         again.send_modify(|n| *n += 1);
         tokio::time::sleep(CHECK_SPACING).await;
