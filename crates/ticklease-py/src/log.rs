@@ -103,9 +103,14 @@ fn send(line: Line) {
         Some((owner, sender)) if *owner == pid => sender.clone(),
         _ => {
             let (sender, receiver) = sync_channel::<Line>(QUEUE_MAX);
+            // Started from any thread, Python's main one included: it blocks
+            // the asynchronous signals first thing, as the runtime's threads do.
             let started = std::thread::Builder::new()
                 .name("ticklease-log".into())
-                .spawn(move || log_thread(receiver));
+                .spawn(move || {
+                    crate::runtime::block_signals();
+                    log_thread(receiver)
+                });
             if started.is_err() {
                 return;
             }

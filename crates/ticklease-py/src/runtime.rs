@@ -7,12 +7,21 @@
 //!
 //! [`Rt`] is that runtime as `pyo3-async-runtimes` sees it, so its bridges
 //! (a Rust future as a Python awaitable, cancelled from Python) spawn here.
+//!
+//! The runtime's threads block every asynchronous signal. The kernel hands a
+//! process-directed signal (Ctrl-C, a `kill`) to any thread that does not
+//! block it; Python runs its handlers on the main thread only, and a signal
+//! taken by another thread does not interrupt the main thread's sleep (in
+//! asyncio's `epoll_wait`, in `time.sleep`). So no thread of ours takes one:
+//! it goes to a Python thread, the main one if no other is running.
+//! (`ticklease._scheduler._signals_wake` covers the rest under asyncio.)
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
+use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
 use pyo3_async_runtimes::generic::{ContextExt, JoinError, Runtime};
 use pyo3_async_runtimes::TaskLocals;
 use tokio::runtime::Runtime as Tokio;
@@ -33,15 +42,54 @@ pub(crate) fn runtime() -> Arc<Tokio> {
         // A parent's runtime: its worker threads were not forked with us.
         std::mem::forget(inherited);
     }
-    let rt = Arc::new(
+    // The workers start inside `build`, from this thread: they inherit the
+    // mask set around it. Threads started later (the blocking pool's) block
+    // the signals first thing, from `on_thread_start`.
+    let rt = Arc::new(with_signals_blocked(|| {
         tokio::runtime::Builder::new_multi_thread()
             .thread_name("ticklease")
+            .on_thread_start(block_signals)
             .enable_all()
             .build()
-            .expect("the ticklease runtime starts (threads and an epoll instance)"),
-    );
+            .expect("the ticklease runtime starts (threads and an epoll instance)")
+    }));
     *slot = Some((pid, rt.clone()));
     rt
+}
+
+/// The signals a thread of ours never takes: all but the synchronous ones
+/// (a fault is delivered to the thread that caused it, blocked or not).
+fn asynchronous_signals() -> SigSet {
+    let mut set = SigSet::all();
+    for fault in [
+        Signal::SIGSEGV,
+        Signal::SIGBUS,
+        Signal::SIGFPE,
+        Signal::SIGILL,
+        Signal::SIGTRAP,
+        Signal::SIGSYS,
+    ] {
+        set.remove(fault);
+    }
+    set
+}
+
+pub(crate) fn block_signals() {
+    // pthread_sigmask fails only on a bad `how`: nothing to handle.
+    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&asynchronous_signals()), None);
+}
+
+/// Runs `f` with this thread's asynchronous signals blocked, then restores its mask.
+fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    let mut previous = SigSet::empty();
+    let _ = pthread_sigmask(
+        SigmaskHow::SIG_BLOCK,
+        Some(&asynchronous_signals()),
+        Some(&mut previous),
+    );
+    let out = f();
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&previous), None);
+    out
 }
 
 /// The gate through which the core's own threads enter Python. At the

@@ -135,6 +135,34 @@ def test_the_interpreter_exits_cleanly_after_a_run_every_time(db: Database) -> N
     assert codes == [0] * 8
 
 
+def signals_blocked(pid: int, tid: str) -> int:
+    """The blocked-signal mask of thread ``tid`` of process ``pid`` (bit n-1 for signal n)."""
+    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+
+
+@pytest.mark.parametrize("mode", ["async", "threads"])
+def test_no_thread_of_the_core_takes_a_signal_meant_for_python(db: Database, mode: str) -> None:
+    # The kernel gives a process-directed SIGINT to any thread that does not block it. Taken by a core thread,
+    # it does not interrupt the main thread's sleep, where Python runs the handler.
+    p = spawn("replica.py", db.app_url, "masks", *(["--threads"] if mode == "threads" else []))
+    try:
+        line_starting(p, "leading", 30)
+        threads = {
+            t: Path(f"/proc/{p.pid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{p.pid}/task")
+        }
+        core = [t for t, name in threads.items() if name.startswith("ticklease")]
+        assert core, threads
+        wanted = 1 << (signal.SIGINT - 1) | 1 << (signal.SIGTERM - 1)
+        assert all(signals_blocked(p.pid, t) & wanted == wanted for t in core), [
+            hex(signals_blocked(p.pid, t)) for t in core
+        ]
+        assert signals_blocked(p.pid, str(p.pid)) & wanted == 0, "the main thread takes them"
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_a_sigterm_releases_the_term_within_the_grace_while_the_work_blocks_the_event_loop(db: Database) -> None:
     # The work blocks the loop (time.sleep(30)): the loop's own signal handlers could not have run for 30 s;
     # Python's run between bytecodes, and the core releases the term on its own threads.
