@@ -8,7 +8,7 @@ use ticklease::{
     Renew, Role, Scheduler, Token,
 };
 use ticklease_testkit::{
-    connect, primary_and_standby, scalar, test_config, url_for_hosts, Fault, FaultProxy, PgCluster,
+    connect, primary_and_standby, scalar, test_config, url_for_hosts, Fault, FaultProxy, PgCluster, Standby,
 };
 
 fn billing() -> Role {
@@ -126,12 +126,7 @@ async fn a_standbys_refusal_beside_a_primary_that_timed_out_is_no_answer() {
 #[tokio::test]
 async fn a_black_holed_first_host_costs_a_share_of_the_deadline_not_a_stop() {
     let cluster = PgCluster::shared();
-    let db = cluster.create_database().await.unwrap();
-    ticklease::migrate(&mut connect(&cluster.config(&db)).await.unwrap())
-        .await
-        .unwrap();
-    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
-    let a = FaultProxy::start(upstream).await.unwrap();
+    let (db, a) = migrated_behind_a_proxy().await;
     a.set(Fault::Blackhole);
     let url = format!(
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{db}?target_session_attrs=read-write",
@@ -292,19 +287,16 @@ fn hold(
 /// is a log line and is counted.
 #[tokio::test]
 async fn with_two_writable_servers_every_statement_goes_to_the_promoted_one() {
-    let (primary, standby, db) = primary_and_standby().await;
     let config = test_config();
-    let url: PgConnect = url_for_hosts(&[&primary, standby.cluster()], &db)
-        .parse()
-        .unwrap();
-    let store = PgStore::connect(url, PgStoreOptions::from_config(&config))
-        .await
-        .unwrap();
-    let manager = Manager::start(store.clone(), config, [billing()]).await.unwrap();
-    let (first, lead) = hold(&manager);
-    let first = first.await.unwrap();
-    standby.wait_caught_up(&primary).await.unwrap();
-    standby.promote().await.unwrap();
+    let Promoted {
+        primary,
+        standby,
+        db,
+        store,
+        manager,
+        first,
+        lead,
+    } = a_term_then_a_promotion(config).await;
     let promoted = tokio::time::Instant::now();
     let old = connect(&primary.config(&db)).await.unwrap();
     let new = connect(&standby.cluster().config(&db)).await.unwrap();
@@ -448,14 +440,9 @@ async fn a_fresh_process_acquires_other_on_the_urls_hosts() {
 /// outcome. Before, it was tried once and the lease ran out on its own.
 #[tokio::test]
 async fn a_release_that_cannot_finish_is_sent_again_within_the_lease() {
-    let cluster = PgCluster::shared();
-    let db = cluster.create_database().await.unwrap();
-    let owner = connect(&cluster.config(&db)).await.unwrap();
-    ticklease::migrate(&mut connect(&cluster.config(&db)).await.unwrap())
-        .await
-        .unwrap();
-    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
-    let proxy = std::sync::Arc::new(FaultProxy::start(upstream).await.unwrap());
+    let (db, proxy) = migrated_behind_a_proxy().await;
+    let owner = connect(&PgCluster::shared().config(&db)).await.unwrap();
+    let proxy = std::sync::Arc::new(proxy);
     let url = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port());
     let config = long_lease(Duration::from_secs(10));
     let store = PgStore::connect(
@@ -739,13 +726,7 @@ async fn a_stalled_synchronous_standby_shows_in_the_waits_a_scrape_exports() {
 /// no more than it costs one with.
 #[tokio::test]
 async fn a_poll_that_failed_in_an_outage_is_sent_again_once_the_server_is_back() {
-    let cluster = PgCluster::shared();
-    let db = cluster.create_database().await.unwrap();
-    ticklease::migrate(&mut connect(&cluster.config(&db)).await.unwrap())
-        .await
-        .unwrap();
-    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
-    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let (db, proxy) = migrated_behind_a_proxy().await;
     let url = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port());
     let config = ticklease::Config::builder()
         .lease_ttl(Duration::from_secs(20))
@@ -798,7 +779,6 @@ async fn a_poll_that_failed_in_an_outage_is_sent_again_once_the_server_is_back()
 /// beat would come half a minute after the term started.
 #[tokio::test]
 async fn a_term_on_a_superseded_server_ends_when_the_store_sees_the_promotion_not_at_its_next_beat() {
-    let (primary, standby, db) = primary_and_standby().await;
     let config = ticklease::Config::builder()
         .lease_ttl(Duration::from_secs(120))
         .heartbeat_every(Duration::from_secs(30))
@@ -807,17 +787,9 @@ async fn a_term_on_a_superseded_server_ends_when_the_store_sees_the_promotion_no
         .max_poll(Duration::from_secs(1))
         .build()
         .unwrap();
-    let url: PgConnect = url_for_hosts(&[&primary, standby.cluster()], &db)
-        .parse()
-        .unwrap();
-    let store = PgStore::connect(url, PgStoreOptions::from_config(&config))
-        .await
-        .unwrap();
-    let manager = Manager::start(store.clone(), config, [billing()]).await.unwrap();
-    let (first, lead) = hold(&manager);
-    first.await.unwrap();
-    standby.wait_caught_up(&primary).await.unwrap();
-    standby.promote().await.unwrap();
+    let Promoted {
+        store, manager, lead, ..
+    } = a_term_then_a_promotion(config).await;
     let seen = loop {
         if store.hosts().events().host_changes == 1 {
             break tokio::time::Instant::now();
@@ -844,4 +816,52 @@ async fn a_term_on_a_superseded_server_ends_when_the_store_sees_the_promotion_no
         seen.elapsed()
     );
     manager.shutdown();
+}
+
+/// A fresh migrated database on the shared cluster, and a fault proxy in front of the cluster.
+async fn migrated_behind_a_proxy() -> (String, FaultProxy) {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    ticklease::migrate(&mut connect(&cluster.config(&db)).await.unwrap())
+        .await
+        .unwrap();
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
+    (db, FaultProxy::start(upstream).await.unwrap())
+}
+
+/// Two writable servers: billing led on the primary by a store whose URL
+/// names both, then the standby promoted while the old primary stays writable.
+struct Promoted {
+    primary: PgCluster,
+    standby: Standby,
+    db: String,
+    store: PgStore,
+    manager: Manager<PgStore>,
+    /// The term started on the old primary, and its lead.
+    first: Token,
+    lead: tokio::task::JoinHandle<Lead<()>>,
+}
+
+async fn a_term_then_a_promotion(config: ticklease::Config) -> Promoted {
+    let (primary, standby, db) = primary_and_standby().await;
+    let url: PgConnect = url_for_hosts(&[&primary, standby.cluster()], &db)
+        .parse()
+        .unwrap();
+    let store = PgStore::connect(url, PgStoreOptions::from_config(&config))
+        .await
+        .unwrap();
+    let manager = Manager::start(store.clone(), config, [billing()]).await.unwrap();
+    let (first, lead) = hold(&manager);
+    let first = first.await.unwrap();
+    standby.wait_caught_up(&primary).await.unwrap();
+    standby.promote().await.unwrap();
+    Promoted {
+        primary,
+        standby,
+        db,
+        store,
+        manager,
+        first,
+        lead,
+    }
 }
