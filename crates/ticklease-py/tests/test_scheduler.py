@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import subprocess
 import threading
 import time
 from datetime import datetime
@@ -447,3 +448,25 @@ def test_a_signal_whose_handler_ran_on_another_thread_still_wakes_the_asyncio_lo
     stopped = asyncio.run(main())
     assert stopped.all_released, stopped
     assert sent and time.monotonic() - sent[0] < 10, "stopped at the signal, not when the loop woke for another reason"
+
+
+def test_a_plain_function_work_and_its_children_take_signals_as_a_python_thread_would(db: Database) -> None:
+    # The work's thread is started by a core thread, whose signals are all blocked: a child it started
+    # inherited that, and its terminate() was left pending (the outside review's F3).
+    s = ticklease.Scheduler(db.app_url, config=scaled_config())
+    codes: list[int | None] = []
+
+    @s.job("children", 0.05)
+    def children(term: ticklease.Term) -> None:
+        child = subprocess.Popen(["sleep", "30"])
+        child.terminate()
+        try:
+            codes.append(child.wait(10))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            codes.append(None)
+        s.stop()
+
+    stopped = s.run_blocking(handle_signals=False)
+    assert stopped.all_released, stopped
+    assert codes == [-signal.SIGTERM]

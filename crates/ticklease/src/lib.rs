@@ -156,14 +156,20 @@
 //!    once; with a multi-host URL (`host=a,b`, `target_session_attrs=read-write`)
 //!    the next statement finds the new primary, so a failover costs missed
 //!    beats, not a restart. **A role is asked for again as soon as its
-//!    server answers**: during an outage the store connects every 100 ms
-//!    doubling to 0.5 s, and the first connection made (or one that reaches
-//!    another host) wakes every role loop whose poll failed, where before
-//!    it waited `max_poll` (with Patroni's word, the check runs at once then
-//!    too, and its confirmation wakes the loops it kept waiting; a check in
-//!    which Patroni names another server than the store's probes the URL's
-//!    hosts at once, not at the next probe, so a promoted server is reached
-//!    within a check's period). Each host is its own connection attempt, bounded
+//!    server answers**: during an outage the store runs `SELECT 1` every
+//!    100 ms doubling to 0.5 s (at most 2 a second per store, however many
+//!    roles wait), and the first that answers (or a connection that reaches
+//!    another host) wakes every role loop whose poll failed, where before it
+//!    waited `max_poll`; a loop takes one such early poll per run of failed
+//!    ones, so a link that flaps or a login that ends our backends costs at
+//!    most two polls per `max_poll` and role. Through PgBouncer the server's
+//!    return is seen when PgBouncer logs in to it again (its
+//!    `server_login_retry`, 15 s by default). With Patroni's word, the check
+//!    runs at once then too (once per period at most), and its confirmation
+//!    wakes the loops it kept waiting; a check in which Patroni names another
+//!    server than the store's probes the URL's hosts at once, not at the next
+//!    probe, so a promoted server is reached within a check's period. Each
+//!    host is its own connection attempt, bounded
 //!    as a whole (TCP, TLS, startup, authentication, the read-write check)
 //!    by an equal share of S (or the URL's `connect_timeout`, if shorter),
 //!    and the host that answered last is tried first: a first host that

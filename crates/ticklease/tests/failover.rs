@@ -787,13 +787,25 @@ async fn a_term_on_a_superseded_server_ends_when_the_store_sees_the_promotion_no
         .max_poll(Duration::from_secs(1))
         .build()
         .unwrap();
+    // The servers stop when dropped: kept to the end.
     let Promoted {
-        store, manager, lead, ..
+        primary: _primary,
+        standby: _standby,
+        store,
+        manager,
+        lead,
+        ..
     } = a_term_then_a_promotion(config).await;
+    let promoted = tokio::time::Instant::now();
     let seen = loop {
-        if store.hosts().events().host_changes == 1 {
+        if store.hosts().events().host_changes >= 1 {
             break tokio::time::Instant::now();
         }
+        assert!(
+            promoted.elapsed() < Duration::from_secs(20),
+            "the store never saw the promotion: {:?}",
+            store.hosts().events()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     let lost = tokio::time::timeout(Duration::from_secs(40), lead)
@@ -864,4 +876,60 @@ async fn a_term_then_a_promotion(config: ticklease::Config) -> Promoted {
         first,
         lead,
     }
+}
+
+/// The outside review's F1 (issue 42): a login that ends the store's
+/// backends over and over (a superuser's watchdog, any login with
+/// `pg_signal_backend`) turned the wake-up of failed polls into a storm,
+/// since every connection made woke every failed role loop at once (407
+/// polls in 10 s for 20 roles). Now the store's return is a statement that
+/// answered, and each loop takes one early poll per run of failures: at
+/// most two polls per `max_poll` and role, as before the wake-up, plus one.
+#[tokio::test]
+async fn a_login_that_ends_our_backends_over_and_over_costs_at_most_two_polls_per_max_poll() {
+    let cluster = PgCluster::shared();
+    let db = cluster.create_database().await.unwrap();
+    ticklease::migrate(&mut connect(&cluster.config(&db)).await.unwrap())
+        .await
+        .unwrap();
+    let max_poll = Duration::from_secs(5);
+    let config = ticklease::Config::builder().max_poll(max_poll).build().unwrap();
+    let store = PgStore::connect(
+        cluster.url(&db).parse::<PgConnect>().unwrap(),
+        PgStoreOptions::from_config(&config),
+    )
+    .await
+    .unwrap();
+    let roles: Vec<Role> = (0..10).map(|i| Role::new(format!("r{i}")).unwrap()).collect();
+    let manager = Manager::start(store, config, roles.clone()).await.unwrap();
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    for role in &roles {
+        let (manager, role, polls) = (manager.clone(), role.clone(), polls.clone());
+        tokio::spawn(async move {
+            let mut chance = ticklease::NextChance::new(&manager, &role);
+            loop {
+                let work = |_| async { Ok::<_, std::io::Error>(()) };
+                let lead = manager.lead(&role, Duration::from_secs(3600), work).await;
+                polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if !chance.wait(&lead).await {
+                    return;
+                }
+            }
+        });
+    }
+    let killer = connect(&cluster.config("postgres")).await.unwrap();
+    let window = Duration::from_secs(10);
+    let start = tokio::time::Instant::now();
+    let before = polls.load(std::sync::atomic::Ordering::SeqCst);
+    while start.elapsed() < window {
+        let end = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                   WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'";
+        killer.query_one(end, &[&db]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let polled = polls.load(std::sync::atomic::Ordering::SeqCst) - before;
+    let periods = window.as_secs() / max_poll.as_secs() + 1;
+    let bound = roles.len() as u64 * (2 * periods + 1);
+    assert!(polled <= bound, "{polled} polls in {window:?}: at most {bound}");
+    manager.shutdown();
 }

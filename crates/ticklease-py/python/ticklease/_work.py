@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import signal
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
@@ -71,6 +72,9 @@ def start_sync(work: Callable[[Term], Any], native: _native.Term, done: Done) ->
     term = Term(native)
 
     def run() -> None:
+        # Started by a core thread, which blocks every asynchronous signal: this thread and the processes it
+        # starts would inherit that (a child's SIGTERM left pending). As a thread of Python's own, none.
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
         outcome: Outcome = ("panicked", "the work's thread ended without an outcome")
         try:
             outcome = _run_sync(work, term)

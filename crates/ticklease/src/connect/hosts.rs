@@ -55,10 +55,10 @@ pub struct Hosts {
     /// Whether a change of host or a connection restored is logged (once
     /// per process: the store's hosts say it, the coordination session's not).
     says: bool,
-    /// Moves when an outage ends or a connection reaches another host:
-    /// what a statement that failed meanwhile may now find working.
+    /// Moves when a connection reaches another host, or the store ran a
+    /// statement again after an outage ([`Hosts::usable`]).
     usable: tokio::sync::watch::Sender<u64>,
-    /// An outage began: the [`Hosts::reconnect_during_outages`] task starts trying.
+    /// An outage began: the store's outage watch starts trying a statement.
     outage_began: tokio::sync::Notify,
 }
 
@@ -323,7 +323,7 @@ impl Hosts {
         if changed {
             self.changes.fetch_add(1, Ordering::Relaxed);
         }
-        if changed || outage.is_some() {
+        if changed {
             self.usable_again();
         }
         *self.still_down_said.lock().expect("still down") = None;
@@ -358,7 +358,23 @@ impl Hosts {
             return;
         }
         let probes = (0..self.hosts.len()).map(|i| tokio::time::timeout(self.per_host, self.attempt(i)));
-        let attempts = futures::future::join_all(probes).await;
+        let attempts: Vec<_> = futures::future::join_all(probes)
+            .await
+            .into_iter()
+            .enumerate()
+            .map(|(i, attempt)| match attempt {
+                // Judged again once the pass answered: a host that answered
+                // before a newer host's timeline was seen was judged current,
+                // and the promotion waited for the next pass.
+                Ok(Ok(Attempt::Current(client, connection, Some(timeline)))) => {
+                    Ok(Ok(match self.timelines.judge(i, timeline) {
+                        Some((by, timeline)) => Attempt::Superseded { by, timeline },
+                        None => Attempt::Current(client, connection, Some(timeline)),
+                    }))
+                }
+                other => other,
+            })
+            .collect();
         let newest = attempts
             .iter()
             .enumerate()
@@ -399,41 +415,15 @@ impl Hosts {
         Some(stop.drop_guard())
     }
 
-    /// Until the guard is dropped: once an outage begins (a connection lost
-    /// or not made), connects every [`RECONNECT_MIN`] doubling to
-    /// [`RECONNECT_MAX`] until one is made, so that the outage's end is seen
-    /// when the server comes back, not at the next statement
-    /// ([`Hosts::usable`] moves then). One connection per step per store,
-    /// however many roles wait.
-    pub(crate) fn reconnect_during_outages(self: &Arc<Self>) -> DropGuard {
-        let stop = CancellationToken::new();
-        let (hosts, stopped) = (self.clone(), stop.clone());
-        tokio::spawn(async move {
-            stopped
-                .run_until_cancelled(async {
-                    loop {
-                        hosts.outage_began.notified().await;
-                        hosts.reconnect().await;
-                    }
-                })
-                .await;
-        });
-        stop.drop_guard()
+    /// Resolves when an outage begins (a connection lost, or none made to
+    /// the server last used).
+    pub(crate) async fn outage_begins(&self) {
+        self.outage_began.notified().await;
     }
 
-    /// Connects until a connection is made (by this task or a statement's).
-    async fn reconnect(&self) {
-        let mut backoff = RECONNECT_MIN;
-        while self.outage.lock().expect("outage").is_some() {
-            tokio::time::sleep(backoff).await;
-            // The connection only shows the server is back; the pool makes its own.
-            let _ = self.connect().await;
-            backoff = (backoff * 2).min(RECONNECT_MAX);
-        }
-    }
-
-    /// A receiver that moves when an outage ends or a connection reaches
-    /// another host (a failover): a statement that failed before may now work.
+    /// A receiver that moves when a connection reaches another host (a
+    /// failover), or when the store that owns these hosts ran a statement
+    /// again after an outage: a statement that failed before may now work.
     pub fn usable(&self) -> tokio::sync::watch::Receiver<u64> {
         self.usable.subscribe()
     }

@@ -22,7 +22,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::connect::coordination::{told, RoleSignals, SIGNAL_SPACING};
+use crate::connect::coordination::{told, RoleSignals};
 use crate::connect::patroni::Confirmation;
 use crate::leader::drift::Drift;
 use crate::ops::metrics::Metrics;
@@ -87,6 +87,7 @@ impl<S: LeaseStore> Heartbeat<S> {
         // is when a promotion is seen: the term is judged then, not at its
         // next beat, and a missed beat is sent again.
         let mut usable = self.store.usable();
+        let mut renewed_early = false;
         loop {
             let beat_at = match (missed, self.grid) {
                 (true, _) => last_sent + cfg.heartbeat_every() / 2,
@@ -98,14 +99,15 @@ impl<S: LeaseStore> Heartbeat<S> {
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => return None,
-                _ = sleep_until(beat_at.min(self.abandon_at(last_ack))) => {}
+                _ = sleep_until(beat_at.min(self.abandon_at(last_ack))) => renewed_early = false,
                 _ = told(self.signals.as_ref().map(|s| &s.holder), told_at) => {
                     told_at = Some(Instant::now());
                     tracing::debug!(role = %self.role, token = %self.token, "told of a pause; renewing now");
                 }
-                Some(()) = usable_moved(usable.as_mut()) => {
-                    // A link that flaps costs a RENEW per spacing, not per reconnect.
-                    sleep_until(last_sent + SIGNAL_SPACING).await;
+                // At most once between two beats: a link that flaps, or a
+                // login that ends our connections, costs one RENEW per beat.
+                Some(()) = usable_moved(usable.as_mut()), if !renewed_early => {
+                    renewed_early = true;
                     tracing::debug!(role = %self.role, token = %self.token, "the store's connections came back or moved; renewing now");
                 }
             }

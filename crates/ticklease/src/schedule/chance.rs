@@ -58,6 +58,10 @@ pub struct NextChance {
     /// Moves when the store may work again ([`LeaseStore::usable`]): seen
     /// at each wake-up, so a move during the next poll wakes its wait.
     usable: Option<watch::Receiver<u64>>,
+    /// Whether a move of `usable` ended the wait after the last failed poll:
+    /// one early poll per run of failures, then `max_poll` again, however
+    /// often a hostile or flapping link moves it.
+    woken_early: bool,
     told_at: Option<tokio::time::Instant>,
 }
 
@@ -83,6 +87,7 @@ impl NextChance {
             shutdown: manager.shutdown_token(),
             waiting: None,
             usable: manager.store().usable(),
+            woken_early: false,
             told_at: None,
         }
     }
@@ -112,7 +117,11 @@ impl NextChance {
 
     /// When to ask next, and the wait on the holder's key to keep.
     fn plan(&mut self, polled: &Polled<'_>) -> Wake {
-        let wake = next_wake(polled, &self.config, self.signals.is_some());
+        let mut wake = next_wake(polled, &self.config, self.signals.is_some());
+        match polled {
+            Polled::Failed => wake.on_usable &= !self.woken_early,
+            _ => self.woken_early = false,
+        }
         match (wake.holder_key, &self.signals) {
             (Some(key), Some(signals)) if self.waiting.as_ref().map(|(k, _)| *k) != Some(key) => {
                 self.waiting = signals.holder_gone(key).map(|gone| (key, gone.boxed()));
@@ -131,13 +140,15 @@ impl NextChance {
             told_at,
             shutdown,
             usable,
+            woken_early,
             ..
         } = self;
         let gone = tokio::select! {
             _ = shutdown.cancelled() => return false,
             _ = tokio::time::sleep(wake.after) => false,
             Some(()) = usable_moved(usable.as_mut()), if wake.on_usable => {
-                tracing::debug!(%role, "the store's connections came back; asking now");
+                tracing::debug!(%role, "the store answers again; asking now");
+                *woken_early = true;
                 false
             }
             _ = told(woken.as_ref().map(|w| &w.follower), *told_at) => {

@@ -13,7 +13,7 @@ use tokio::time::{timeout_at, Instant};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
-use tokio_util::sync::DropGuard;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::cancel::CancelTarget;
 use super::{
@@ -22,7 +22,7 @@ use super::{
 };
 use crate::config::Config;
 use crate::connect::coordination::Signals;
-use crate::connect::hosts::{Hosts, PoolConnect};
+use crate::connect::hosts::{Hosts, PoolConnect, RECONNECT_MAX, RECONNECT_MIN};
 #[cfg(feature = "patroni")]
 use crate::connect::patroni::check::{self, Confirmations};
 use crate::connect::patroni::Confirmation;
@@ -155,7 +155,11 @@ impl PgStore {
             .expect("no runtime-dependent options");
         // Each probe pass is bounded by the statement timeout as a whole.
         let probe = hosts.watch(options.statement_timeout).map(Arc::new);
-        let reconnect = Arc::new(hosts.reconnect_during_outages());
+        let reconnect = Arc::new(watch_outages(
+            pool.clone(),
+            hosts.clone(),
+            options.statement_timeout,
+        ));
         let store = PgStore {
             pool,
             hosts,
@@ -464,6 +468,54 @@ impl PgStore {
                 statement,
                 after: self.statement_timeout,
             }),
+        }
+    }
+}
+
+/// Until the guard is dropped: once an outage begins (a connection lost or
+/// not made), runs `SELECT 1` through the pool every [`RECONNECT_MIN`]
+/// doubling to [`RECONNECT_MAX`] until one answers, then moves
+/// [`Hosts::usable`]: the role loops whose poll failed ask again when the
+/// server answers, not `max_poll` later. A statement, not a connection: a
+/// pooler in front of a stopped server accepts connections and fails every
+/// statement, and waking the loops at each would storm it. One statement
+/// per step per store, however many roles wait.
+fn watch_outages(pool: Pool, hosts: Arc<Hosts>, statement_timeout: Duration) -> DropGuard {
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+        stopped
+            .run_until_cancelled(async {
+                loop {
+                    hosts.outage_begins().await;
+                    let mut backoff = RECONNECT_MIN;
+                    loop {
+                        tokio::time::sleep(backoff).await;
+                        if select_1(&pool, statement_timeout).await {
+                            break;
+                        }
+                        backoff = (backoff * 2).min(RECONNECT_MAX);
+                    }
+                    hosts.usable_again();
+                }
+            })
+            .await;
+    });
+    stop.drop_guard()
+}
+
+/// Whether `SELECT 1` answered through the pool within `bound` (each of the
+/// wait for a connection and the statement). A connection whose statement
+/// did not answer is closed, never given back to the pool.
+async fn select_1(pool: &Pool, bound: Duration) -> bool {
+    let Ok(Ok(conn)) = tokio::time::timeout(bound, pool.get()).await else {
+        return false;
+    };
+    match tokio::time::timeout(bound, conn.query_typed("SELECT 1", &[])).await {
+        Ok(answer) => answer.is_ok(),
+        Err(_) => {
+            drop(Object::take(conn));
+            false
         }
     }
 }

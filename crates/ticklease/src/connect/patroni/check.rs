@@ -141,10 +141,10 @@ enum Outcome {
 
 /// What the check tells the store, and what it hears from it.
 pub(crate) struct Hooks<G, E> {
-    /// Moves when the store's connections came back or reached another
-    /// host: the check runs at once, at most every [`CHECK_SPACING`], so a
-    /// promoted server is confirmed when the store reaches it, not up to a
-    /// check's period later.
+    /// Moves when the store answers again or its connections reached
+    /// another host: the check runs at once ([`CHECK_SPACING`] after the
+    /// last, and once per period at most), so a promoted server is confirmed
+    /// when the store reaches it, not up to a check's period later.
     pub(crate) again: watch::Receiver<u64>,
     /// Called when a check confirms after one that did not.
     pub(crate) gained: G,
@@ -183,6 +183,9 @@ where
         elsewhere,
     } = hooks;
     let check = tokio::spawn(async move {
+        // At most one early check per period: a link that flaps, or a login
+        // that ends our connections, costs Patroni one more request per period.
+        let mut early = true;
         loop {
             let started = Instant::now();
             again.borrow_and_update();
@@ -194,8 +197,11 @@ where
             }
             tokio::select! {
                 _ = stopped.cancelled() => return,
-                _ = tokio::time::sleep_until(started + every) => {}
-                Ok(()) = again.changed() => tokio::time::sleep_until(started + CHECK_SPACING).await,
+                _ = tokio::time::sleep_until(started + every) => early = true,
+                Ok(()) = again.changed(), if early => {
+                    early = false;
+                    tokio::time::sleep_until(started + CHECK_SPACING).await;
+                }
             }
         }
     });
