@@ -1,12 +1,13 @@
-"""A replica for the process tests: leads ROLE, prints ``leading <token>`` when a term starts and holds it until
-the term is cancelled; ``--threads`` runs plain-function work under ``run_blocking``, else ``async def`` under
-asyncio. Exits 0 with ``stopped <all_released>`` after a stop."""
+"""A replica for the process tests: leads ROLE, prints ``leading <token> on <thread id>`` when a term starts
+and holds it until the term is cancelled; ``--threads`` runs plain-function work under ``run_blocking``, else
+``async def`` under asyncio. Exits 0 with ``stopped <all_released>`` after a stop."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
+import threading
 import time
 
 import ticklease
@@ -44,7 +45,7 @@ def main() -> int:
 
         @s.job(a.role, 0.05)
         def hold(term: ticklease.Term) -> None:
-            say(f"leading {term.token}")
+            say(f"leading {term.token} on {threading.get_native_id()}")
             while a.stuck:
                 time.sleep(0.01)
             term.wait()
@@ -54,7 +55,7 @@ def main() -> int:
 
         @s.job(a.role, 0.05)
         async def hold_async(term: ticklease.Term) -> None:
-            say(f"leading {term.token}")
+            say(f"leading {term.token} on {threading.get_native_id()}")
             if a.stuck:
                 time.sleep(30)  # blocks the event loop itself
             await term.cancelled()
