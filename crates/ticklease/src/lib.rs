@@ -168,7 +168,10 @@
 //!    runs at once then too (once per period at most), and its confirmation
 //!    wakes the loops it kept waiting; a check in which Patroni names another
 //!    server than the store's probes the URL's hosts at once, not at the next
-//!    probe, so a promoted server is reached within a check's period. Each
+//!    probe, and while a check confirms nothing (no leader, a stale one,
+//!    another server) the next comes a quarter period later, so a promoted
+//!    server is reached within a quarter of a check's period (375 ms at the
+//!    defaults) of Patroni naming it. Each
 //!    host is its own connection attempt, bounded
 //!    as a whole (TCP, TLS, startup, authentication, the read-write check)
 //!    by an equal share of S (or the URL's `connect_timeout`, if shorter),

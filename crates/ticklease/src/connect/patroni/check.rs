@@ -68,6 +68,12 @@ pub(crate) const POSTMASTER_SQL: &str = "SELECT CASE WHEN pg_catalog.pg_is_in_re
 /// connections change: each costs a request to every member.
 const CHECK_SPACING: Duration = Duration::from_millis(100);
 
+/// How many checks per period while the last one confirmed nothing: a
+/// failover is then under way (the primary's Patroni died, or Patroni
+/// names a server the store does not reach yet), and the promoted server is
+/// confirmed within a quarter period of Patroni naming it, not a period.
+const SUSPECT_CHECKS_PER_PERIOD: u32 = 4;
+
 /// The latest confirmation, shared by the check's task and the store's clones.
 #[derive(Debug)]
 pub(crate) struct Confirmations {
@@ -154,7 +160,14 @@ pub(crate) struct Hooks<G, E> {
     pub(crate) elsewhere: E,
 }
 
-/// Checks every `every` until the guard is dropped: `leader` asks Patroni,
+/// The period while the last check confirmed nothing; never under
+/// [`CHECK_SPACING`].
+fn suspect_every(every: Duration) -> Duration {
+    (every / SUSPECT_CHECKS_PER_PERIOD).max(CHECK_SPACING).min(every)
+}
+
+/// Checks every `every` (a quarter of it while the last check found no
+/// leader, a stale one, or another server) until the guard is dropped: `leader` asks Patroni,
 /// `ours` reads the postmaster of the server the store reaches.
 pub(crate) fn watch<L, O, LF, OF, G, E, EF>(
     every: Duration,
@@ -190,14 +203,25 @@ where
             let started = Instant::now();
             again.borrow_and_update();
             let (leader, ours) = futures::join!(leader(), ours());
-            match record.record(started, leader, ours) {
-                (Outcome::Confirmed, true) => gained(),
-                (Outcome::OtherServer, _) => elsewhere().await,
-                _ => {}
-            }
+            let next = match record.record(started, leader, ours) {
+                (Outcome::Confirmed, gain) => {
+                    if gain {
+                        gained();
+                    }
+                    every
+                }
+                (Outcome::OtherServer, _) => {
+                    elsewhere().await;
+                    suspect_every(every)
+                }
+                // Settings that no longer bound a term are an operator's
+                // to fix, not a failover: checked at the usual pace.
+                (Outcome::Settings, _) => every,
+                _ => suspect_every(every),
+            };
             tokio::select! {
                 _ = stopped.cancelled() => return,
-                _ = tokio::time::sleep_until(started + every) => early = true,
+                _ = tokio::time::sleep_until(started + next) => early = true,
                 Ok(()) = again.changed(), if early => {
                     early = false;
                     tokio::time::sleep_until(started + CHECK_SPACING).await;
@@ -326,6 +350,42 @@ mod tests {
             Confirmation::Never,
             "settings that no longer bound a term withdraw the word"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn checks_come_four_times_as_often_while_patroni_confirms_nothing_and_at_the_period_once_it_does() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let checks = Arc::new(AtomicUsize::new(0));
+        let counted = checks.clone();
+        let (_again, seen) = watch::channel(0u64);
+        let (_confirmations, _guard) = watch(
+            Duration::from_secs(4),
+            Hooks {
+                again: seen,
+                gained: || {},
+                elsewhere: || async {},
+            },
+            move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                // No leader at the first three checks, ours from the fourth.
+                async move { if n < 3 { Err(Refusal::NoLeader) } else { Ok(2) } }
+            },
+            || async { Some(2) },
+        );
+        // Checks at 0, 1, 2 and 3 s (no leader), then 7 s (confirmed at 3).
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        assert_eq!(checks.load(Ordering::SeqCst), 4, "a quarter period apart while unconfirmed");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(checks.load(Ordering::SeqCst), 4, "a period apart once confirmed");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(checks.load(Ordering::SeqCst), 5);
+    }
+
+    #[test]
+    fn the_fast_period_is_never_under_the_spacing_nor_over_the_period() {
+        assert_eq!(suspect_every(Duration::from_millis(1500)), Duration::from_millis(375));
+        assert_eq!(suspect_every(Duration::from_millis(200)), CHECK_SPACING);
+        assert_eq!(suspect_every(Duration::from_millis(50)), Duration::from_millis(50));
     }
 
     #[tokio::test(start_paused = true)]
