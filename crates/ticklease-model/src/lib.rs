@@ -19,8 +19,18 @@
 //! time (an unanswered RENEW is modelled by [`Action::RenewUnanswered`]);
 //! `statement_timeout` is folded into `abandon` (the config enforces
 //! `abandon + statement_timeout < lease_ttl`); a claim is one fenced
-//! transaction, its fence ([`Action::Fence`]) and its commit check
+//! transaction, its fence ([`Action::Fence`]) and its COMMIT
 //! ([`Action::Commit`]) two steps that other actions may interleave.
+//!
+//! Two fences are modelled ([`FenceKind`]). The shipped one checks the term
+//! at the fence and again at COMMIT (a deferred check). The lock at the
+//! fence (issue 43) checks once and keeps a `FOR KEY SHARE` lock on the
+//! lease row to the claim's end; whatever ends a term (a takeover, a pause,
+//! a RELEASE) takes a conflicting lock, so it first ends the claims that
+//! hold one (it waits a grace, then ends their backends: one step here,
+//! since a statement is atomic in the model and the grace is shorter than
+//! a statement's timeout). The difference a user sees: a claim whose lease
+//! ran out while nothing ended its term commits.
 
 use stateright::{Model, Property};
 
@@ -46,6 +56,28 @@ pub enum Bug {
     NoKeyWait,
     /// The holder is not told of a pause: it learns at its next heartbeat.
     NoPauseSignal,
+    /// Lock at the fence: a pause marks the row without a lock that
+    /// conflicts with the claims' (as `FOR NO KEY UPDATE` would), so it
+    /// neither waits for nor ends them.
+    EnderNoKeyUpdate,
+    /// Lock at the fence: ACQUIRE ends the claims holding the row before it
+    /// asks whether the term is live.
+    DrainKillsLiveTerm,
+    /// Lock at the fence: a takeover or a pause waits for the claims that
+    /// hold the row and never ends them, so a frozen claimer holds it back.
+    NoDrain,
+}
+
+/// Which fence the claims use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FenceKind {
+    /// `leader_fence`: the term is checked at the fence and again by a
+    /// deferred check at COMMIT.
+    CommitCheck,
+    /// The lock at the fence: the term is checked once, under a
+    /// `FOR KEY SHARE` lock on the lease row held to the claim's end, which
+    /// every statement that ends a term waits for, then ends.
+    RowLock,
 }
 
 /// The model's bounds and timings, in ticks of the database clock.
@@ -80,6 +112,8 @@ pub struct LeaseModel {
     pub sessions: bool,
     /// Model promotions.
     pub promotions: bool,
+    /// The fence the claims use.
+    pub fence: FenceKind,
     /// The defect to check for, if any.
     pub bug: Option<Bug>,
     /// Check only this property (the checker then stops at its first
@@ -105,6 +139,7 @@ impl LeaseModel {
             max_statements: 6,
             sessions: true,
             promotions: true,
+            fence: FenceKind::CommitCheck,
             bug: None,
             only: None,
         }
@@ -121,6 +156,14 @@ impl LeaseModel {
             max_statements: 4,
             max_sessions: 4,
             ..LeaseModel::small()
+        }
+    }
+
+    /// The same bounds, with claims under the lock at the fence.
+    pub fn row_lock(self) -> Self {
+        LeaseModel {
+            fence: FenceKind::RowLock,
+            ..self
         }
     }
 
@@ -226,6 +269,19 @@ pub struct State {
     pub key_takeover: bool,
     /// A promotion lost an ACQUIRE the old primary had committed.
     pub lost_acquire: bool,
+    /// Lock at the fence: the replicas whose claims hold the lease row
+    /// (a bit each). Row locks are the primary's: a promotion ends them.
+    pub lockers: u8,
+    /// A claim committed once its term was over: another term, a pause or
+    /// a RELEASE had committed.
+    pub claim_after_end: bool,
+    /// A claim committed after its lease ran out (the lock at the fence
+    /// allows it while nothing ended the term).
+    pub claim_after_expiry: bool,
+    /// A statement ended the claims of a term that was live.
+    pub swept_live: bool,
+    /// A takeover or pause was held back by a claim in flight.
+    pub held_back: bool,
 }
 
 /// A step of one actor, named after the statement it runs.
@@ -288,6 +344,32 @@ impl State {
         self.db.row.token == token
             && self.lease_live()
             && (!self.db.row.paused || model.bug(Bug::FenceIgnoresPause))
+    }
+
+    /// Lock at the fence: what a statement that ends the term does about
+    /// the claims holding the row. `true` when it may go on (none held it,
+    /// or it ended them); each ended claim is rolled back.
+    fn drain(&mut self, model: &LeaseModel) -> bool {
+        if model.fence != FenceKind::RowLock || self.lockers == 0 {
+            return true;
+        }
+        if model.bug(Bug::NoDrain) {
+            self.held_back = true;
+            return false;
+        }
+        for (r, replica) in self.replicas.iter_mut().enumerate() {
+            if self.lockers & (1 << r) != 0 {
+                replica.claim = None;
+            }
+        }
+        self.lockers = 0;
+        true
+    }
+
+    /// A replica's claim ends without committing (its transaction rolls back).
+    fn drop_claim(&mut self, r: u8) {
+        self.replicas[r as usize].claim = None;
+        self.lockers &= !(1 << r);
     }
 
     fn acting(&self, r: u8) -> bool {
@@ -370,6 +452,11 @@ impl Model for LeaseModel {
             missed_pause: false,
             key_takeover: false,
             lost_acquire: false,
+            lockers: 0,
+            claim_after_end: false,
+            claim_after_expiry: false,
+            swept_live: false,
+            held_back: false,
         };
         (0..=self.skew)
             .map(|skew| {
@@ -451,7 +538,15 @@ impl Model for LeaseModel {
         match action {
             Action::Acquire(r) => {
                 n.statements += 1;
+                if self.bug(Bug::DrainKillsLiveTerm) {
+                    n.swept_live |= s.term_live() && s.lockers != 0;
+                    n.drain(self);
+                }
                 if s.db.row.paused || s.term_live() || s.db.row.pause_wait.is_some_and(|w| w > s.now) {
+                    return Some(n);
+                }
+                // The takeover: the old term's claims end first.
+                if !n.drain(self) {
                     return Some(n);
                 }
                 let seeded = if self.bug(Bug::TokenPlusOne) {
@@ -504,7 +599,7 @@ impl Model for LeaseModel {
                 } else if answered {
                     // 0 rows: the term is over; the work (and its claim) is dropped.
                     replica.term = None;
-                    replica.claim = None;
+                    n.drop_claim(r);
                 }
             }
             Action::Release(r) => {
@@ -517,33 +612,45 @@ impl Model for LeaseModel {
                     // The holder of a term a pause ended: its work stopped.
                     n.db.row.pause_wait = None;
                 }
-                let replica = &mut n.replicas[r as usize];
-                replica.term = None;
-                replica.claim = None;
+                n.replicas[r as usize].term = None;
+                n.drop_claim(r);
             }
             Action::Abandon(r) => {
-                let replica = &mut n.replicas[r as usize];
-                replica.term = None;
-                replica.claim = None;
+                n.replicas[r as usize].term = None;
+                n.drop_claim(r);
             }
             Action::Fence(r) => {
                 n.statements += 1;
                 let held = s.replicas[r as usize].term?;
                 if s.fence_passes(self, held.token) {
                     n.replicas[r as usize].claim = Some(held.token);
+                    if self.fence == FenceKind::RowLock && !self.bug(Bug::LockFreeFence) {
+                        n.lockers |= 1 << r;
+                    }
                 }
             }
             Action::Commit(r) => {
                 let token = s.replicas[r as usize].claim?;
-                if self.bug(Bug::LockFreeFence) || s.fence_passes(self, token) {
+                let checked = match self.fence {
+                    FenceKind::CommitCheck => s.fence_passes(self, token),
+                    // The lock held since the fence: nothing ended the term.
+                    FenceKind::RowLock => true,
+                };
+                if self.bug(Bug::LockFreeFence) || checked {
+                    let row = &s.db.row;
                     n.db.stale_claim |= s.db.last_claim.is_some_and(|last| token < last);
-                    n.db.claim_while_paused |= s.db.row.paused;
+                    n.db.claim_while_paused |= row.paused;
                     n.db.last_claim = Some(token);
+                    n.claim_after_end |= row.token != token || row.holder.is_none() || row.paused;
+                    n.claim_after_expiry |= row.expires <= s.now;
                 }
-                n.replicas[r as usize].claim = None;
+                n.drop_claim(r);
             }
             Action::Pause => {
                 n.statements += 1;
+                if !self.bug(Bug::EnderNoKeyUpdate) && !n.drain(self) {
+                    return Some(n);
+                }
                 if s.lease_live() {
                     n.db.row.pause_wait = Some(s.db.row.expires);
                 }
@@ -567,6 +674,7 @@ impl Model for LeaseModel {
             }
             Action::Die(r) => {
                 n.faults += 1;
+                n.drop_claim(r);
                 n.replicas[r as usize] = Replica {
                     alive: false,
                     frozen: false,
@@ -620,6 +728,7 @@ impl Model for LeaseModel {
                     replica.session = None;
                     replica.claim = None;
                 }
+                n.lockers = 0;
             }
         }
         Some(n)
@@ -639,6 +748,14 @@ impl Model for LeaseModel {
                 !s.db.claim_while_paused
             }),
             Property::always("tokens are unique across timelines", |_, s: &State| !s.reissued),
+            Property::always("no claim commits once its term is over", |_, s: &State| {
+                !s.claim_after_end
+            }),
+            Property::always(
+                "a takeover or a pause is never held back by a claim",
+                |_, s: &State| !s.held_back,
+            ),
+            Property::always("no claim of a live term is ended", |_, s: &State| !s.swept_live),
             Property::always(
                 "a dead holder's role is led before the next tick",
                 |_, s: &State| !s.missed_wakeup,
@@ -652,6 +769,17 @@ impl Model for LeaseModel {
             Property::sometimes("a promotion loses an ACQUIRE", |_, s: &State| s.lost_acquire),
             Property::sometimes("a claim commits", |_, s: &State| s.db.last_claim.is_some()),
         ];
+        match self.fence {
+            FenceKind::CommitCheck => all.push(Property::always(
+                "no claim commits after its lease ran out",
+                |_, s: &State| !s.claim_after_expiry,
+            )),
+            // What the lock at the fence gives up: stated, and reachable.
+            FenceKind::RowLock => all.push(Property::sometimes(
+                "a claim commits after its lease ran out, nothing having ended its term",
+                |_, s: &State| s.claim_after_expiry,
+            )),
+        }
         if let Some(only) = self.only {
             all.retain(|p| p.name == only);
         }

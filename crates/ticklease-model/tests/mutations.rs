@@ -6,7 +6,16 @@ use ticklease_model::{Action, Bug, LeaseModel};
 
 /// Checks `bug` against `property` and returns the counterexample's actions.
 fn caught(bug: Bug, property: &'static str) -> Vec<Action> {
-    let checker = LeaseModel::small()
+    caught_in(LeaseModel::small(), bug, property)
+}
+
+/// As [`caught`], with claims under the lock at the fence.
+fn caught_under_the_lock(bug: Bug, property: &'static str) -> Vec<Action> {
+    caught_in(LeaseModel::small().row_lock(), bug, property)
+}
+
+fn caught_in(model: LeaseModel, bug: Bug, property: &'static str) -> Vec<Action> {
+    let checker = model
         .with_bug(bug, property)
         .checker()
         .threads(2)
@@ -66,6 +75,37 @@ fn a_holder_not_told_of_a_pause_works_on_past_it() {
 }
 
 #[test]
+fn a_lock_free_fence_lets_a_claim_commit_after_its_term_and_its_lease() {
+    caught(Bug::LockFreeFence, "no claim commits once its term is over");
+    caught(Bug::LockFreeFence, "no claim commits after its lease ran out");
+}
+
+#[test]
+fn under_the_lock_a_fence_that_holds_no_lock_lets_a_stale_claim_commit() {
+    caught_under_the_lock(Bug::LockFreeFence, "claims commit in token order");
+    caught_under_the_lock(Bug::LockFreeFence, "no claim commits once its term is over");
+}
+
+#[test]
+fn under_the_lock_a_pause_that_takes_no_conflicting_lock_lets_a_claim_commit_while_paused() {
+    caught_under_the_lock(Bug::EnderNoKeyUpdate, "no claim commits while paused");
+}
+
+#[test]
+fn under_the_lock_an_acquire_that_sweeps_before_asking_ends_a_live_terms_claim() {
+    caught_under_the_lock(Bug::DrainKillsLiveTerm, "no claim of a live term is ended");
+}
+
+#[test]
+fn under_the_lock_a_takeover_that_only_waits_is_held_back_by_a_frozen_claimer() {
+    let trace = caught_under_the_lock(
+        Bug::NoDrain,
+        "a takeover or a pause is never held back by a claim",
+    );
+    assert!(trace.iter().any(|a| matches!(a, Action::Fence(_))));
+}
+
+#[test]
 fn every_property_of_the_correct_model_is_one_a_defect_breaks() {
     // A property added without a mutation above fails this.
     let checked: std::collections::BTreeSet<&str> = [
@@ -75,9 +115,14 @@ fn every_property_of_the_correct_model_is_one_a_defect_breaks() {
         "a dead holder's role is led before the next tick",
         "a pause cancels the holder's work before the next tick",
         "no claim commits while paused",
+        "no claim commits once its term is over",
+        "no claim commits after its lease ran out",
+        "a takeover or a pause is never held back by a claim",
+        "no claim of a live term is ended",
     ]
     .into();
-    for property in LeaseModel::small().properties() {
+    let models = [LeaseModel::small(), LeaseModel::small().row_lock()];
+    for property in models.iter().flat_map(|m| m.properties()) {
         if property.expectation == stateright::Expectation::Always {
             assert!(
                 checked.contains(property.name),

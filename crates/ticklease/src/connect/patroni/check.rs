@@ -368,13 +368,23 @@ mod tests {
             move || {
                 let n = counted.fetch_add(1, Ordering::SeqCst);
                 // No leader at the first three checks, ours from the fourth.
-                async move { if n < 3 { Err(Refusal::NoLeader) } else { Ok(2) } }
+                async move {
+                    if n < 3 {
+                        Err(Refusal::NoLeader)
+                    } else {
+                        Ok(2)
+                    }
+                }
             },
             || async { Some(2) },
         );
         // Checks at 0, 1, 2 and 3 s (no leader), then 7 s (confirmed at 3).
         tokio::time::sleep(Duration::from_millis(3500)).await;
-        assert_eq!(checks.load(Ordering::SeqCst), 4, "a quarter period apart while unconfirmed");
+        assert_eq!(
+            checks.load(Ordering::SeqCst),
+            4,
+            "a quarter period apart while unconfirmed"
+        );
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(checks.load(Ordering::SeqCst), 4, "a period apart once confirmed");
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -383,9 +393,15 @@ mod tests {
 
     #[test]
     fn the_fast_period_is_never_under_the_spacing_nor_over_the_period() {
-        assert_eq!(suspect_every(Duration::from_millis(1500)), Duration::from_millis(375));
+        assert_eq!(
+            suspect_every(Duration::from_millis(1500)),
+            Duration::from_millis(375)
+        );
         assert_eq!(suspect_every(Duration::from_millis(200)), CHECK_SPACING);
-        assert_eq!(suspect_every(Duration::from_millis(50)), Duration::from_millis(50));
+        assert_eq!(
+            suspect_every(Duration::from_millis(50)),
+            Duration::from_millis(50)
+        );
     }
 
     #[tokio::test(start_paused = true)]
