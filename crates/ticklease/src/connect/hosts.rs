@@ -322,8 +322,6 @@ impl Hosts {
         let changed = self.connected.swap(true, Ordering::Relaxed) && before != i;
         if changed {
             self.changes.fetch_add(1, Ordering::Relaxed);
-        }
-        if changed {
             self.usable_again();
         }
         *self.still_down_said.lock().expect("still down") = None;
