@@ -1,6 +1,7 @@
 //! SVG plots of the benchmarks, written next to their markdown: the failover
-//! takeover distribution per scenario and mode (from the published CSVs), and
-//! the chaos run's timeline of terms and faults.
+//! takeover distribution per scenario and mode (from the published CSVs), the
+//! fence's cost (throughput and p99 latency per run), and the chaos run's
+//! timeline of terms and faults.
 
 use std::path::{Path, PathBuf};
 
@@ -56,6 +57,34 @@ fn quantile(s: &[f64], q: f64) -> f64 {
 /// to bottom in order), each sample a dot (one `<circle>`), a box from the
 /// first to the third quartile with the median marked, whiskers to min and max.
 pub fn strips_svg(path: &Path, title: &str, axis: &str, rows: &[Strip]) -> anyhow::Result<()> {
+    panels_svg(path, &[Panel { title, axis, rows }])
+}
+
+/// One strip plot of [`panels_svg`]: its caption, its axis and its rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Panel<'a> {
+    pub title: &'a str,
+    pub axis: &'a str,
+    pub rows: &'a [Strip],
+}
+
+/// Strip plots as [`strips_svg`] draws them, side by side, each with its own
+/// log axis and row labels (the fence's cost: throughput beside latency).
+pub fn panels_svg(path: &Path, panels: &[Panel]) -> anyhow::Result<()> {
+    let n = panels.iter().map(|p| p.rows.len()).max().unwrap_or(0).max(1);
+    let width = 960 * panels.len().max(1) as u32;
+    let root = SVGBackend::new(path, (width, 90 + 26 * n as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    for (area, panel) in root.split_evenly((1, panels.len().max(1))).iter().zip(panels) {
+        draw_strips(area, panel, n)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// One panel's strip plot on `area`, with room for `n` rows.
+fn draw_strips(area: &Root, panel: &Panel, n: usize) -> anyhow::Result<()> {
+    let rows = panel.rows;
     let positive = || {
         rows.iter()
             .flat_map(|r| r.values.iter().copied())
@@ -68,57 +97,70 @@ pub fn strips_svg(path: &Path, title: &str, axis: &str, rows: &[Strip]) -> anyho
     } else {
         (1.0, 10.0)
     };
-    let n = rows.len().max(1);
-    let root = SVGBackend::new(path, (960, 90 + 26 * n as u32)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 18))
+    // Room for the longest label (13 px sans-serif: about 7 px a character).
+    let longest = rows.iter().map(|r| r.label.chars().count()).max().unwrap_or(0);
+    let mut chart = ChartBuilder::on(area)
+        .caption(panel.title, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(170)
+        .y_label_area_size((7 * longest as u32 + 16).max(170))
         .build_cartesian_2d((lo..hi).log_scale(), -0.5f64..(n as f64 - 0.5))
         .map_err(err)?;
     chart
         .configure_mesh()
         .y_labels(0)
         .disable_y_mesh()
-        .x_desc(axis)
+        .x_desc(panel.axis)
         .x_label_formatter(&|v| format!("{v}"))
         .draw()
         .map_err(err)?;
     let label_style =
         TextStyle::from(("sans-serif", 13).into_font()).pos(Pos::new(HPos::Right, VPos::Center));
+    // The chart's coordinates are the whole SVG's; the area's text is placed from its own corner.
+    let (ox, oy) = area.get_base_pixel();
     for (i, row) in rows.iter().enumerate() {
         let y = (n - 1 - i) as f64;
-        let c = colour(row.group);
         let (px, py) = chart.backend_coord(&(lo, y));
-        root.draw_text(&row.label, &label_style, (px - 8, py))
+        area.draw_text(&row.label, &label_style, (px - 8 - ox, py - oy))
             .map_err(err)?;
-        let mut s: Vec<f64> = row.values.iter().map(|v| v.max(lo)).collect();
-        if s.is_empty() {
-            continue;
-        }
-        s.sort_by(f64::total_cmp);
-        let (q1, med, q3) = (quantile(&s, 0.25), quantile(&s, 0.5), quantile(&s, 0.75));
-        chart
-            .draw_series([
-                PathElement::new(vec![(s[0], y), (q1, y)], c.stroke_width(1)),
-                PathElement::new(vec![(q3, y), (s[s.len() - 1], y)], c.stroke_width(1)),
-                PathElement::new(vec![(med, y - 0.35), (med, y + 0.35)], c.stroke_width(3)),
-            ])
-            .map_err(err)?;
-        chart
-            .draw_series([Rectangle::new([(q1, y - 0.3), (q3, y + 0.3)], c.stroke_width(1))])
-            .map_err(err)?;
-        // A fixed jitter, so a rerun writes the same file.
-        chart
-            .draw_series(row.values.iter().enumerate().map(|(k, v)| {
-                let jitter = ((k as f64 * 0.618_034).fract() - 0.5) * 0.5;
-                Circle::new((v.max(lo), y + jitter), 3, c.mix(0.55).filled())
-            }))
-            .map_err(err)?;
+        draw_strip(&mut chart, row, lo, y)?;
     }
-    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// A strip plot's chart: a log axis across, one unit per row.
+type Strips<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::combinators::LogCoord<f64>, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One row's box, whiskers, median and dots at height `y` (values below `lo` drawn at `lo`).
+fn draw_strip(chart: &mut Strips, row: &Strip, lo: f64, y: f64) -> anyhow::Result<()> {
+    let c = colour(row.group);
+    let mut s: Vec<f64> = row.values.iter().map(|v| v.max(lo)).collect();
+    if s.is_empty() {
+        return Ok(());
+    }
+    s.sort_by(f64::total_cmp);
+    let (q1, med, q3) = (quantile(&s, 0.25), quantile(&s, 0.5), quantile(&s, 0.75));
+    chart
+        .draw_series([
+            PathElement::new(vec![(s[0], y), (q1, y)], c.stroke_width(1)),
+            PathElement::new(vec![(q3, y), (s[s.len() - 1], y)], c.stroke_width(1)),
+            PathElement::new(vec![(med, y - 0.35), (med, y + 0.35)], c.stroke_width(3)),
+        ])
+        .map_err(err)?;
+    chart
+        .draw_series([Rectangle::new([(q1, y - 0.3), (q3, y + 0.3)], c.stroke_width(1))])
+        .map_err(err)?;
+    // A fixed jitter, so a rerun writes the same file.
+    chart
+        .draw_series(row.values.iter().enumerate().map(|(k, v)| {
+            let jitter = ((k as f64 * 0.618_034).fract() - 0.5) * 0.5;
+            Circle::new((v.max(lo), y + jitter), 3, c.mix(0.55).filled())
+        }))
+        .map_err(err)?;
     Ok(())
 }
 
@@ -262,7 +304,7 @@ pub fn timeline_svg(
     Ok(())
 }
 
-/// The timeline's drawing area and its chart (seconds across, one unit per row).
+/// A plot's drawing area, and the timeline's chart (seconds across, one unit per row).
 type Root<'b> = DrawingArea<SVGBackend<'b>, plotters::coord::Shift>;
 type Timeline<'a, 'b> = ChartContext<
     'a,
@@ -388,6 +430,51 @@ mod tests {
         let svg = std::fs::read_to_string(&path).unwrap();
         assert_eq!(count(&svg, "<circle"), 5, "{svg}");
         assert!(svg.contains("sigkill · pooled"));
+    }
+
+    #[test]
+    fn panels_sit_side_by_side_each_with_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.svg");
+        let row = |label: &str, values: Vec<f64>| Strip {
+            label: label.into(),
+            group: 0,
+            values,
+        };
+        let tps = vec![row("mpt 0 · one-row · 1 c · fence", vec![2000.0, 2100.0])];
+        let p99 = vec![row("mpt 0 · one-row · 1 c · fence", vec![1.5, 1.25])];
+        panels_svg(
+            &path,
+            &[
+                Panel {
+                    title: "tps",
+                    axis: "tx/s",
+                    rows: &tps,
+                },
+                Panel {
+                    title: "p99",
+                    axis: "ms",
+                    rows: &p99,
+                },
+            ],
+        )
+        .unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.starts_with("<svg width=\"1920\""), "{svg}");
+        assert_eq!(count(&svg, "<circle"), 4);
+        assert_eq!(count(&svg, "mpt 0 · one-row · 1 c · fence"), 2);
+        // The second panel's label is drawn in the second panel, not over the first.
+        let second = svg.rfind("mpt 0 · one-row").unwrap();
+        let x: u32 = svg[..second]
+            .rsplit("<text x=\"")
+            .next()
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(x > 960, "{x}");
     }
 
     #[test]
