@@ -50,7 +50,8 @@ pub enum Cmd {
     Scale(ScaleArgs),
     /// What the fence costs a claim: pgbench runs of a one-row and a 50-row
     /// batch claim, unfenced, with the lock-free STABLE fence and with the real
-    /// fence (and candidate fences); prints the table, writes every run as CSV.
+    /// fence (and candidate fences); prints the table (with WAL bytes, multixacts and
+    /// lock waits per transaction), writes every run as CSV and the plot as SVG.
     Fence(FenceArgs),
     /// `ticklease run` under its runner's SIGKILL and SIGSTOP, beside flock and a
     /// session advisory lock: the child's death and the next child, per trial.
@@ -222,8 +223,9 @@ pub struct FenceArgs {
     /// pgbench's query protocol (`extended`: unnamed statements, as the library sends).
     #[arg(long, default_value = "extended")]
     pub protocol: String,
-    #[arg(long, default_value = "docs/benchmarks/fence-cost.csv")]
-    pub csv: PathBuf,
+    /// Where `fence-cost.csv` (every run) and `fence-cost.svg` (the plot) go.
+    #[arg(long, default_value = "docs/benchmarks")]
+    pub out: PathBuf,
 }
 
 #[derive(clap::Args)]

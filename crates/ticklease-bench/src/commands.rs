@@ -279,7 +279,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the fence-cost pgbench runs, prints the table and writes them as CSV.
+/// Runs the fence-cost pgbench runs, prints the table and writes them as CSV and SVG.
 pub async fn fence(args: FenceArgs) -> anyhow::Result<()> {
     let secs = args.secs;
     let report = fence_cost::run(FenceOptions {
@@ -295,7 +295,14 @@ pub async fn fence(args: FenceArgs) -> anyhow::Result<()> {
     println!("PostgreSQL {}, {} s per run", report.server_version, secs);
     println!("{}", report.table());
     println!("{}", report.load());
-    println!("runs: {}", report.write_csv(&args.csv)?.display());
+    println!(
+        "runs: {}",
+        report.write_csv(&args.out.join("fence-cost.csv"))?.display()
+    );
+    println!(
+        "plot: {}",
+        report.write_svg(&args.out.join("fence-cost.svg"))?.display()
+    );
     println!("took {}", whole_seconds(report.took));
     Ok(())
 }

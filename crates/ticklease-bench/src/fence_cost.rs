@@ -14,6 +14,13 @@
 //! line, which `ALTER SYSTEM` cannot override); for the setting 0 the bench
 //! stops the kit's postmaster and starts one of its own on the same data
 //! directory and port with that setting, and stops it at the end.
+//!
+//! Beside throughput and latency, each run records what explains them
+//! (issue 43, item 1): WAL bytes and multixacts per transaction, from the
+//! server's counters before and after the run, and the lock waits seen by
+//! sampling `pg_locks` while it runs. The counters are cluster-wide: the
+//! bench runs alone on a cluster of its own, so what they count is the run's
+//! (and the autovacuum its writes bring on, a cost of the claims as well).
 
 use std::fmt::Write as _;
 use std::os::unix::fs::MetadataExt as _;
@@ -23,10 +30,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tokio::time::MissedTickBehavior;
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
 
 use ticklease_testkit::{connect, PgCluster};
 
+use crate::plot::{Panel, Strip};
 use crate::stats::summarize;
 
 /// Rows of the claim table.
@@ -147,6 +157,166 @@ pub struct Run {
     pub latency: Option<crate::stats::Summary>,
     pub load_before: f64,
     pub load_after: f64,
+    pub per_transaction: PerTransaction,
+    pub lock_waits: LockWaits,
+}
+
+/// The CSV's columns; those after `loadavg_after` came with issue 43.
+const CSV_HEADER: &str = "max_prepared_transactions,claim,clients,variant,round,seconds,tps,transactions,failed,latency_ms,\
+     latency_p50_ms,latency_p99_ms,latency_max_ms,loadavg_before,loadavg_after,\
+     wal_bytes_per_tx,multixacts_per_tx,multixact_members_per_tx,lock_samples,lock_waiting_mean,lock_wait_share\n";
+
+impl Run {
+    /// The run as a CSV row of [`CSV_HEADER`]'s columns (no newline).
+    fn csv_row(&self, secs: u64) -> String {
+        let latency = self
+            .latency
+            .as_ref()
+            .map(|l| format!("{:.3},{:.3},{:.3}", l.p50, l.p99, l.max))
+            .unwrap_or_else(|| ",,".into());
+        let (cost, waits) = (&self.per_transaction, &self.lock_waits);
+        format!(
+            "{},{},{},{},{},{secs},{:.1},{},{},{:.3},{latency},{:.2},{:.2},{:.1},{:.4},{:.4},{},{:.4},{:.4}",
+            self.prepared,
+            self.shape.as_str(),
+            self.clients,
+            self.variant,
+            self.round,
+            self.tps,
+            self.transactions,
+            self.failed,
+            self.latency_ms,
+            self.load_before,
+            self.load_after,
+            cost.wal_bytes,
+            cost.multixacts,
+            cost.multixact_members,
+            waits.samples,
+            waits.mean_waiting(),
+            waits.share_with_wait(),
+        )
+    }
+}
+
+/// The server's counters that a run moves, read after a CHECKPOINT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    /// `pg_stat_wal.wal_bytes`.
+    pub wal_bytes: u64,
+    /// `pg_control_checkpoint()`'s `next_multixact_id`: multixacts created.
+    pub next_multixact: u32,
+    /// `pg_control_checkpoint()`'s `next_multi_offset`: member slots used.
+    pub next_multi_offset: u32,
+}
+
+/// A run's cost per transaction, from its [`Counters`] before and after.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerTransaction {
+    pub wal_bytes: f64,
+    pub multixacts: f64,
+    pub multixact_members: f64,
+}
+
+impl PerTransaction {
+    /// The counters' growth over `transactions` (NaN for none). Multixact ids
+    /// and member offsets are 32-bit and wrap around, so their deltas do too.
+    pub fn between(before: Counters, after: Counters, transactions: u64) -> PerTransaction {
+        let per = |delta: f64| {
+            if transactions == 0 {
+                f64::NAN
+            } else {
+                delta / transactions as f64
+            }
+        };
+        PerTransaction {
+            wal_bytes: per(after.wal_bytes.saturating_sub(before.wal_bytes) as f64),
+            multixacts: per(after.next_multixact.wrapping_sub(before.next_multixact) as f64),
+            multixact_members: per(after.next_multi_offset.wrapping_sub(before.next_multi_offset) as f64),
+        }
+    }
+}
+
+/// Lock waits seen by sampling `pg_locks` during a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LockWaits {
+    pub samples: u64,
+    /// Waiting backends, summed over the samples.
+    pub waiting: u64,
+    /// Samples in which at least one backend waited.
+    pub with_wait: u64,
+}
+
+impl LockWaits {
+    fn add(&mut self, waiting: u64) {
+        self.samples += 1;
+        self.waiting += waiting;
+        self.with_wait += u64::from(waiting > 0);
+    }
+
+    /// The mean number of waiting backends (NaN without samples).
+    pub fn mean_waiting(&self) -> f64 {
+        self.waiting as f64 / self.samples as f64
+    }
+
+    /// The share of samples with any wait, 0 to 1 (NaN without samples).
+    pub fn share_with_wait(&self) -> f64 {
+        self.with_wait as f64 / self.samples as f64
+    }
+}
+
+/// How often the sampler reads `pg_locks`: often enough to see waits of a
+/// few ms, seldom enough that its statement (about 0.1 ms) costs the run ~1 %.
+const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+
+/// The backends of this database waiting for a lock, in one statement.
+/// Joined on pg_stat_activity because a row lock's wait is on the holder's
+/// `transactionid`, a lock with no database in `pg_locks`.
+const WAITING_SQL: &str = "SELECT count(DISTINCT l.pid) FROM pg_locks AS l \
+     JOIN pg_stat_activity AS a ON a.pid = l.pid \
+     WHERE NOT l.granted AND a.datname = current_database()";
+
+/// Samples the lock waits every [`SAMPLE_EVERY`] until `stop` is cancelled.
+async fn sample_lock_waits(client: &Client, stop: &CancellationToken) -> anyhow::Result<LockWaits> {
+    let statement = client
+        .prepare(WAITING_SQL)
+        .await
+        .context("prepare the lock sampler")?;
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    // A slow sample delays the next ones rather than bunching them up.
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut waits = LockWaits::default();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(waits),
+            _ = tick.tick() => {}
+        }
+        let waiting: i64 = client
+            .query_one(&statement, &[])
+            .await
+            .context("sample pg_locks")?
+            .get(0);
+        waits.add(waiting.max(0) as u64);
+    }
+}
+
+impl Counters {
+    async fn read(client: &Client) -> anyhow::Result<Counters> {
+        let row = client
+            .query_one(
+                "SELECT (SELECT wal_bytes FROM pg_stat_wal)::bigint,
+                        c.next_multixact_id::text::bigint, c.next_multi_offset::text::bigint
+                   FROM pg_control_checkpoint() AS c",
+                &[],
+            )
+            .await
+            .context("read pg_stat_wal and pg_control_checkpoint()")?;
+        let u32_at = |i: usize| u32::try_from(row.get::<_, i64>(i)).context("a 32-bit counter");
+        Ok(Counters {
+            wal_bytes: u64::try_from(row.get::<_, i64>(0))?,
+            next_multixact: u32_at(1)?,
+            next_multi_offset: u32_at(2)?,
+        })
+    }
 }
 
 /// The bench's databases: one per fence definition.
@@ -207,7 +377,41 @@ async fn reset(client: &Client) -> anyhow::Result<()> {
     client.batch_execute("VACUUM jobs").await?;
     client.batch_execute("VACUUM leader_fence_claims").await?;
     client.batch_execute("CHECKPOINT").await?;
+    // A backend reports its WAL to pg_stat_wal at most once a second (or when
+    // idle 10 s): forced now, before it next goes idle, so the reset's own WAL
+    // is counted before the run, not in it.
+    client.batch_execute("SELECT pg_stat_force_next_flush()").await?;
     Ok(())
+}
+
+/// After a run: waits until its backends have gone (each reports its last WAL
+/// to pg_stat_wal as it exits), then a checkpoint, so that the next
+/// multixact id and member offset in pg_control are current.
+async fn settle(client: &Client) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let others: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND backend_type = 'client backend'
+                    AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await?
+            .get(0);
+        if others == 0 {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(10),
+            "{others} backends of the run still connected after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    client
+        .batch_execute("CHECKPOINT")
+        .await
+        .context("checkpoint after the run")
 }
 
 /// Fails when a run's claims matched no row: a fence whose term is not
@@ -311,27 +515,26 @@ impl Drop for OwnPostmaster {
     }
 }
 
-/// One pgbench run of `script` on `db`.
-fn pgbench(
-    cluster: &PgCluster,
+/// One pgbench run of `script` on `db`, with the bench's seconds and protocol.
+async fn pgbench(
+    bench: &Bench<'_>,
     db: &Db,
     script: &Path,
     clients: u32,
-    secs: u64,
-    protocol: &str,
     logs: &Path,
 ) -> anyhow::Result<(f64, u64, u64, f64)> {
     let bindir = ticklease_testkit::cluster::bindir()?;
-    let out = Command::new(bindir.join("pgbench"))
+    let out = tokio::process::Command::new(bindir.join("pgbench"))
         .args([
             "-h",
             "127.0.0.1",
             "-p",
-            &cluster.port().to_string(),
+            &bench.cluster.port().to_string(),
             "-U",
             "postgres",
         ])
-        .args(["-n", "-M", protocol, "-T", &secs.to_string()])
+        .args(["-n", "-M", &bench.options.protocol])
+        .args(["-T", &bench.options.secs.to_string()])
         .args(["-c", &clients.to_string(), "-j", &clients.min(2).to_string()])
         .args(["-D", &format!("token={}", db.token), "-D", "mark=0"])
         .args(["-D", &format!("role={ROLE}")])
@@ -341,6 +544,7 @@ fn pgbench(
         .arg(script)
         .arg(&db.name)
         .output()
+        .await
         .context("run pgbench")?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     anyhow::ensure!(
@@ -514,7 +718,8 @@ struct Cell<'a> {
     variant: &'a Variant,
 }
 
-/// One pgbench run of a cell on a freshly reset `db`, checked to have claimed rows.
+/// One pgbench run of a cell on a freshly reset `db`, checked to have claimed
+/// rows, with its cost per transaction and the lock waits seen during it.
 async fn measure(bench: &Bench<'_>, db: &Db, cell: Cell<'_>) -> anyhow::Result<Run> {
     let Cell {
         prepared,
@@ -527,17 +732,14 @@ async fn measure(bench: &Bench<'_>, db: &Db, cell: Cell<'_>) -> anyhow::Result<R
     reset(&client).await?;
     let script = bench.scripts.join(format!("{}-{}.sql", shape.as_str(), v.name()));
     std::fs::write(&script, shape.script(v.predicate()))?;
+    let before = Counters::read(&client).await?;
     let load_before = loadavg();
     let logs = tempfile::tempdir()?;
-    let (tps, transactions, failed, latency_ms) = pgbench(
-        bench.cluster,
-        db,
-        &script,
-        clients,
-        bench.options.secs,
-        &bench.options.protocol,
-        logs.path(),
-    )?;
+    let ((tps, transactions, failed, latency_ms), lock_waits) =
+        sampled_pgbench(bench, db, &script, clients, logs.path()).await?;
+    let load_after = loadavg();
+    settle(&client).await?;
+    let after = Counters::read(&client).await?;
     claimed_some(&client, v.name()).await?;
     drop(client);
     Ok(Run {
@@ -552,17 +754,50 @@ async fn measure(bench: &Bench<'_>, db: &Db, cell: Cell<'_>) -> anyhow::Result<R
         latency_ms,
         latency: summarize(&transaction_latencies_ms(logs.path())?),
         load_before,
-        load_after: loadavg(),
+        load_after,
+        per_transaction: PerTransaction::between(before, after, transactions),
+        lock_waits,
     })
 }
 
+/// [`pgbench`] while a connection of its own samples the database's lock
+/// waits; the sampler stops when pgbench returns, whatever it returns.
+async fn sampled_pgbench(
+    bench: &Bench<'_>,
+    db: &Db,
+    script: &Path,
+    clients: u32,
+    logs: &Path,
+) -> anyhow::Result<((f64, u64, u64, f64), LockWaits)> {
+    let sampler = connect(&bench.cluster.config(&db.name)).await?;
+    let stop = CancellationToken::new();
+    let (run, waits) = tokio::join!(
+        async {
+            let run = pgbench(bench, db, script, clients, logs).await;
+            stop.cancel();
+            run
+        },
+        sample_lock_waits(&sampler, &stop)
+    );
+    Ok((run?, waits?))
+}
+
 impl Report {
+    /// The runs of one cell.
+    fn cell_runs<'r>(
+        &'r self,
+        prepared: u32,
+        shape: Shape,
+        clients: u32,
+        variant: &'r str,
+    ) -> impl Iterator<Item = &'r Run> + 'r {
+        self.runs.iter().filter(move |r| {
+            r.prepared == prepared && r.shape == shape && r.clients == clients && r.variant == variant
+        })
+    }
+
     fn tps(&self, prepared: u32, shape: Shape, clients: u32, variant: &str) -> Vec<f64> {
-        self.runs
-            .iter()
-            .filter(|r| {
-                r.prepared == prepared && r.shape == shape && r.clients == clients && r.variant == variant
-            })
+        self.cell_runs(prepared, shape, clients, variant)
             .map(|r| r.tps)
             .collect()
     }
@@ -571,10 +806,7 @@ impl Report {
     /// run's p50 and p99, and the largest max.
     fn latency(&self, prepared: u32, shape: Shape, clients: u32, variant: &str) -> String {
         let of = |pick: fn(&crate::stats::Summary) -> f64| -> Vec<f64> {
-            self.runs
-                .iter()
-                .filter(|r| r.prepared == prepared && r.shape == shape && r.clients == clients)
-                .filter(|r| r.variant == variant)
+            self.cell_runs(prepared, shape, clients, variant)
                 .filter_map(|r| r.latency.as_ref().map(pick))
                 .collect()
         };
@@ -588,6 +820,28 @@ impl Report {
         }
     }
 
+    /// A cell's explanation columns, each the median over its runs: WAL bytes
+    /// per transaction; multixacts (and member slots) per transaction; the
+    /// mean number of backends waiting for a lock and the share of samples with any.
+    fn costs(&self, prepared: u32, shape: Shape, clients: u32, variant: &str) -> String {
+        let median = |pick: fn(&Run) -> f64| -> f64 {
+            let values: Vec<f64> = self
+                .cell_runs(prepared, shape, clients, variant)
+                .map(pick)
+                .filter(|v| !v.is_nan())
+                .collect();
+            summarize(&values).map_or(f64::NAN, |s| s.p50)
+        };
+        format!(
+            "{:.0} | {:.2} ({:.2}) | {:.2} / {:.0} %",
+            median(|r| r.per_transaction.wal_bytes),
+            median(|r| r.per_transaction.multixacts),
+            median(|r| r.per_transaction.multixact_members),
+            median(|r| r.lock_waits.mean_waiting()),
+            100.0 * median(|r| r.lock_waits.share_with_wait()),
+        )
+    }
+
     fn variants(&self) -> Vec<String> {
         let mut v: Vec<String> = Vec::new();
         for r in &self.runs {
@@ -599,11 +853,12 @@ impl Report {
     }
 
     /// The markdown table: per setting, shape, clients and variant, p50 / min /
-    /// max tps over the runs, and the p50 ratio to the unfenced p50.
+    /// max tps over the runs, the p50 ratio to the unfenced p50, the latencies
+    /// and what explains the cost ([`Report::costs`]).
     pub fn table(&self) -> String {
         let mut out = String::from(
-            "| max_prepared_transactions | claim | clients | variant | runs | p50 tps | min | max | p50 / unfenced p50 | p50 / lock-free p50 | latency p50 / p99 / max ms |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| max_prepared_transactions | claim | clients | variant | runs | p50 tps | min | max | p50 / unfenced p50 | p50 / lock-free p50 | latency p50 / p99 / max ms | WAL B / tx | multixacts / tx (members) | lock waits: mean waiting / samples with any |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for &prepared in &self.options.prepared {
             for &shape in &self.options.shapes {
@@ -619,7 +874,7 @@ impl Report {
                             |base: Option<f64>| base.map(|b| format!("{:.2}", s.p50 / b)).unwrap_or_default();
                         let _ = writeln!(
                             out,
-                            "| {prepared} | {} | {clients} | {v} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+                            "| {prepared} | {} | {clients} | {v} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
                             shape.as_str(),
                             s.n,
                             s.p50,
@@ -627,7 +882,8 @@ impl Report {
                             s.max,
                             ratio(unfenced),
                             ratio(lockfree),
-                            self.latency(prepared, shape, clients, &v)
+                            self.latency(prepared, shape, clients, &v),
+                            self.costs(prepared, shape, clients, &v)
                         );
                     }
                 }
@@ -638,31 +894,10 @@ impl Report {
 
     /// Every run as CSV.
     pub fn csv(&self) -> String {
-        let mut out = String::from(
-            "max_prepared_transactions,claim,clients,variant,round,seconds,tps,transactions,failed,latency_ms,\
-             latency_p50_ms,latency_p99_ms,latency_max_ms,loadavg_before,loadavg_after\n",
-        );
+        let mut out = String::from(CSV_HEADER);
         for r in &self.runs {
-            let _ = writeln!(
-                out,
-                "{},{},{},{},{},{},{:.1},{},{},{:.3},{},{:.2},{:.2}",
-                r.prepared,
-                r.shape.as_str(),
-                r.clients,
-                r.variant,
-                r.round,
-                self.options.secs,
-                r.tps,
-                r.transactions,
-                r.failed,
-                r.latency_ms,
-                r.latency
-                    .as_ref()
-                    .map(|l| format!("{:.3},{:.3},{:.3}", l.p50, l.p99, l.max))
-                    .unwrap_or_else(|| ",,".into()),
-                r.load_before,
-                r.load_after
-            );
+            out.push_str(&r.csv_row(self.options.secs));
+            out.push('\n');
         }
         out
     }
@@ -679,6 +914,60 @@ impl Report {
         }
     }
 
+    /// Per setting, shape, clients and variant (in the table's order), a
+    /// strip of each run's `pick`, coloured by variant.
+    fn strips(&self, pick: fn(&Run) -> Option<f64>) -> Vec<Strip> {
+        let variants = self.variants();
+        let mut rows = Vec::new();
+        for &prepared in &self.options.prepared {
+            for &shape in &self.options.shapes {
+                for &clients in &self.options.clients {
+                    for (group, v) in variants.iter().enumerate() {
+                        let values: Vec<f64> = self
+                            .cell_runs(prepared, shape, clients, v)
+                            .filter_map(pick)
+                            .collect();
+                        if !values.is_empty() {
+                            rows.push(Strip {
+                                label: format!("mpt {prepared} · {} · {clients} c · {v}", shape.as_str()),
+                                group,
+                                values,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        rows
+    }
+
+    /// Writes the plot (issue 43, item 5): each run's throughput and p99
+    /// latency by setting, claim, clients and variant, side by side.
+    pub fn write_svg(&self, path: &Path) -> anyhow::Result<PathBuf> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tps = self.strips(|r| Some(r.tps));
+        let p99 = self.strips(|r| r.latency.map(|l| l.p99));
+        crate::plot::panels_svg(
+            path,
+            &[
+                Panel {
+                    title: "What the fence costs a claim: throughput per run",
+                    axis: "transactions/s (log scale)",
+                    rows: &tps,
+                },
+                Panel {
+                    title: "p99 transaction latency per run",
+                    axis: "ms (log scale)",
+                    rows: &p99,
+                },
+            ],
+        )
+        .with_context(|| format!("write {}", path.display()))?;
+        Ok(path.to_path_buf())
+    }
+
     /// Writes the CSV to `path`.
     pub fn write_csv(&self, path: &Path) -> anyhow::Result<PathBuf> {
         if let Some(dir) = path.parent() {
@@ -686,5 +975,135 @@ impl Report {
         }
         std::fs::write(path, self.csv())?;
         Ok(path.to_path_buf())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(wal_bytes: u64, next_multixact: u32, next_multi_offset: u32) -> Counters {
+        Counters {
+            wal_bytes,
+            next_multixact,
+            next_multi_offset,
+        }
+    }
+
+    #[test]
+    fn costs_per_transaction_are_the_counters_growth_over_the_transactions() {
+        let cost = PerTransaction::between(counters(1_000, 10, 20), counters(21_000, 55, 120), 100);
+        assert_eq!(
+            cost,
+            PerTransaction {
+                wal_bytes: 200.0,
+                multixacts: 0.45,
+                multixact_members: 1.0,
+            }
+        );
+        // Multixact ids and offsets wrap around at 2^32.
+        let wrapped = PerTransaction::between(counters(0, u32::MAX - 1, u32::MAX), counters(0, 3, 1), 5);
+        assert_eq!((wrapped.multixacts, wrapped.multixact_members), (1.0, 0.4));
+        assert!(PerTransaction::between(counters(0, 0, 0), counters(9, 1, 1), 0)
+            .wal_bytes
+            .is_nan());
+    }
+
+    #[test]
+    fn lock_waits_count_waiting_backends_and_samples_with_any() {
+        let mut waits = LockWaits::default();
+        for waiting in [0, 2, 0, 1] {
+            waits.add(waiting);
+        }
+        assert_eq!((waits.samples, waits.waiting, waits.with_wait), (4, 3, 2));
+        assert_eq!((waits.mean_waiting(), waits.share_with_wait()), (0.75, 0.5));
+        assert!(LockWaits::default().mean_waiting().is_nan());
+    }
+
+    fn run(variant: &str, tps: f64) -> Run {
+        Run {
+            prepared: 0,
+            shape: Shape::One,
+            clients: 4,
+            variant: variant.into(),
+            round: 1,
+            tps,
+            transactions: 2000,
+            failed: 0,
+            latency_ms: 0.5,
+            latency: summarize(&[0.25, 0.5, 2.0]),
+            load_before: 1.0,
+            load_after: 1.25,
+            per_transaction: PerTransaction {
+                wal_bytes: 254.7,
+                multixacts: 0.45,
+                multixact_members: 1.02,
+            },
+            lock_waits: LockWaits {
+                samples: 200,
+                waiting: 30,
+                with_wait: 25,
+            },
+        }
+    }
+
+    #[test]
+    fn a_csv_row_keeps_the_old_columns_and_ends_with_the_costs() {
+        let row = run("row-lock", 4000.0).csv_row(2);
+        let header: Vec<&str> = CSV_HEADER.trim_end().split(',').collect();
+        let fields: Vec<&str> = row.split(',').collect();
+        assert_eq!(fields.len(), header.len(), "{row}");
+        let at = |name: &str| fields[header.iter().position(|h| *h == name).unwrap()];
+        assert_eq!(header[..15].last(), Some(&"loadavg_after"));
+        assert_eq!(
+            (at("variant"), at("tps"), at("latency_p99_ms")),
+            ("row-lock", "4000.0", "2.000")
+        );
+        assert_eq!((at("loadavg_before"), at("loadavg_after")), ("1.00", "1.25"));
+        assert_eq!(
+            &fields[15..],
+            ["254.7", "0.4500", "1.0200", "200", "0.1500", "0.1250"]
+        );
+    }
+
+    #[test]
+    fn the_table_and_the_plot_have_a_row_per_variant_of_each_cell() {
+        let report = Report {
+            runs: vec![
+                run("unfenced", 8000.0),
+                run("fence", 2000.0),
+                run("fence", 2200.0),
+            ],
+            server_version: "15".into(),
+            options: FenceOptions {
+                runs: 2,
+                secs: 2,
+                clients: vec![4],
+                shapes: vec![Shape::One],
+                prepared: vec![0],
+                candidates: Vec::new(),
+                protocol: "extended".into(),
+            },
+            took: Duration::from_secs(1),
+        };
+        let table = report.table();
+        assert!(
+            table.contains("| 0 | one-row | 4 | fence | 2 | 2000 | 2000 | 2200 | 0.25 |"),
+            "{table}"
+        );
+        assert!(table.contains("| 255 | 0.45 (1.02) | 0.15 / 12 % |"), "{table}");
+        let strips = report.strips(|r| Some(r.tps));
+        let labels: Vec<&str> = strips.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "mpt 0 · one-row · 4 c · unfenced",
+                "mpt 0 · one-row · 4 c · fence"
+            ]
+        );
+        assert_eq!(
+            (strips[1].group, strips[1].values.clone()),
+            (1, vec![2000.0, 2200.0])
+        );
     }
 }
