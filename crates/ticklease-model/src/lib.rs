@@ -354,7 +354,6 @@ impl State {
             return true;
         }
         if model.bug(Bug::NoDrain) {
-            self.held_back = true;
             return false;
         }
         for (r, replica) in self.replicas.iter_mut().enumerate() {
@@ -534,12 +533,87 @@ impl Model for LeaseModel {
     }
 
     fn next_state(&self, s: &State, action: Action) -> Option<State> {
+        let mut n = self.step(s, action)?;
+        // Judged from the states alone, whatever the step's code did.
+        match action {
+            Action::Acquire(r) => {
+                let takeover_allowed =
+                    !s.db.row.paused && !s.term_live() && !s.db.row.pause_wait.is_some_and(|w| w > s.now);
+                n.held_back |= takeover_allowed && n.replicas[r as usize].term.is_none();
+                n.swept_live |= s.term_live()
+                    && s.replicas
+                        .iter()
+                        .zip(&n.replicas)
+                        .any(|(before, after)| before.claim.is_some() && after.claim.is_none());
+            }
+            Action::Pause => n.held_back |= !n.db.row.paused,
+            _ => {}
+        }
+        Some(n)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        let mut all = vec![
+            Property::always("claims commit in token order", |_, s: &State| !s.db.stale_claim),
+            Property::always("at most one live term", |m, s: &State| {
+                s.replicas
+                    .iter()
+                    .filter(|r| r.term.is_some_and(|h| s.fence_passes(m, h.token)))
+                    .count()
+                    <= 1
+            }),
+            Property::always("no claim commits while paused", |_, s: &State| {
+                !s.db.claim_while_paused
+            }),
+            Property::always("tokens are unique across timelines", |_, s: &State| !s.reissued),
+            Property::always("no claim commits once its term is over", |_, s: &State| {
+                !s.claim_after_end
+            }),
+            Property::always(
+                "a takeover or a pause is never held back by a claim",
+                |_, s: &State| !s.held_back,
+            ),
+            Property::always("no claim of a live term is ended", |_, s: &State| !s.swept_live),
+            Property::always(
+                "a dead holder's role is led before the next tick",
+                |_, s: &State| !s.missed_wakeup,
+            ),
+            Property::always(
+                "a pause cancels the holder's work before the next tick",
+                |_, s: &State| !s.missed_pause,
+            ),
+            // Not vacuous: the interesting steps are reachable.
+            Property::sometimes("a key takeover happens", |_, s: &State| s.key_takeover),
+            Property::sometimes("a promotion loses an ACQUIRE", |_, s: &State| s.lost_acquire),
+            Property::sometimes("a claim commits", |_, s: &State| s.db.last_claim.is_some()),
+        ];
+        match self.fence {
+            FenceKind::CommitCheck => all.push(Property::always(
+                "no claim commits after its lease ran out",
+                |_, s: &State| !s.claim_after_expiry,
+            )),
+            // What the lock at the fence gives up: stated, and reachable.
+            FenceKind::RowLock => all.push(Property::sometimes(
+                "a claim commits after its lease ran out, nothing having ended its term",
+                |_, s: &State| s.claim_after_expiry,
+            )),
+        }
+        if let Some(only) = self.only {
+            all.retain(|p| p.name == only);
+        }
+        all
+    }
+}
+
+impl LeaseModel {
+    /// One action's effect, before the checks [`Model::next_state`] makes
+    /// of the states on either side.
+    fn step(&self, s: &State, action: Action) -> Option<State> {
         let mut n = s.clone();
         match action {
             Action::Acquire(r) => {
                 n.statements += 1;
                 if self.bug(Bug::DrainKillsLiveTerm) {
-                    n.swept_live |= s.term_live() && s.lockers != 0;
                     n.drain(self);
                 }
                 if s.db.row.paused || s.term_live() || s.db.row.pause_wait.is_some_and(|w| w > s.now) {
@@ -732,57 +806,5 @@ impl Model for LeaseModel {
             }
         }
         Some(n)
-    }
-
-    fn properties(&self) -> Vec<Property<Self>> {
-        let mut all = vec![
-            Property::always("claims commit in token order", |_, s: &State| !s.db.stale_claim),
-            Property::always("at most one live term", |m, s: &State| {
-                s.replicas
-                    .iter()
-                    .filter(|r| r.term.is_some_and(|h| s.fence_passes(m, h.token)))
-                    .count()
-                    <= 1
-            }),
-            Property::always("no claim commits while paused", |_, s: &State| {
-                !s.db.claim_while_paused
-            }),
-            Property::always("tokens are unique across timelines", |_, s: &State| !s.reissued),
-            Property::always("no claim commits once its term is over", |_, s: &State| {
-                !s.claim_after_end
-            }),
-            Property::always(
-                "a takeover or a pause is never held back by a claim",
-                |_, s: &State| !s.held_back,
-            ),
-            Property::always("no claim of a live term is ended", |_, s: &State| !s.swept_live),
-            Property::always(
-                "a dead holder's role is led before the next tick",
-                |_, s: &State| !s.missed_wakeup,
-            ),
-            Property::always(
-                "a pause cancels the holder's work before the next tick",
-                |_, s: &State| !s.missed_pause,
-            ),
-            // Not vacuous: the interesting steps are reachable.
-            Property::sometimes("a key takeover happens", |_, s: &State| s.key_takeover),
-            Property::sometimes("a promotion loses an ACQUIRE", |_, s: &State| s.lost_acquire),
-            Property::sometimes("a claim commits", |_, s: &State| s.db.last_claim.is_some()),
-        ];
-        match self.fence {
-            FenceKind::CommitCheck => all.push(Property::always(
-                "no claim commits after its lease ran out",
-                |_, s: &State| !s.claim_after_expiry,
-            )),
-            // What the lock at the fence gives up: stated, and reachable.
-            FenceKind::RowLock => all.push(Property::sometimes(
-                "a claim commits after its lease ran out, nothing having ended its term",
-                |_, s: &State| s.claim_after_expiry,
-            )),
-        }
-        if let Some(only) = self.only {
-            all.retain(|p| p.name == only);
-        }
-        all
     }
 }

@@ -166,12 +166,16 @@
 //!    return is seen when PgBouncer logs in to it again (its
 //!    `server_login_retry`, 15 s by default). With Patroni's word, the check
 //!    runs at once then too (once per period at most), and its confirmation
-//!    wakes the loops it kept waiting; a check in which Patroni names another
-//!    server than the store's probes the URL's hosts at once, not at the next
-//!    probe, and while a check confirms nothing (no leader, a stale one,
-//!    another server) the next comes a quarter period later, so a promoted
+//!    wakes the loops it kept waiting (only a confirmation wakes them: a
+//!    connection that comes back confirms nothing); a check in which Patroni
+//!    names another server than the store's probes the URL's hosts at once
+//!    (once per period at most), not at the next probe, and while a check
+//!    confirms nothing (no leader, a stale one, another server) the next
+//!    comes a quarter period later. So once a check found no leader (what a
+//!    failover shows first, while the old leader's key expires), a promoted
 //!    server is reached within a quarter of a check's period (375 ms at the
-//!    defaults) of Patroni naming it. Each
+//!    defaults) of Patroni naming it; within a period (1.5 s) when Patroni
+//!    names it right after confirming the old one. Each
 //!    host is its own connection attempt, bounded
 //!    as a whole (TCP, TLS, startup, authentication, the read-write check)
 //!    by an equal share of S (or the URL's `connect_timeout`, if shorter),

@@ -579,6 +579,15 @@ pub trait LeaseStore: Send + Sync + 'static {
         None
     }
 
+    /// A receiver that moves when the failover manager confirms the
+    /// store's server after a check that did not
+    /// ([`crate::PgStore::with_patroni`]). A role loop whose ACQUIRE waited
+    /// for a confirmation waits for it, not for [`LeaseStore::usable`]:
+    /// a connection that comes back confirms nothing. `None` without a check.
+    fn confirmed_again(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// The statements of the store's login that wait now for a synchronous
     /// standby to confirm their commit (see [`SynchronousWaits`]); `None`
     /// for a store without a server.

@@ -62,6 +62,9 @@ pub struct NextChance {
     /// one early poll per run of failures, then `max_poll` again, however
     /// often a hostile or flapping link moves it.
     woken_early: bool,
+    /// Moves when Patroni confirms the store's server again
+    /// ([`LeaseStore::confirmed_again`]).
+    confirmed: Option<watch::Receiver<u64>>,
     told_at: Option<tokio::time::Instant>,
 }
 
@@ -88,6 +91,7 @@ impl NextChance {
             waiting: None,
             usable: manager.store().usable(),
             woken_early: false,
+            confirmed: manager.store().confirmed_again(),
             told_at: None,
         }
     }
@@ -141,6 +145,7 @@ impl NextChance {
             shutdown,
             usable,
             woken_early,
+            confirmed,
             ..
         } = self;
         let gone = tokio::select! {
@@ -149,6 +154,10 @@ impl NextChance {
             Some(()) = usable_moved(usable.as_mut()), if wake.on_usable => {
                 tracing::debug!(%role, "the store answers again; asking now");
                 *woken_early = true;
+                false
+            }
+            Some(()) = usable_moved(confirmed.as_mut()), if wake.on_confirmed => {
+                tracing::debug!(%role, "Patroni confirms the store's server; asking now");
                 false
             }
             _ = told(woken.as_ref().map(|w| &w.follower), *told_at) => {
@@ -166,8 +175,8 @@ impl NextChance {
             tracing::debug!(%role, "the holder's coordination session ended; acquiring now");
             *waiting = None;
         }
-        if let Some(usable) = usable {
-            usable.borrow_and_update();
+        for moved in [usable, confirmed].into_iter().flatten() {
+            moved.borrow_and_update();
         }
         true
     }

@@ -30,6 +30,9 @@ pub(crate) struct Wake {
     /// Whether the store's connections coming back (or Patroni confirming
     /// its server) wakes it ([`crate::store::LeaseStore::usable`]).
     pub(crate) on_usable: bool,
+    /// Whether Patroni confirming the store's server again wakes it
+    /// ([`crate::store::LeaseStore::confirmed_again`]).
+    pub(crate) on_confirmed: bool,
 }
 
 /// Retry after losing a race to another replica's ACQUIRE: the next answer
@@ -58,24 +61,28 @@ pub(crate) fn next_wake(polled: &Polled<'_>, config: &Config, signalled: bool) -
         after,
         holder_key: None,
         on_usable: false,
-    };
-    let or_usable = |after| Wake {
-        after,
-        holder_key: None,
-        on_usable: true,
+        on_confirmed: false,
     };
     match polled {
         Polled::TermEnded => after(Duration::ZERO),
-        Polled::Failed => or_usable(config.max_poll()),
-        Polled::Unconfirmed => or_usable(config.heartbeat_every() / 2),
+        Polled::Failed => Wake {
+            on_usable: true,
+            ..after(config.max_poll())
+        },
+        // Only a confirmation lets the next ACQUIRE be sent: a connection
+        // that comes back (a login ending our backends, a flapping link)
+        // would wake the loop for another refusal.
+        Polled::Unconfirmed => Wake {
+            on_confirmed: true,
+            ..after(config.heartbeat_every() / 2)
+        },
         Polled::Refused(Refusal::Held {
             remaining,
             holder_key,
             ..
         }) => Wake {
-            after: cap(*remaining),
             holder_key: holder_key.filter(|_| signalled),
-            on_usable: false,
+            ..after(cap(*remaining))
         },
         Polled::Refused(Refusal::NotDue { remaining, .. }) => after(cap(*remaining)),
         Polled::Refused(Refusal::Contended) => after(CONTENDED_RETRY),
@@ -114,6 +121,10 @@ mod tests {
         next_wake(&polled, &Config::default(), true).on_usable
     }
 
+    fn on_confirmed(polled: Polled<'_>) -> bool {
+        next_wake(&polled, &Config::default(), true).on_confirmed
+    }
+
     #[test]
     fn a_follower_wakes_when_the_holders_lease_runs_out_capped_at_max_poll_without_signals() {
         let soon = held(S(2), Some(7));
@@ -143,12 +154,23 @@ mod tests {
     }
 
     #[test]
-    fn only_a_failed_or_unconfirmed_poll_is_woken_by_the_store_becoming_usable() {
+    fn only_a_failed_poll_is_woken_by_the_store_becoming_usable() {
         assert!(on_usable(Polled::Failed));
-        assert!(on_usable(Polled::Unconfirmed));
+        assert!(
+            !on_usable(Polled::Unconfirmed),
+            "a connection back confirms nothing"
+        );
         assert!(!on_usable(Polled::TermEnded));
         assert!(!on_usable(Polled::Refused(&held(S(2), Some(7)))));
         assert!(!on_usable(Polled::Refused(&Refusal::Contended)));
+    }
+
+    #[test]
+    fn only_an_unconfirmed_poll_is_woken_by_a_confirmation() {
+        assert!(on_confirmed(Polled::Unconfirmed));
+        assert!(!on_confirmed(Polled::Failed));
+        assert!(!on_confirmed(Polled::TermEnded));
+        assert!(!on_confirmed(Polled::Refused(&held(S(2), Some(7)))));
     }
 
     #[test]

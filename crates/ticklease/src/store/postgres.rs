@@ -109,6 +109,8 @@ struct PrimaryCheck {
     /// How young a confirmation ACQUIRE needs: `abandon_after −
     /// heartbeat_every`, so a new term lives at least a beat.
     fresh_for: Duration,
+    /// Moves at each confirmation gained ([`LeaseStore::confirmed_again`]).
+    gains: tokio::sync::watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -229,9 +231,13 @@ impl PgStore {
             .map_err(|source| StoreError::Patroni { source })?;
         let pooled = self.clone();
         let (told, looking) = (self.hosts.clone(), self.hosts.clone());
+        let (gain, gains) = tokio::sync::watch::channel(0u64);
         let hooks = check::Hooks {
             again: self.hosts.usable(),
-            gained: move || told.usable_again(),
+            gained: move || {
+                told.usable_again();
+                gain.send_modify(|n| *n += 1);
+            },
             elsewhere: move || {
                 let hosts = looking.clone();
                 async move { hosts.probe().await }
@@ -256,6 +262,7 @@ impl PgStore {
             confirmations,
             _watch: Arc::new(guard),
             fresh_for: config.abandon_after().saturating_sub(config.heartbeat_every()),
+            gains,
         });
         Ok(self)
     }
@@ -1104,6 +1111,11 @@ impl LeaseStore for PgStore {
             waiting: u64::try_from(row.get::<_, i64>("waiting")).unwrap_or(0),
             longest: Duration::try_from_secs_f64(longest).unwrap_or_default(),
         }))
+    }
+
+    #[cfg(feature = "patroni")]
+    fn confirmed_again(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.primary.as_ref().map(|check| check.gains.clone())
     }
 
     fn primary_confirmation(&self) -> Option<Confirmation> {

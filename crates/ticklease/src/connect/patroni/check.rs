@@ -198,7 +198,11 @@ where
     let check = tokio::spawn(async move {
         // At most one early check per period: a link that flaps, or a login
         // that ends our connections, costs Patroni one more request per period.
-        let mut early = true;
+        let mut early_from = Instant::now();
+        // At most one look per period: a look connects to every host of the
+        // URL, and while Patroni names a server the store cannot reach (a
+        // one-sided partition, its slots taken) a look finds nothing new.
+        let mut looked_at: Option<Instant> = None;
         loop {
             let started = Instant::now();
             again.borrow_and_update();
@@ -211,7 +215,10 @@ where
                     every
                 }
                 (Outcome::OtherServer, _) => {
-                    elsewhere().await;
+                    if looked_at.is_none_or(|at| at.elapsed() >= every) {
+                        looked_at = Some(Instant::now());
+                        elsewhere().await;
+                    }
                     suspect_every(every)
                 }
                 // Settings that no longer bound a term are an operator's
@@ -221,9 +228,9 @@ where
             };
             tokio::select! {
                 _ = stopped.cancelled() => return,
-                _ = tokio::time::sleep_until(started + next) => early = true,
-                Ok(()) = again.changed(), if early => {
-                    early = false;
+                _ = tokio::time::sleep_until(started + next) => {}
+                Ok(()) = again.changed(), if Instant::now() >= early_from => {
+                    early_from = Instant::now() + every;
                     tokio::time::sleep_until(started + CHECK_SPACING).await;
                 }
             }
@@ -389,6 +396,47 @@ mod tests {
         assert_eq!(checks.load(Ordering::SeqCst), 4, "a period apart once confirmed");
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(checks.load(Ordering::SeqCst), 5);
+    }
+
+    /// Counts the checks and looks of a check whose Patroni always names
+    /// another server, over `over`, while `again` moves every 50 ms.
+    async fn checks_and_looks_while_patroni_names_another_server(over: Duration) -> (usize, usize) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (checks, looks) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (counted, looked) = (checks.clone(), looks.clone());
+        let (again, seen) = watch::channel(0u64);
+        let (_confirmations, _guard) = watch(
+            Duration::from_secs(4),
+            Hooks {
+                again: seen,
+                gained: || {},
+                elsewhere: move || {
+                    looked.fetch_add(1, Ordering::SeqCst);
+                    async {}
+                },
+            },
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok(1) }
+            },
+            || async { Some(2) },
+        );
+        let until = Instant::now() + over;
+        while Instant::now() < until {
+            again.send_modify(|n| *n += 1);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (checks.load(Ordering::SeqCst), looks.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_moves_all_the_time_costs_one_early_check_and_one_look_per_period() {
+        // A check every second (a quarter of 4 s) from 0 to 11.95 s: 12, and
+        // at most one early check per period: 3 more.
+        let (checks, looks) =
+            checks_and_looks_while_patroni_names_another_server(Duration::from_millis(11_950)).await;
+        assert!((12..=15).contains(&checks), "{checks} checks");
+        assert_eq!(looks, 3, "one look per period, at 0, 4 and 8 s");
     }
 
     #[test]
