@@ -39,7 +39,9 @@ use stateright::{Model, Property};
 pub enum Bug {
     /// ACQUIRE keeps the row's token instead of issuing a new one.
     NoTokenBump,
-    /// The fence checks the term when it runs, and nothing at COMMIT.
+    /// The fence checks the term when it runs, and nothing at COMMIT. Under
+    /// the lock at the fence, a fence that takes no lock: what a check and a
+    /// lock taken in two steps allows too, once an ender commits between them.
     LockFreeFence,
     /// RENEW matches the role, not `(role, token)`, and takes the row back.
     RenewRevives,
