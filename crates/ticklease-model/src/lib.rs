@@ -540,7 +540,7 @@ impl Model for LeaseModel {
         match action {
             Action::Acquire(r) => {
                 let takeover_allowed =
-                    !s.db.row.paused && !s.term_live() && !s.db.row.pause_wait.is_some_and(|w| w > s.now);
+                    !s.db.row.paused && !s.term_live() && s.db.row.pause_wait.is_none_or(|w| w <= s.now);
                 n.held_back |= takeover_allowed && n.replicas[r as usize].term.is_none();
                 n.swept_live |= s.term_live()
                     && s.replicas
