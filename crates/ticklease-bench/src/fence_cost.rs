@@ -854,7 +854,7 @@ impl Report {
 
     /// The markdown table: per setting, shape, clients and variant, p50 / min /
     /// max tps over the runs, the p50 ratio to the unfenced p50, the latencies
-    /// and what explains the cost ([`Report::costs`]).
+    /// and what explains the cost (WAL, multixacts, lock waits).
     pub fn table(&self) -> String {
         let mut out = String::from(
             "| max_prepared_transactions | claim | clients | variant | runs | p50 tps | min | max | p50 / unfenced p50 | p50 / lock-free p50 | latency p50 / p99 / max ms | WAL B / tx | multixacts / tx (members) | lock waits: mean waiting / samples with any |\n\
