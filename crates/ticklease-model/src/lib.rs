@@ -613,133 +613,212 @@ impl LeaseModel {
     fn step(&self, s: &State, action: Action) -> Option<State> {
         let mut n = s.clone();
         match action {
-            Action::Acquire(r) => {
-                n.statements += 1;
-                if self.bug(Bug::DrainKillsLiveTerm) {
-                    n.drain(self);
-                }
-                if s.db.row.paused || s.term_live() || s.db.row.pause_wait.is_some_and(|w| w > s.now) {
-                    return Some(n);
-                }
-                // The takeover: the old term's claims end first.
-                if !n.drain(self) {
-                    return Some(n);
-                }
-                let seeded = if self.bug(Bug::TokenPlusOne) {
-                    s.db.row.token + 1
-                } else {
-                    (s.db.row.token + 1).max(s.now as u64 * self.token_per_tick)
-                };
-                let key_takeover = s.lease_live() && !s.key_alive(s.db.row.key);
-                let token =
-                    if self.bug(Bug::NoTokenBump) || (self.bug(Bug::KeyTakeoverKeepsToken) && key_takeover) {
-                        s.db.row.token
-                    } else {
-                        seeded
-                    };
-                let replica = &mut n.replicas[r as usize];
-                n.db.row = Row {
-                    token,
-                    holder: Some(r),
-                    expires: s.now + self.ttl,
-                    key: replica.session,
-                    paused: false,
-                    pause_wait: s.db.row.pause_wait,
-                };
-                replica.term = Some(Held {
-                    token,
-                    last_ack: s.now,
-                });
-                n.reissued |= s.max_issued.is_some_and(|m| token <= m);
-                n.max_issued = Some(s.max_issued.map_or(token, |m| m.max(token)));
-                n.key_takeover |= key_takeover;
-            }
+            Action::Acquire(r) => self.acquire(s, &mut n, r),
             Action::Renew(r) | Action::RenewUnanswered(r) => {
-                n.statements += 1;
-                let held = s.replicas[r as usize].term?;
-                let matches = s.db.row.token == held.token && s.db.row.holder.is_some();
-                let revive = self.bug(Bug::RenewRevives) && !s.db.row.paused;
-                let answered = action == Action::Renew(r);
-                let replica = &mut n.replicas[r as usize];
-                if matches || revive {
-                    n.db.row.token = held.token;
-                    n.db.row.holder = Some(r);
-                    n.db.row.expires = s.now + self.ttl;
-                    n.db.row.key = replica.session;
-                    if answered {
-                        replica.term = Some(Held {
-                            last_ack: s.now,
-                            ..held
-                        });
-                    }
-                } else if answered {
-                    // 0 rows: the term is over; the work (and its claim) is dropped.
-                    replica.term = None;
-                    n.drop_claim(r);
-                }
+                self.renew(s, &mut n, r, action == Action::Renew(r))?
             }
-            Action::Release(r) => {
-                n.statements += 1;
-                let held = s.replicas[r as usize].term?;
-                if s.db.row.token == held.token && s.db.row.holder.is_some() {
-                    n.db.row.holder = None;
-                    n.db.row.key = None;
-                } else if s.db.row.token == held.token {
-                    // The holder of a term a pause ended: its work stopped.
-                    n.db.row.pause_wait = None;
-                }
-                n.replicas[r as usize].term = None;
-                n.drop_claim(r);
-            }
+            Action::Release(r) => self.release(s, &mut n, r)?,
             Action::Abandon(r) => {
                 n.replicas[r as usize].term = None;
                 n.drop_claim(r);
             }
-            Action::Fence(r) => {
-                n.statements += 1;
-                let held = s.replicas[r as usize].term?;
-                if s.fence_passes(self, held.token) {
-                    n.replicas[r as usize].claim = Some(held.token);
-                    if self.fence == FenceKind::RowLock && !self.bug(Bug::LockFreeFence) {
-                        n.lockers |= 1 << r;
-                    }
-                }
-            }
-            Action::Commit(r) => {
-                let token = s.replicas[r as usize].claim?;
-                let checked = match self.fence {
-                    FenceKind::CommitCheck => s.fence_passes(self, token),
-                    // The lock held since the fence: nothing ended the term.
-                    FenceKind::RowLock => true,
-                };
-                if self.bug(Bug::LockFreeFence) || checked {
-                    let row = &s.db.row;
-                    n.db.stale_claim |= s.db.last_claim.is_some_and(|last| token < last);
-                    n.db.claim_while_paused |= row.paused;
-                    n.db.last_claim = Some(token);
-                    n.claim_after_end |= row.token != token || row.holder.is_none() || row.paused;
-                    n.claim_after_expiry |= row.expires <= s.now;
-                }
-                n.drop_claim(r);
-            }
-            Action::Pause => {
-                n.statements += 1;
-                if !self.bug(Bug::EnderNoKeyUpdate) && !n.drain(self) {
-                    return Some(n);
-                }
-                if s.lease_live() {
-                    n.db.row.pause_wait = Some(s.db.row.expires);
-                }
-                n.db.row.paused = true;
-                if !self.bug(Bug::FenceIgnoresPause) {
-                    n.db.row.holder = None;
-                    n.db.row.key = None;
-                }
-            }
+            Action::Fence(r) => self.fence(s, &mut n, r)?,
+            Action::Commit(r) => self.commit(s, &mut n, r)?,
+            Action::Pause => self.pause(s, &mut n),
             Action::Unpause => {
                 n.statements += 1;
                 n.db.row.paused = false;
             }
+            Action::Freeze(_)
+            | Action::Resume(_)
+            | Action::Die(_)
+            | Action::DropSession(_)
+            | Action::Reconnect(_) => self.fault(s, &mut n, action),
+            Action::Tick => self.tick(s, &mut n)?,
+            Action::Replicate => n.standby = s.db.clone(),
+            Action::Promote => self.promote(s, &mut n),
+        }
+        Some(n)
+    }
+
+    /// ACQUIRE: a takeover drains the old term's claims first.
+    fn acquire(&self, s: &State, n: &mut State, r: u8) {
+        n.statements += 1;
+        if self.bug(Bug::DrainKillsLiveTerm) {
+            n.drain(self);
+        }
+        if s.db.row.paused || s.term_live() || s.db.row.pause_wait.is_some_and(|w| w > s.now) {
+            return;
+        }
+        // The takeover: the old term's claims end first.
+        if !n.drain(self) {
+            return;
+        }
+        let seeded = if self.bug(Bug::TokenPlusOne) {
+            s.db.row.token + 1
+        } else {
+            (s.db.row.token + 1).max(s.now as u64 * self.token_per_tick)
+        };
+        let key_takeover = s.lease_live() && !s.key_alive(s.db.row.key);
+        let token = if self.bug(Bug::NoTokenBump) || (self.bug(Bug::KeyTakeoverKeepsToken) && key_takeover) {
+            s.db.row.token
+        } else {
+            seeded
+        };
+        let replica = &mut n.replicas[r as usize];
+        n.db.row = Row {
+            token,
+            holder: Some(r),
+            expires: s.now + self.ttl,
+            key: replica.session,
+            paused: false,
+            pause_wait: s.db.row.pause_wait,
+        };
+        replica.term = Some(Held {
+            token,
+            last_ack: s.now,
+        });
+        n.reissued |= s.max_issued.is_some_and(|m| token <= m);
+        n.max_issued = Some(s.max_issued.map_or(token, |m| m.max(token)));
+        n.key_takeover |= key_takeover;
+    }
+
+    /// RENEW, answered or not.
+    fn renew(&self, s: &State, n: &mut State, r: u8, answered: bool) -> Option<()> {
+        n.statements += 1;
+        let held = s.replicas[r as usize].term?;
+        let matches = s.db.row.token == held.token && s.db.row.holder.is_some();
+        let revive = self.bug(Bug::RenewRevives) && !s.db.row.paused;
+        let replica = &mut n.replicas[r as usize];
+        if matches || revive {
+            n.db.row.token = held.token;
+            n.db.row.holder = Some(r);
+            n.db.row.expires = s.now + self.ttl;
+            n.db.row.key = replica.session;
+            if answered {
+                replica.term = Some(Held {
+                    last_ack: s.now,
+                    ..held
+                });
+            }
+        } else if answered {
+            // 0 rows: the term is over; the work (and its claim) is dropped.
+            replica.term = None;
+            n.drop_claim(r);
+        }
+        Some(())
+    }
+
+    /// RELEASE by the holder of `r`'s term.
+    fn release(&self, s: &State, n: &mut State, r: u8) -> Option<()> {
+        n.statements += 1;
+        let held = s.replicas[r as usize].term?;
+        if s.db.row.token == held.token && s.db.row.holder.is_some() {
+            n.db.row.holder = None;
+            n.db.row.key = None;
+        } else if s.db.row.token == held.token {
+            // The holder of a term a pause ended: its work stopped.
+            n.db.row.pause_wait = None;
+        }
+        n.replicas[r as usize].term = None;
+        n.drop_claim(r);
+        Some(())
+    }
+
+    /// The claim statement with the fence.
+    fn fence(&self, s: &State, n: &mut State, r: u8) -> Option<()> {
+        n.statements += 1;
+        let held = s.replicas[r as usize].term?;
+        if s.fence_passes(self, held.token) {
+            n.replicas[r as usize].claim = Some(held.token);
+            if self.fence == FenceKind::RowLock && !self.bug(Bug::LockFreeFence) {
+                n.lockers |= 1 << r;
+            }
+        }
+        Some(())
+    }
+
+    /// The claim's COMMIT.
+    fn commit(&self, s: &State, n: &mut State, r: u8) -> Option<()> {
+        let token = s.replicas[r as usize].claim?;
+        let checked = match self.fence {
+            FenceKind::CommitCheck => s.fence_passes(self, token),
+            // The lock held since the fence: nothing ended the term.
+            FenceKind::RowLock => true,
+        };
+        if self.bug(Bug::LockFreeFence) || checked {
+            let row = &s.db.row;
+            n.db.stale_claim |= s.db.last_claim.is_some_and(|last| token < last);
+            n.db.claim_while_paused |= row.paused;
+            n.db.last_claim = Some(token);
+            n.claim_after_end |= row.token != token || row.holder.is_none() || row.paused;
+            n.claim_after_expiry |= row.expires <= s.now;
+        }
+        n.drop_claim(r);
+        Some(())
+    }
+
+    /// `leader_pause`: under the lock, it drains first.
+    fn pause(&self, s: &State, n: &mut State) {
+        n.statements += 1;
+        if !self.bug(Bug::EnderNoKeyUpdate) && !n.drain(self) {
+            return;
+        }
+        if s.lease_live() {
+            n.db.row.pause_wait = Some(s.db.row.expires);
+        }
+        n.db.row.paused = true;
+        if !self.bug(Bug::FenceIgnoresPause) {
+            n.db.row.holder = None;
+            n.db.row.key = None;
+        }
+    }
+
+    /// The database clock advances, unless a replica must act first.
+    fn tick(&self, s: &State, n: &mut State) -> Option<()> {
+        // The heartbeat stops the work at its abandon instant: time
+        // does not pass it while the replica runs.
+        let overdue = (0..self.replicas).any(|r| {
+            let replica = &s.replicas[r as usize];
+            s.acting(r)
+                && replica
+                    .term
+                    .is_some_and(|h| s.now >= h.last_ack + self.abandon + replica.skew)
+        });
+        if overdue {
+            return None;
+        }
+        // A told replica acts before the clock moves on (the
+        // scheduler's bound); the bugs let it sleep through.
+        let woken = s.woken_follower(self);
+        let told = s.told_of_pause(self);
+        if (woken && !self.bug(Bug::NoKeyWait)) || (told && !self.bug(Bug::NoPauseSignal)) {
+            return None;
+        }
+        n.missed_wakeup |= woken;
+        n.missed_pause |= told;
+        n.now += 1;
+        Some(())
+    }
+
+    /// The standby is promoted, losing what it had not received.
+    fn promote(&self, s: &State, n: &mut State) {
+        n.promotions += 1;
+        n.lost_acquire |= s.standby.row.token != s.db.row.token;
+        n.db = s.standby.clone();
+        n.now = s.now + self.failover;
+        for replica in &mut n.replicas {
+            // Advisory locks are not replicated; claims in flight
+            // were on the old primary.
+            replica.session = None;
+            replica.claim = None;
+        }
+        n.lockers = 0;
+    }
+
+    /// A fault of one replica's process or session, or its reconnect.
+    fn fault(&self, s: &State, n: &mut State, action: Action) {
+        match action {
             Action::Freeze(r) => {
                 n.faults += 1;
                 n.replicas[r as usize].frozen = true;
@@ -768,45 +847,7 @@ impl LeaseModel {
                 n.replicas[r as usize].session = Some(s.sessions);
                 n.sessions += 1;
             }
-            Action::Tick => {
-                // The heartbeat stops the work at its abandon instant: time
-                // does not pass it while the replica runs.
-                let overdue = (0..self.replicas).any(|r| {
-                    let replica = &s.replicas[r as usize];
-                    s.acting(r)
-                        && replica
-                            .term
-                            .is_some_and(|h| s.now >= h.last_ack + self.abandon + replica.skew)
-                });
-                if overdue {
-                    return None;
-                }
-                // A told replica acts before the clock moves on (the
-                // scheduler's bound); the bugs let it sleep through.
-                let woken = s.woken_follower(self);
-                let told = s.told_of_pause(self);
-                if (woken && !self.bug(Bug::NoKeyWait)) || (told && !self.bug(Bug::NoPauseSignal)) {
-                    return None;
-                }
-                n.missed_wakeup |= woken;
-                n.missed_pause |= told;
-                n.now += 1;
-            }
-            Action::Replicate => n.standby = s.db.clone(),
-            Action::Promote => {
-                n.promotions += 1;
-                n.lost_acquire |= s.standby.row.token != s.db.row.token;
-                n.db = s.standby.clone();
-                n.now = s.now + self.failover;
-                for replica in &mut n.replicas {
-                    // Advisory locks are not replicated; claims in flight
-                    // were on the old primary.
-                    replica.session = None;
-                    replica.claim = None;
-                }
-                n.lockers = 0;
-            }
+            _ => unreachable!("not a fault: {action:?}"),
         }
-        Some(n)
     }
 }
