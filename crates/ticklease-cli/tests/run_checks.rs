@@ -211,15 +211,16 @@ async fn an_outage_is_told_while_it_lasts_and_once_when_it_ends_not_at_every_pol
     })
     .await
     .unwrap();
+    // The runner may reconnect before this task is scheduled again, so the
+    // outage is what came before the "restored" line, not what has arrived
+    // by now.
     let mut during = Vec::new();
-    while let Ok(line) = heard.try_recv() {
-        during.push(line);
-    }
     let restored = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(line) = heard.recv().await {
             if line.contains("database connection restored") {
                 return line;
             }
+            during.push(line);
         }
         String::new()
     })
