@@ -101,6 +101,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "status_bounds",
         sql: include_str!("migrations/0012_status_bounds.sql"),
     },
+    Migration {
+        version: 13,
+        name: "fence_lock",
+        sql: include_str!("migrations/0013_fence_lock.sql"),
+    },
 ];
 
 /// The database roles migration 0002 grants to (created if missing).
@@ -433,7 +438,7 @@ async fn apply(
         let step = format!("{:04}_{}", m.version, m.name);
         if let Err(source) = tx.batch_execute(m.sql).await {
             drop(tx);
-            // 0008 and 0012 wait 500 ms for the tables they lock, the others the run's wait.
+            // 0008, 0012 and 0013 wait 500 ms for the tables they lock, the others the run's wait.
             let tables = ["leader_leases", "leader_history"];
             return Err(lock_error(client, step, &tables, Duration::from_millis(500), source).await);
         }

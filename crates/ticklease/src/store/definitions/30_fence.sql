@@ -10,7 +10,10 @@ AS $fn$
     -- carry both, so the sweep mistakes another role (or another schema's
     -- role of the same name) for this one only when both collide (2^-64).
     -- The schema goes with its length: `a:b` + `c` is not `a` + `b:c`.
-    SELECT hashtext('ticklease:' || p_which || ':' || length(@schema_text@) || ':' || @schema_text@ || ':' || p_role)
+    -- Every operand is text (generation 7): `text || integer` is the STABLE
+    -- textanycat, which kept the function from being inlined into the fence;
+    -- the explicit casts give the same text, so the same hashes.
+    SELECT hashtext('ticklease:' || p_which::text || ':' || length(@schema_text@)::text || ':' || @schema_text@ || ':' || p_role)
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_token_low(p_token bigint) RETURNS integer
@@ -241,3 +244,313 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Generation 7: the fence at one row lock (issue 43). The fence reads the
+-- lease row FOR KEY SHARE and keeps that lock to the transaction's end;
+-- everything that ends a term (a takeover, a pause, a RELEASE, forget)
+-- locks the row FOR UPDATE before it commits, which waits for the claims in
+-- flight, at most a grace, and then ends their backends (the drain). No
+-- commit-time check: a claim commits inside its term because its term
+-- cannot end while it holds the lock. The generation-6 fence above stays
+-- for clients built against it.
+
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_salt() RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $fn$
+    -- A term's salt: 64 bits of the server's strong random source
+    -- (gen_random_uuid; md5 only spreads its bits over the 64 taken).
+    SELECT ('x' || substr(md5(gen_random_uuid()::text), 1, 16))::bit(64)::bigint
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_keyed(p_key bytea, p_a bigint, p_b bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE
+AS $fn$
+    -- 32 bits of SHA-256(key, a, b): an advisory lock's key that only a
+    -- login knowing `key` can compute. Not STRICT, so it is inlined.
+    SELECT ('x' || encode(substr(sha256(p_key || int8send(p_a) || int8send(p_b)), 1, 4), 'hex'))::bit(32)::integer
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_marker(p_salt bigint, p_xid bigint, p_try integer) RETURNS integer
+LANGUAGE sql IMMUTABLE
+AS $fn$
+    -- The marker of a fenced transaction: the key of its advisory lock of
+    -- class leader_role_hash(role, 3), from the term's salt and the
+    -- transaction's top-level xid (its low 32 bits, as pg_locks shows it).
+    -- Try 2 is a second key for when the first is taken by another backend.
+    SELECT @schema@.leader_fence_keyed(int8send(p_salt), p_xid, p_try)
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_guard() RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+-- Makes PREPARE TRANSACTION fail in this transaction: a prepared claim
+-- would keep its lease row locked, and hold every takeover and pause of
+-- its role, until an operator's COMMIT or ROLLBACK PREPARED (a prepared
+-- transaction has no backend the drain can end). Postgres refuses to
+-- prepare a transaction that holds a session-level and a
+-- transaction-level lock on the same object: the session lock is this
+-- backend's for its life, on a key derived from the schema's secret and
+-- the backend's pid, so no other login can take it first. If one holds it
+-- (a key copied from pg_locks while an earlier backend of the same pid
+-- held it), the transaction exports a snapshot instead, which Postgres
+-- also refuses to prepare (and which fails inside a savepoint).
+DECLARE
+    class integer := @schema@.leader_role_hash('', 5);
+    k integer := (SELECT @schema@.leader_fence_keyed(s.secret, pg_backend_pid(), 0)
+                    FROM @schema@.leader_fence_secret AS s);
+BEGIN
+    IF pg_try_advisory_lock(class, k) THEN
+        PERFORM pg_advisory_xact_lock(class, k);
+    ELSE
+        PERFORM pg_export_snapshot();
+    END IF;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_v2(p_role text, p_token bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $fn$
+-- The fence (generation 7). True while (role, token) is the live, unpaused
+-- term at this instant (clock_timestamp()); then the transaction holds the
+-- lease row FOR KEY SHARE until it ends, and the term cannot end before:
+-- a takeover, a pause, a RELEASE and forget lock the row FOR UPDATE first
+-- (leader_fence_drain), which waits for this transaction, at most a grace,
+-- and then ends its backend. RENEW (a no-key update) never waits for it.
+-- A claim whose lease runs out while nothing ends its term commits (no
+-- later term can start before it ended). Call it as an uncorrelated scalar
+-- subquery, (SELECT leader_fence_v2($r, $t)), so it runs once per statement.
+DECLARE
+    gate integer := @schema@.leader_role_hash(p_role, 4);
+    low integer := @schema@.leader_token_low(p_token);
+    salt bigint;
+    xid bigint;
+    marker integer := @schema@.leader_role_hash(p_role, 3);
+BEGIN
+    -- Under REPEATABLE READ or SERIALIZABLE the read would see the
+    -- transaction's snapshot and miss a pause made since.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'ticklease: leader_fence_v2 needs READ COMMITTED, not %',
+                        current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+    -- The gate: a drain that waits for this term's claims holds it, so new
+    -- claims of an ending term do not keep overtaking its FOR UPDATE (row
+    -- locks are not queued fairly). Tried and let go at once. Its key is
+    -- public; when another backend holds it, the probe tells a drain
+    -- (which holds the row FOR NO KEY UPDATE, which FOR SHARE waits for)
+    -- from a planted lock (nothing to wait for), in a subtransaction that
+    -- is rolled back so the FOR SHARE lock goes with it.
+    IF pg_try_advisory_lock_shared(gate, low) THEN
+        PERFORM pg_advisory_unlock_shared(gate, low);
+    ELSE
+        BEGIN
+            PERFORM 1 FROM @schema@.leader_leases AS l
+             WHERE l.role = p_role AND l.holder_token = p_token AND l.paused_at IS NULL
+               AND @schema@.leader_lease_live(l.holder_id, l.expires_at, clock_timestamp())
+               FOR SHARE;
+            RAISE SQLSTATE 'TLGT0';
+        EXCEPTION WHEN SQLSTATE 'TLGT0' THEN
+            NULL;
+        END;
+    END IF;
+    SELECT l.fence_salt INTO salt
+      FROM @schema@.leader_leases AS l
+     WHERE l.role = p_role AND l.holder_token = p_token AND l.paused_at IS NULL
+       AND @schema@.leader_lease_live(l.holder_id, l.expires_at, clock_timestamp())
+       FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF salt IS NULL THEN
+        RAISE EXCEPTION 'ticklease: the term (%, %) has no fence salt; run `ticklease migrate`', p_role, p_token
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    -- The marker: what the drain finds a claimer by, also from inside a
+    -- released savepoint (whose own xid's lock Postgres drops at once).
+    xid := pg_current_xact_id()::text::bigint & 4294967295;
+    IF NOT pg_try_advisory_xact_lock_shared(marker, @schema@.leader_fence_marker(salt, xid, 1)) THEN
+        IF NOT pg_try_advisory_xact_lock_shared(marker, @schema@.leader_fence_marker(salt, xid, 2)) THEN
+            RAISE EXCEPTION 'ticklease: the fence could not mark this transaction: both of its keys are locked by another backend'
+                USING ERRCODE = 'lock_not_available';
+        END IF;
+    END IF;
+    IF current_setting('max_prepared_transactions') <> '0' THEN
+        PERFORM @schema@.leader_fence_guard();
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_claimers(p_roles text[], p_salts bigint[]) RETURNS TABLE (pid integer)
+LANGUAGE sql VOLATILE
+-- Hash joins: the lock table may hold tens of thousands of rows (any login
+-- can fill it); a nested loop over it would be quadratic. JIT off with it:
+-- the planner prices the join it may not use at 1e10, which would compile
+-- this query at every call.
+SET enable_nestloop = off SET jit = off
+AS $fn$
+    -- The backends in a transaction that passed the generation-7 fence in
+    -- the term of p_roles[i] whose salt is p_salts[i]: each holds the
+    -- marker computed from the salt and its own top-level xid (the oldest
+    -- xid it holds a lock on: a subtransaction's xid comes after its
+    -- parent's; compared from the oldest running xid, so wraparound does
+    -- not reorder them). A login that cannot read the salts cannot compute
+    -- a marker, and one copied from pg_locks names another backend's xid:
+    -- no planted lock is taken for a claimer. One read of the lock table.
+    WITH locks AS MATERIALIZED (
+        SELECT k.pid, k.locktype, k.classid, k.objid, k.transactionid
+          FROM pg_catalog.pg_locks AS k
+         WHERE k.granted AND k.pid <> pg_backend_pid()
+           AND ((k.locktype = 'advisory' AND k.objsubid = 2
+                 AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))
+                OR (k.locktype = 'transactionid' AND k.mode = 'ExclusiveLock'))
+    ),
+    terms AS MATERIALIZED (
+        SELECT t.salt, (@schema@.leader_role_hash(t.role, 3)::bigint & 4294967295)::oid AS classid
+          FROM unnest(p_roles, p_salts) AS t(role, salt)
+         WHERE t.salt IS NOT NULL
+    ),
+    marked AS MATERIALIZED (
+        SELECT k.pid, t.salt, k.objid
+          FROM locks AS k JOIN terms AS t ON t.classid = k.classid
+         WHERE k.locktype = 'advisory'
+    ),
+    oldest AS (
+        SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint & 4294967295 AS xid
+    ),
+    tops AS MATERIALIZED (
+        SELECT DISTINCT ON (k.pid) k.pid, k.transactionid::text::bigint AS xid
+          FROM locks AS k CROSS JOIN oldest AS o
+         WHERE k.locktype = 'transactionid' AND k.pid IN (SELECT m.pid FROM marked AS m)
+         ORDER BY k.pid, (k.transactionid::text::bigint - o.xid) & 4294967295
+    )
+    SELECT DISTINCT m.pid
+      FROM marked AS m JOIN tops AS t ON t.pid = m.pid
+     WHERE m.objid = (@schema@.leader_fence_marker(m.salt, t.xid, 1)::bigint & 4294967295)::oid
+        OR m.objid = (@schema@.leader_fence_marker(m.salt, t.xid, 2)::bigint & 4294967295)::oid
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_grace_ms() RETURNS integer
+LANGUAGE sql STABLE
+AS $fn$
+    -- How long an ender waits for a term's claims in flight before it ends
+    -- their backends: 200 ms, or a quarter of the statement timeout when
+    -- that is shorter (the drain's three rounds then fit in the statement).
+    SELECT CASE WHEN s.ms > 0 THEN least(200, greatest(1, s.ms / 4))::integer ELSE 200 END
+      FROM (SELECT setting::bigint AS ms FROM pg_catalog.pg_settings WHERE name = 'statement_timeout') AS s
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_lock_within(p_role text, p_ms integer) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+-- Declared, so the caller's lock_timeout comes back when this returns,
+-- whatever set_config did inside (an ACQUIRE called in an application's
+-- transaction must not leave the grace behind).
+SET lock_timeout = 0
+AS $fn$
+-- Locks p_role's lease row FOR UPDATE, waiting at most p_ms: true when it
+-- holds the lock (kept by the caller's transaction), false when claims
+-- still hold the row.
+BEGIN
+    PERFORM set_config('lock_timeout', p_ms::text, true);
+    PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION @schema@.leader_fence_drain(p_roles text[], p_tokens bigint[], p_any boolean) RETURNS text[]
+LANGUAGE plpgsql VOLATILE
+SET jit = off
+AS $fn$
+-- Ends the claims in flight of the terms (p_roles[i], p_tokens[i]) that
+-- are still current, unpaused and, unless p_any, no longer live, and
+-- returns those terms' roles, whose rows it holds FOR UPDATE: the caller
+-- may end them. The choice is made under FOR NO KEY UPDATE, which waits
+-- only for a RENEW or an ender in progress and keeps both out from then
+-- on (a RENEW that committed first keeps its term); claims keep their
+-- FOR KEY SHARE. Then, at most three rounds, in role order: the rows no
+-- claim holds are locked at once (SKIP LOCKED); for the others, the gate
+-- stops new claims (leader_fence_v2), the row is waited for until a grace
+-- has passed (leader_fence_grace_ms), and the backends still holding it
+-- are ended (leader_fence_claimers), with the owner's rights: a superuser,
+-- or a member of pg_signal_backend. A row still held after three rounds
+-- (a backend that cannot be signalled) fails the statement with 55P03,
+-- having ended nothing: the caller's statement is rolled back.
+DECLARE
+    chosen text[];
+    salts bigint[];
+    tokens bigint[];
+    pending text[];
+    took text[];
+    done text[] := ARRAY[]::text[];
+    grace integer := @schema@.leader_fence_grace_ms();
+    deadline timestamptz;
+    gated boolean := true;
+    i integer;
+    round integer := 0;
+    claimer integer;
+BEGIN
+    SELECT coalesce(array_agg(c.role ORDER BY c.role), ARRAY[]::text[]), array_agg(c.fence_salt ORDER BY c.role),
+           array_agg(c.holder_token ORDER BY c.role)
+      INTO chosen, salts, tokens
+      FROM (SELECT l.role, l.fence_salt, l.holder_token
+              FROM @schema@.leader_leases AS l
+              JOIN unnest(p_roles, p_tokens) AS t(role, token) ON t.role = l.role AND t.token = l.holder_token
+             WHERE l.holder_id IS NOT NULL AND l.paused_at IS NULL
+               AND (p_any OR NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now()))
+             ORDER BY l.role
+               FOR NO KEY UPDATE OF l) AS c;
+    pending := chosen;
+    WHILE cardinality(pending) > 0 LOOP
+        SELECT coalesce(array_agg(f.role ORDER BY f.role), ARRAY[]::text[]) INTO took
+          FROM (SELECT l.role FROM @schema@.leader_leases AS l
+                 WHERE l.role = ANY (pending) ORDER BY l.role FOR UPDATE SKIP LOCKED) AS f;
+        done := done || took;
+        pending := ARRAY(SELECT p FROM unnest(pending) AS p WHERE p <> ALL (took) ORDER BY p);
+        EXIT WHEN cardinality(pending) = 0;
+        round := round + 1;
+        IF round > 3 THEN
+            RAISE EXCEPTION 'ticklease: the claims of % still hold their lease rows after three rounds of waiting and ending their backends',
+                            pending
+                USING ERRCODE = 'lock_not_available',
+                      HINT = 'A backend that cannot be signalled (frozen in the kernel, or a prepared transaction) holds the row; see the runbook.';
+        END IF;
+        -- The gate, held to this transaction's end. A gate another backend
+        -- holds (planted: the key is public) stops nothing, so waiting the
+        -- grace would let new claims overtake: the rounds end them sooner.
+        IF round = 1 THEN
+            FOR i IN 1 .. cardinality(chosen) LOOP
+                IF chosen[i] = ANY (pending)
+                   AND NOT pg_try_advisory_xact_lock(@schema@.leader_role_hash(chosen[i], 4),
+                                                     @schema@.leader_token_low(tokens[i])) THEN
+                    gated := false;
+                END IF;
+            END LOOP;
+        END IF;
+        deadline := clock_timestamp() + make_interval(secs => CASE WHEN gated THEN grace ELSE 1 END / 1000.0);
+        took := ARRAY[]::text[];
+        FOR i IN 1 .. cardinality(pending) LOOP
+            IF @schema@.leader_fence_lock_within(pending[i],
+                   greatest(1, (extract(epoch FROM deadline - clock_timestamp()) * 1000)::integer)) THEN
+                took := took || pending[i];
+            END IF;
+        END LOOP;
+        done := done || took;
+        pending := ARRAY(SELECT p FROM unnest(pending) AS p WHERE p <> ALL (took) ORDER BY p);
+        EXIT WHEN cardinality(pending) = 0;
+        FOR claimer IN
+            SELECT c.pid FROM @schema@.leader_fence_claimers(
+                pending, ARRAY(SELECT salts[i] FROM generate_subscripts(chosen, 1) AS i WHERE chosen[i] = ANY (pending)
+                               ORDER BY chosen[i])) AS c
+        LOOP
+            BEGIN
+                PERFORM pg_terminate_backend(claimer);
+            EXCEPTION WHEN insufficient_privilege THEN
+                NULL;
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN done;
+END
+$fn$;

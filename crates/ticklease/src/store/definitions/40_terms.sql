@@ -1,6 +1,31 @@
 -- The lease statements of one role: ACQUIRE, RENEW, RELEASE, each
 -- term-scoped by (role, token), and the seeding of declared roles.
 
+-- Generation 7: ACQUIRE's first step.
+CREATE OR REPLACE FUNCTION @schema@.leader_drain_for_takeover(p_role text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+-- When p_role's row is held by a term that is neither live nor paused,
+-- drains that term's claims in flight (leader_fence_drain) and says whether
+-- it may be taken over: its row is then locked FOR UPDATE by this
+-- transaction, and no claim of the term holds it. Otherwise one read
+-- without a lock: a live, paused, released or missing row needs no drain
+-- (a RELEASE and a pause drained their own term). Liveness is judged at
+-- now(), as the upsert after it judges it.
+DECLARE
+    r record;
+BEGIN
+    SELECT l.holder_id, l.holder_token, l.expires_at, l.holder_key, l.paused_at INTO r
+      FROM @schema@.leader_leases AS l
+     WHERE l.role = p_role;
+    IF NOT FOUND OR r.holder_id IS NULL OR r.paused_at IS NOT NULL
+       OR @schema@.leader_term_live(r.holder_id, r.expires_at, r.holder_key, now()) THEN
+        RETURN false;
+    END IF;
+    RETURN cardinality(@schema@.leader_fence_drain(ARRAY[p_role], ARRAY[r.holder_token], false)) > 0;
+END
+$fn$;
+
 -- Generation 5 added the explicit answer (acquired, reason) under a new
 -- name: a new row type under the old name would break every caller that
 -- prepared `SELECT * FROM leader_acquire(...)` ("cached plan must not
@@ -28,7 +53,13 @@ AS $fn$
 -- `acquired` says whether a term started; `reason` why not, in the order a
 -- client acts on: paused, held (a live term), not_due (due_at ahead), or
 -- contended (another statement changed the row meanwhile: ask again soon).
+-- A held term that is no longer live is taken over only once its claims in
+-- flight are drained (generation 7: leader_fence_drain, which waits for the
+-- fence's row locks at most a grace and then ends their backends); the
+-- upsert itself names no key column, so it never waits for a claim.
 #variable_conflict use_column
+DECLARE
+    drained boolean;
 BEGIN
     PERFORM @schema@.leader_check_role('leader_acquire', p_role);
     IF p_holder IS NULL OR length(p_holder) > 200 THEN
@@ -43,15 +74,17 @@ BEGIN
     -- statement below would carry its whole text in the error's CONTEXT.
     PERFORM @schema@.leader_check_ms('lease_ttl', p_ttl_ms), @schema@.leader_check_ms('interval', p_interval_ms);
     PERFORM @schema@.leader_require_key(p_key);
+    drained := @schema@.leader_drain_for_takeover(p_role);
     RETURN QUERY
     WITH started AS (
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, holder_id, acquired_at, expires_at, holder_key,
-                                                 long_lived, tick_interval_ms)
+                                                 long_lived, tick_interval_ms, fence_salt)
         VALUES (p_role, @schema@.leader_token_seed(), p_holder, now(),
-                now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms), p_key, p_long_lived, p_interval_ms)
+                now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms), p_key, p_long_lived, p_interval_ms,
+                @schema@.leader_fence_salt())
         ON CONFLICT (role) DO UPDATE
-           SET role = EXCLUDED.role,
-               holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
+           SET holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
+               fence_salt = EXCLUDED.fence_salt,
                holder_id = EXCLUDED.holder_id,
                acquired_at = EXCLUDED.acquired_at,
                expires_at = EXCLUDED.expires_at,
@@ -68,6 +101,7 @@ BEGIN
                next_occurrence = NULL
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
+           AND (l.holder_id IS NULL OR drained)
            AND ((l.last_tick_ended_at IS NULL
                  OR l.last_tick_ended_at <= now() - @schema@.leader_check_ms('interval', p_interval_ms))
                 AND coalesce(greatest(l.not_before, l.pause_wait_until) <= now(), true)
@@ -184,8 +218,11 @@ AS $fn$
 -- caller can name the occurrences that fell due while it was paused.
 -- `acquired` and `reason` as in leader_acquire, with one more reason:
 -- not_runnable (no occurrence asked, or the asked one completed already,
--- is not after after_occurrence, or is no longer the latest).
+-- is not after after_occurrence, or is no longer the latest). A held term
+-- no longer live is drained first, as in leader_acquire.
 #variable_conflict use_column
+DECLARE
+    drained boolean;
 BEGIN
     IF p_holder IS NULL OR length(p_holder) > 200 THEN
         RAISE EXCEPTION 'ticklease: leader_acquire_occurrence needs a holder id of at most 200 characters'
@@ -219,17 +256,18 @@ BEGIN
         UPDATE @schema@.leader_leases AS l SET schedule = p_schedule
          WHERE l.role = p_role AND l.schedule IS DISTINCT FROM p_schedule;
     END IF;
+    drained := @schema@.leader_drain_for_takeover(p_role);
     RETURN QUERY
     WITH upserted AS (
-        -- The upsert's conflict path names the key column, so it locks the
-        -- row FOR UPDATE and waits for a claim in its commit check
-        -- (guarantee 3). Its insert path (a row forgotten since the look
-        -- above) creates an unheld row, counting from now, and starts nothing.
+        -- The upsert's conflict path names no key column (generation 7), so
+        -- it never waits for a claim: a held term is taken over only once
+        -- drained. Its insert path (a row forgotten since the look above)
+        -- creates an unheld row, counting from now, and starts nothing.
         INSERT INTO @schema@.leader_leases AS l (role, holder_token, occurrences_since, schedule)
         VALUES (p_role, @schema@.leader_token_seed(), now(), p_schedule)
         ON CONFLICT (role) DO UPDATE
-           SET role = EXCLUDED.role,
-               holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
+           SET holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
+               fence_salt = @schema@.leader_fence_salt(),
                holder_id = p_holder,
                acquired_at = now(),
                expires_at = now() + @schema@.leader_check_ms('lease_ttl', p_ttl_ms),
@@ -261,6 +299,7 @@ BEGIN
                long_lived = false
          WHERE l.paused_at IS NULL
            AND NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now())
+           AND (l.holder_id IS NULL OR drained)
            -- A manual run waits for no cooldown (it is asked for at once), only for a pause's wait.
            AND (@schema@.leader_occurrence_runnable(p_occurrence, p_before, @schema@.leader_occurrence_floor(l.last_occurrence, l.occurrences_since, l.occurrence),
                                           greatest(l.not_before, l.pause_wait_until))
@@ -403,8 +442,11 @@ BEGIN
     PERFORM @schema@.leader_check_release(p_stamp, p_cooldown_ms, p_outcome, p_reason);
     -- NULL and 0 are no cooldown (generation 5 accepts 0, once refused).
     cooldown := CASE WHEN p_cooldown_ms <> 0 THEN @schema@.leader_check_ms('cooldown', p_cooldown_ms) END;
-    -- The lock RELEASE's UPDATE takes anyway (no key column changes), so it
-    -- still never waits for a claim's commit check.
+    -- The term's claims in flight first (generation 7): the row is locked
+    -- FOR UPDATE once they ended or the grace ran out and their backends
+    -- were ended, so no claim of the term commits after its RELEASE. A
+    -- paused term was drained by its pause.
+    PERFORM @schema@.leader_fence_drain(ARRAY[p_role], ARRAY[p_token], true);
     SELECT * INTO ended FROM @schema@.leader_leases AS l
      WHERE l.role = p_role AND l.holder_token = p_token AND l.holder_id IS NOT NULL
        FOR NO KEY UPDATE;

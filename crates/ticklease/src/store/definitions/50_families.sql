@@ -53,8 +53,9 @@ AS $fn$
 -- checked again under the lock with ACQUIRE's predicate (a row another
 -- replica took meanwhile drops out), each gets ACQUIRE's token and
 -- expiry, and a term taken over without a RELEASE is recorded as lost
--- (expired, or holder_gone) as the one-row ACQUIRE does, its open
--- transactions ended (leader_fence_sweep). Rows it
+-- (expired, or holder_gone) as the one-row ACQUIRE does, its claims in
+-- flight ended first (leader_fence_drain; generation-6 claims by
+-- leader_fence_sweep). Rows it
 -- does not pick are read without a lock, so a batch never waits on terms
 -- held elsewhere. over_limit: acquirable, but past the limit. The live
 -- coordination keys are read once (leader_live_keys), not once per row.
@@ -75,6 +76,7 @@ DECLARE
     won_roles text[];
     won_tokens bigint[];
     gone text[];
+    drained text[];
     noted bigint;
     cron boolean := p_occurrence IS NOT NULL;
     every_interval interval := CASE WHEN p_occurrence IS NULL
@@ -138,11 +140,20 @@ BEGIN
     -- below), created in role order: batches that create the same new rows
     -- in their callers' orders would deadlock on each other's inserts.
     PERFORM @schema@.leader_seed(ARRAY(SELECT p FROM unnest(picked) AS p ORDER BY p));
-    -- The picked rows locked first, in role order; then the live keys read
-    -- once more, fresh for every locked row (a holder may have renewed with
-    -- a new key since the first read), instead of once per row.
-    PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = ANY (picked) ORDER BY l.role FOR UPDATE OF l;
+    -- The picked rows locked first, in role order, with a lock no claim
+    -- waits for and that keeps RENEW and other ACQUIREs out (generation 7);
+    -- then the live keys read once more, fresh for every locked row (a
+    -- holder may have renewed with a new key since the first read), instead
+    -- of once per row. Then the terms to be taken over are drained (their
+    -- claims in flight end: leader_fence_drain), one grace for the batch.
+    PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = ANY (picked) ORDER BY l.role FOR NO KEY UPDATE OF l;
     live := ARRAY(SELECT @schema@.leader_live_keys());
+    SELECT @schema@.leader_fence_drain(coalesce(array_agg(l.role ORDER BY l.role), '{}'),
+                                       coalesce(array_agg(l.holder_token ORDER BY l.role), '{}'), false)
+      INTO drained
+      FROM @schema@.leader_leases AS l
+     WHERE l.role = ANY (picked) AND l.holder_id IS NOT NULL AND l.paused_at IS NULL
+       AND NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, now(), live);
     WITH locked AS (
         SELECT l.role, l.holder_token, l.holder_id, l.acquired_at, l.expires_at, l.manual_by, l.run_now_by,
                l.occurrence, l.last_paused_at, l.last_unpaused_at,
@@ -152,13 +163,15 @@ BEGIN
           FROM @schema@.leader_leases AS l
          WHERE l.role = ANY (picked)
            AND NOT @schema@.leader_term_live_among(l.holder_id, l.expires_at, l.holder_key, now(), live)
+           AND (l.holder_id IS NULL OR l.role = ANY (drained))
            AND @schema@.leader_family_due(l, every_interval, p_occurrence, p_before)
          ORDER BY l.role
-           FOR UPDATE OF l
+           FOR NO KEY UPDATE OF l
     ),
     started AS (
         UPDATE @schema@.leader_leases AS l
            SET holder_token = greatest(l.holder_token + 1, @schema@.leader_token_seed()),
+               fence_salt = @schema@.leader_fence_salt(),
                holder_id = p_holder,
                acquired_at = now(),
                expires_at = now() + ttl,
@@ -281,7 +294,8 @@ BEGIN
            AND (l.role, l.holder_token) IN (SELECT i.role, i.token FROM input AS i)
            AND l.holder_id IS NOT NULL
          ORDER BY l.role
-           FOR UPDATE OF l
+           -- No key: a RENEW never waits for a claim (generation 7).
+           FOR NO KEY UPDATE OF l
     ),
     done AS (
         UPDATE @schema@.leader_leases AS l

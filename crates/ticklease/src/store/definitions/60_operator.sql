@@ -23,9 +23,18 @@ BEGIN
         RAISE EXCEPTION 'ticklease: leader_pause(%): who paused it must be named', p_role
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- The mark's own lock (it conflicts with no claim), taken first so the
-    -- term recorded is the one the mark ends.
+    -- The mark's own lock, taken first so the term recorded is the one the
+    -- mark ends: it keeps ACQUIRE and RENEW out, not the claims.
     SELECT * INTO ended FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
+    END IF;
+    -- Then the term's claims in flight (generation 7): the row is locked
+    -- FOR UPDATE once they ended, or the grace ran out and their backends
+    -- were ended, so no claim of the paused term commits after the pause.
+    IF ended.holder_id IS NOT NULL AND ended.paused_at IS NULL THEN
+        PERFORM @schema@.leader_fence_drain(ARRAY[p_role], ARRAY[ended.holder_token], true);
+    END IF;
     UPDATE @schema@.leader_leases AS l
        SET paused_at = now(), paused_by = p_by, pause_reason = coalesce(p_reason, ''),
            holder_id = NULL, acquired_at = NULL, expires_at = NULL, holder_key = NULL,
@@ -33,10 +42,6 @@ BEGIN
                                    THEN l.expires_at ELSE l.pause_wait_until END
      WHERE l.role = p_role AND l.paused_at IS NULL
     RETURNING true INTO changed;
-    PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
-    END IF;
     IF changed THEN
         IF ended.holder_id IS NOT NULL THEN
             PERFORM @schema@.leader_history_add(p_role, 'term', ended.holder_token, ended.holder_id,
@@ -46,7 +51,7 @@ BEGIN
         END IF;
         PERFORM @schema@.leader_history_add(p_role, 'pause', NULL, NULL, NULL, NULL,
                                             coalesce(p_reason, ''), p_by, NULL);
-        -- The paused term's open transactions end (their COMMIT would fail).
+        -- The paused term's generation-6 claims end (their COMMIT would fail).
         PERFORM @schema@.leader_fence_sweep(ARRAY[p_role]);
     END IF;
     RETURN coalesce(changed, false);
@@ -93,8 +98,9 @@ AS $fn$
 DECLARE
     had boolean;
 BEGIN
+    -- A mark, no key: it never waits for a claim (generation 7).
     SELECT l.not_before IS NOT NULL AND l.not_before > now() INTO had
-      FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
+      FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'ticklease: unknown role %', p_role USING ERRCODE = 'no_data_found';
     END IF;
@@ -115,13 +121,17 @@ AS $fn$
 DECLARE
     gone @schema@.leader_leases;
 BEGIN
-    SELECT * INTO gone FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
+    SELECT * INTO gone FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'ticklease: unknown role %', left(p_role, 63) USING ERRCODE = 'no_data_found';
     END IF;
     IF gone.paused_at IS NOT NULL
        OR @schema@.leader_term_live(gone.holder_id, gone.expires_at, gone.holder_key, now()) THEN
         RETURN false;
+    END IF;
+    -- A term never released: its claims in flight end first (generation 7).
+    IF gone.holder_id IS NOT NULL THEN
+        PERFORM @schema@.leader_fence_drain(ARRAY[p_role], ARRAY[gone.holder_token], false);
     END IF;
     DELETE FROM @schema@.leader_leases AS l WHERE l.role = p_role;
     DELETE FROM @schema@.leader_history AS h WHERE h.role = p_role;

@@ -36,7 +36,8 @@ AS $$
 DECLARE
     r text;
     tables constant text := 'leader_leases, leader_history, leader_history_settings, leader_replicas,
-                             leader_fence_claims, ticklease_schema_migrations, ticklease_schema_definitions';
+                             leader_fence_claims, leader_fence_secret, ticklease_schema_migrations,
+                             ticklease_schema_definitions';
 BEGIN
     FOREACH r IN ARRAY pg_catalog.array_remove(ARRAY[p_app, p_operator], NULL) LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
@@ -67,6 +68,8 @@ BEGIN
         -- The app reads the tables and writes them only through these functions
         -- (also what default privileges gave it).
         EXECUTE pg_catalog.format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON %s FROM %I', tables, p_app);
+        -- The secret the PREPARE guard's keys come from: the owner's alone.
+        EXECUTE pg_catalog.format('REVOKE ALL ON leader_fence_secret FROM %I', p_app);
         EXECUTE pg_catalog.format('GRANT SELECT ON leader_leases TO %I', p_app);
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION leader_acquire(text, text, bigint, bigint),
                         leader_acquire(text, text, bigint, bigint, bigint),
@@ -85,7 +88,8 @@ BEGIN
                         leader_renew_many(text[], bigint[], bigint, bigint),
                         leader_release_many(text[], bigint[], boolean[], bigint[], text[], text[], text[]),
                         leader_replica_beat(text, text, bigint, bigint), leader_replica_leave(text, text),
-                        leader_seed(text[]), leader_fence(text, bigint), leader_fence_lock(text, bigint),
+                        leader_seed(text[]), leader_fence(text, bigint), leader_fence_v2(text, bigint),
+                        leader_fence_lock(text, bigint),
                         leader_fence_sweep(text[]), leader_key_wait(bigint)
                         TO %I', p_app);
     END IF;
@@ -94,6 +98,7 @@ BEGIN
                         WHERE r.rolname = p_operator AND c.oid = 'leader_leases'::regclass
                           AND (r.rolsuper OR pg_catalog.pg_has_role(r.oid, c.relowner, 'USAGE'))) THEN
             EXECUTE pg_catalog.format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON %s FROM %I', tables, p_operator);
+            EXECUTE pg_catalog.format('REVOKE ALL ON leader_fence_secret FROM %I', p_operator);
         END IF;
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION leader_pause(text, text, text), leader_unpause(text),
                         leader_run_now(text), leader_fence_sweep(text[]), leader_forget(text)

@@ -19,8 +19,11 @@ COMMENT ON FUNCTION @schema@.leader_renew_v2(text, bigint, bigint, bigint) IS
 COMMENT ON FUNCTION @schema@.leader_release(text, bigint, boolean, bigint, text, text, text, text) IS
 'ticklease client: RELEASE the term (role, token). Args: role, token, stamp (a completed tick), cooldown ms (NULL or 0: none), outcome (completed, interrupted, lost, failed, panicked), loss reason (NULL, taken_over, paused, released, heartbeat_timeout, superseded), error summary, output. true: this call ended the term; false: it was over already. Notifies no one. App role. See docs/sql-api.md.';
 
+COMMENT ON FUNCTION @schema@.leader_fence_v2(text, bigint) IS
+'ticklease client: the fence (generation 7). true while (role, token) is the live, unpaused term at clock_timestamp(); then the transaction holds the lease row FOR KEY SHARE to its end, and no takeover, pause or RELEASE of the term commits before it ended (they wait at most a grace, then end its backend). Use as (SELECT leader_fence_v2($role, $token)) in the claim statement of a READ COMMITTED read-write transaction. App role. See docs/sql-api.md.';
+
 COMMENT ON FUNCTION @schema@.leader_fence(text, bigint) IS
-'ticklease client: the fence. true while (role, token) is the live, unpaused term at clock_timestamp(). Use as (SELECT leader_fence($role, $token)) in the claim statement of a READ COMMITTED read-write transaction; its COMMIT fails with 40001 if the term ended meanwhile. App role. See docs/sql-api.md.';
+'ticklease client (generation 6): the fence with a commit check. true while (role, token) is the live, unpaused term at clock_timestamp(); its COMMIT fails with 40001 if the term ended meanwhile. Kept for clients built before generation 7; new clients call leader_fence_v2. App role. See docs/sql-api.md.';
 
 COMMENT ON FUNCTION @schema@.leader_seed(text[]) IS
 'ticklease client: creates the lease rows of roles that have none; existing rows untouched. Optional. App role. See docs/sql-api.md.';
@@ -70,6 +73,15 @@ COMMENT ON FUNCTION @schema@.leader_family_due(@schema@.leader_leases, interval,
 COMMENT ON FUNCTION @schema@.leader_family_skipped(timestamptz[], boolean) IS 'ticklease internal: the history summary of skipped occurrences. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_fence_commit() IS 'ticklease internal: the fence''s commit check (a deferred constraint trigger). Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_fence_swept(text[], integer) IS 'ticklease internal: the backends leader_fence_sweep ends. Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_fence_salt() IS 'ticklease internal: a new term''s fence salt. Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_fence_keyed(bytea, bigint, bigint) IS 'ticklease internal: 32 bits of SHA-256 of a key and two numbers, an advisory lock''s key. Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_fence_marker(bigint, bigint, integer) IS 'ticklease internal: the marker key of a fenced transaction (the term''s salt, the transaction''s xid). Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_fence_guard() IS 'ticklease internal: makes PREPARE TRANSACTION fail in a fenced transaction. Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_fence_claimers(text[], bigint[]) IS 'ticklease internal: the backends in a transaction that passed leader_fence_v2 in the given terms. Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_fence_grace_ms() IS 'ticklease internal: how long an ender waits for claims in flight. Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_fence_lock_within(text, integer) IS 'ticklease internal: a lease row FOR UPDATE within a wait. Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_fence_drain(text[], bigint[], boolean) IS 'ticklease internal: ends the claims in flight of terms that end (ACQUIRE, RELEASE, pause, forget). Not for clients.';
+COMMENT ON FUNCTION @schema@.leader_drain_for_takeover(text) IS 'ticklease internal: ACQUIRE''s drain of a term it may take over. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_grant(text, text) IS 'ticklease internal: grants the app and operator roles (ticklease migrate, ticklease grant). Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_history_add(text, text, bigint, text, timestamptz, text, text, text, text) IS 'ticklease internal: appends a history row. Not for clients.';
 COMMENT ON FUNCTION @schema@.leader_history_add(text, text, bigint, text, timestamptz, text, text, text, text, text) IS 'ticklease internal: appends a history row, with output. Not for clients.';
