@@ -541,8 +541,8 @@ BEGIN
         EXIT WHEN cardinality(pending) = 0;
         FOR claimer IN
             SELECT c.pid FROM @schema@.leader_fence_claimers(
-                pending, ARRAY(SELECT salts[i] FROM generate_subscripts(chosen, 1) AS i WHERE chosen[i] = ANY (pending)
-                               ORDER BY chosen[i])) AS c
+                pending, ARRAY(SELECT salts[g.n] FROM generate_subscripts(chosen, 1) AS g(n)
+                                WHERE chosen[g.n] = ANY (pending) ORDER BY chosen[g.n])) AS c
         LOOP
             BEGIN
                 PERFORM pg_terminate_backend(claimer);

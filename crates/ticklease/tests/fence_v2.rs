@@ -1,0 +1,541 @@
+//! The fence at one row lock (definitions generation 7, issue 43) on a real
+//! claim table, in SQL as any client writes it: `leader_fence_v2` locks the
+//! lease row FOR KEY SHARE to the claim's end, and every statement that ends
+//! a term drains its claims first (waits a grace, then ends their backends).
+//! Each test names the part of the SQL it holds; the closing note of issue 43
+//! lists the mutations that made each fail.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Config};
+
+use ticklease_testkit::{connect, direct, migrated_db, scalar, PgCluster};
+
+/// The enders' statement timeout here: the grace is then 200 ms.
+const ENDER_TIMEOUT: &str = "SET statement_timeout = '4s'";
+
+/// The grace at that timeout (`leader_fence_grace_ms`).
+const GRACE: Duration = Duration::from_millis(200);
+
+struct Db {
+    owner: Client,
+    config: Config,
+}
+
+async fn setup() -> Db {
+    let config = direct(&migrated_db(PgCluster::shared()).await);
+    let owner = connect(&config).await.unwrap();
+    owner
+        .batch_execute(
+            "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint);
+             INSERT INTO jobs SELECT g, NULL FROM generate_series(1, 10) g;
+             SELECT leader_seed(ARRAY['billing'])",
+        )
+        .await
+        .unwrap();
+    Db { owner, config }
+}
+
+impl Db {
+    async fn session(&self) -> Client {
+        let c = connect(&self.config).await.unwrap();
+        c.batch_execute(ENDER_TIMEOUT).await.unwrap();
+        c
+    }
+
+    /// A login of its own (`CONNECT` alone unless `app`).
+    async fn login(&self, name: &str, app: bool) -> Client {
+        let member = if app { " IN ROLE ticklease_app" } else { "" };
+        self.owner
+            .batch_execute(&format!(
+                "CREATE ROLE {name} LOGIN{member}; GRANT SELECT, UPDATE ON jobs TO ticklease_app"
+            ))
+            .await
+            .unwrap();
+        let mut as_login = self.config.clone();
+        as_login.user(name);
+        connect(&as_login).await.unwrap()
+    }
+
+    async fn claimed_by(&self, id: i32) -> Option<i64> {
+        self.owner
+            .query_one("SELECT claimed_by FROM jobs WHERE id = $1", &[&id])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Until the role's lease has run out on the database clock.
+    async fn wait_expired(&self, role: &str) {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let over: bool = self
+                .owner
+                .query_one(
+                    "SELECT expires_at <= clock_timestamp() FROM leader_leases WHERE role = $1",
+                    &[&role],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if over {
+                return;
+            }
+            assert!(Instant::now() < until, "the lease of {role} never ran out");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// ACQUIRE by `holder` with a lease of `ttl_ms`: the token, or why not.
+async fn acquire(c: &Client, role: &str, holder: &str, ttl_ms: i64) -> Result<i64, String> {
+    let row = c
+        .query_typed(
+            "SELECT holder_token, acquired, reason FROM leader_acquire_v2($1, $2, $3, 1, NULL, false)",
+            &[(&role, Type::TEXT), (&holder, Type::TEXT), (&ttl_ms, Type::INT8)],
+        )
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let row = &row[0];
+    if row.get::<_, bool>(1) {
+        Ok(row.get(0))
+    } else {
+        Err(row.get::<_, Option<String>>(2).unwrap_or_default())
+    }
+}
+
+/// One fenced claim of job `id` in the caller's transaction: whether it claimed.
+async fn claim(c: &Client, role: &str, token: i64, id: i32) -> Result<bool, tokio_postgres::Error> {
+    let rows = c
+        .query_typed(
+            "UPDATE jobs SET claimed_by = $2 WHERE id = $3 AND claimed_by IS NULL
+                 AND (SELECT leader_fence_v2($1, $2)) RETURNING id",
+            &[(&role, Type::TEXT), (&token, Type::INT8), (&id, Type::INT4)],
+        )
+        .await?;
+    Ok(rows.len() == 1)
+}
+
+/// A transaction left open with one claim of job `id` in the term.
+async fn open_claim(db: &Db, role: &str, token: i64, id: i32) -> Client {
+    let c = db.session().await;
+    c.batch_execute("BEGIN").await.unwrap();
+    assert!(claim(&c, role, token, id).await.unwrap(), "the live term claims");
+    c
+}
+
+#[tokio::test]
+async fn a_live_terms_claim_commits_and_a_superseded_paused_released_or_expired_one_claims_nothing() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t0 = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    assert!(claim(&c, "billing", t0, 1).await.unwrap());
+    assert!(!claim(&c, "billing", t0 + 1, 2).await.unwrap(), "another token");
+    assert!(!claim(&c, "other", t0, 2).await.unwrap(), "another role");
+    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')").await.unwrap();
+    assert!(!claim(&c, "billing", t0, 2).await.unwrap(), "paused");
+    // The pause's wait holds the role back: the rest on another.
+    let t = acquire(&c, "dunning", "a", 30_000).await.unwrap();
+    c.query_typed(
+        "SELECT leader_release('dunning', $1, false, 0, 'interrupted', NULL, NULL, NULL)",
+        &[(&t, Type::INT8)],
+    )
+    .await
+    .unwrap();
+    assert!(!claim(&c, "dunning", t, 2).await.unwrap(), "released");
+    // The clock at execution, not the transaction's start.
+    let t = acquire(&c, "dunning", "a", 300).await.unwrap();
+    c.batch_execute("BEGIN").await.unwrap();
+    assert!(claim(&c, "dunning", t, 2).await.unwrap());
+    db.wait_expired("dunning").await;
+    assert!(!claim(&c, "dunning", t, 3).await.unwrap(), "expired");
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(db.claimed_by(1).await, Some(t0));
+    assert_eq!(db.claimed_by(2).await, Some(t), "claimed while live, committed");
+    assert_eq!(db.claimed_by(3).await, None);
+}
+
+#[tokio::test]
+async fn a_takeover_waits_the_grace_for_a_claim_in_flight_then_ends_it_and_the_claim_commits_nothing() {
+    let db = setup().await;
+    let taker = db.session().await;
+    let t1 = acquire(&taker, "billing", "a", 300).await.unwrap();
+    let claimer = open_claim(&db, "billing", t1, 1).await;
+    db.wait_expired("billing").await;
+    let started = Instant::now();
+    let t2 = acquire(&taker, "billing", "b", 30_000).await.expect("the takeover");
+    let took = started.elapsed();
+    assert!(t2 > t1);
+    assert!(took >= GRACE, "the takeover waited for the claim: {took:?}");
+    assert!(took < Duration::from_secs(3), "within the grace and an abort: {took:?}");
+    let commit = claimer.batch_execute("COMMIT").await;
+    assert!(commit.is_err(), "the claimer's backend was ended: {commit:?}");
+    assert_eq!(db.claimed_by(1).await, None, "nothing of the old term committed");
+}
+
+#[tokio::test]
+async fn a_claim_that_finishes_within_the_grace_commits_before_the_takeover() {
+    let db = setup().await;
+    let taker = db.session().await;
+    let t1 = acquire(&taker, "billing", "a", 300).await.unwrap();
+    let claimer = open_claim(&db, "billing", t1, 1).await;
+    db.wait_expired("billing").await;
+    let takeover = tokio::spawn(async move { acquire(&taker, "billing", "b", 30_000).await });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    claimer.batch_execute("COMMIT").await.expect("commits within the grace");
+    let t2 = takeover.await.unwrap().expect("the takeover");
+    assert!(t2 > t1);
+    assert_eq!(db.claimed_by(1).await, Some(t1));
+}
+
+/// What generation 7 gives up: a claim whose lease ran out while nothing
+/// ended its term commits (no later term started before it ended).
+#[tokio::test]
+async fn a_claim_whose_lease_ran_out_commits_when_nothing_ended_its_term() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 300).await.unwrap();
+    let claimer = open_claim(&db, "billing", t, 1).await;
+    db.wait_expired("billing").await;
+    claimer.batch_execute("COMMIT").await.expect("nothing ended the term");
+    assert_eq!(db.claimed_by(1).await, Some(t));
+}
+
+#[tokio::test]
+async fn a_pause_ends_a_live_terms_claim_in_flight_within_the_grace() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let claimer = open_claim(&db, "billing", t, 1).await;
+    let started = Instant::now();
+    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')").await.unwrap();
+    let took = started.elapsed();
+    assert!(took >= GRACE && took < Duration::from_secs(3), "{took:?}");
+    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
+    assert_eq!(db.claimed_by(1).await, None, "no claim of the paused term");
+}
+
+#[tokio::test]
+async fn a_release_ends_the_claims_its_term_left_open() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let claimer = open_claim(&db, "billing", t, 1).await;
+    let released: bool = c
+        .query_typed(
+            "SELECT leader_release('billing', $1, true, 0, 'completed', NULL, NULL, NULL)",
+            &[(&t, Type::INT8)],
+        )
+        .await
+        .unwrap()[0]
+        .get(0);
+    assert!(released);
+    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
+    assert_eq!(db.claimed_by(1).await, None);
+}
+
+#[tokio::test]
+async fn a_renew_and_an_acquire_of_a_live_term_never_wait_for_its_claims() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let claimer = open_claim(&db, "billing", t, 1).await;
+    let other = db.session().await;
+    other.batch_execute("SET statement_timeout = '1s'").await.unwrap();
+    let renewed: bool = other
+        .query_typed(
+            "SELECT renewed FROM leader_renew_v2('billing', $1, 30000, NULL)",
+            &[(&t, Type::INT8)],
+        )
+        .await
+        .expect("RENEW does not wait for the claim")[0]
+        .get(0);
+    assert!(renewed);
+    assert_eq!(acquire(&other, "billing", "b", 30_000).await, Err("held".into()));
+    other
+        .batch_execute("SELECT leader_run_now('billing')")
+        .await
+        .expect("run-now does not wait for the claim");
+    claimer.batch_execute("COMMIT").await.expect("the claim commits");
+    assert_eq!(db.claimed_by(1).await, Some(t));
+}
+
+#[tokio::test]
+async fn a_claim_in_a_released_savepoint_is_found_and_ended_by_a_takeover() {
+    let db = setup().await;
+    let taker = db.session().await;
+    let t1 = acquire(&taker, "billing", "a", 300).await.unwrap();
+    let claimer = db.session().await;
+    claimer.batch_execute("BEGIN; SAVEPOINT a; SAVEPOINT b").await.unwrap();
+    assert!(claim(&claimer, "billing", t1, 1).await.unwrap());
+    claimer.batch_execute("RELEASE SAVEPOINT b; RELEASE SAVEPOINT a").await.unwrap();
+    db.wait_expired("billing").await;
+    acquire(&taker, "billing", "b", 30_000).await.expect("the takeover");
+    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
+    assert_eq!(db.claimed_by(1).await, None);
+}
+
+#[tokio::test]
+async fn a_claim_rolled_back_to_its_savepoint_holds_nothing() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let claimer = db.session().await;
+    claimer.batch_execute("BEGIN; SAVEPOINT a").await.unwrap();
+    assert!(claim(&claimer, "billing", t, 1).await.unwrap());
+    claimer.batch_execute("ROLLBACK TO SAVEPOINT a").await.unwrap();
+    let started = Instant::now();
+    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')").await.unwrap();
+    assert!(started.elapsed() < GRACE, "nothing to wait for: {:?}", started.elapsed());
+    claimer.batch_execute("COMMIT").await.expect("the claimer lives");
+    assert_eq!(db.claimed_by(1).await, None);
+}
+
+#[tokio::test]
+async fn a_new_claim_of_a_term_being_drained_waits_at_the_gate_and_claims_nothing() {
+    let db = setup().await;
+    let taker = db.session().await;
+    let t1 = acquire(&taker, "billing", "a", 300).await.unwrap();
+    let first = open_claim(&db, "billing", t1, 1).await;
+    db.wait_expired("billing").await;
+    // The term is over but nothing ended it: a late claim still passes.
+    let late = db.session().await;
+    late.batch_execute("SET statement_timeout = '10s'").await.unwrap();
+    let gate: i32 = scalar(&db.owner, "SELECT leader_role_hash('billing', 4)").await;
+    let takeover = tokio::spawn(async move { acquire(&taker, "billing", "b", 30_000).await });
+    // The drain holds the gate while it waits for the first claim.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let held: i64 = db
+            .owner
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                    AND mode = 'ExclusiveLock' AND classid = ($1::int8 & 4294967295)::oid
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[&(gate as i64)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if held > 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "the drain never took the gate");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    late.batch_execute("BEGIN").await.unwrap();
+    assert!(
+        !claim(&late, "billing", t1, 2).await.unwrap(),
+        "a claim that came while the term was drained"
+    );
+    late.batch_execute("COMMIT").await.unwrap();
+    takeover.await.unwrap().expect("the takeover");
+    assert!(first.batch_execute("COMMIT").await.is_err());
+    assert_eq!(db.claimed_by(1).await, None);
+    assert_eq!(db.claimed_by(2).await, None);
+}
+
+#[tokio::test]
+async fn a_gate_planted_by_a_login_with_connect_alone_stops_no_claim_and_no_takeover() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t1 = acquire(&c, "billing", "a", 500).await.unwrap();
+    let (gate, low): (i32, i32) = {
+        let r = db
+            .owner
+            .query_one(
+                "SELECT leader_role_hash('billing', 4), leader_token_low($1)",
+                &[&t1],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    let planter = db.login("gate_planter", false).await;
+    planter
+        .query("SELECT pg_advisory_lock($1, $2)", &[&gate, &low])
+        .await
+        .unwrap();
+    let claimer = open_claim(&db, "billing", t1, 1).await;
+    claimer.batch_execute("COMMIT").await.expect("a claim under a planted gate commits");
+    let claimer = open_claim(&db, "billing", t1, 2).await;
+    db.wait_expired("billing").await;
+    let started = Instant::now();
+    acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
+    planter.batch_execute("SELECT 1").await.expect("the planter's backend lives");
+    assert_eq!(db.claimed_by(1).await, Some(t1));
+    assert_eq!(db.claimed_by(2).await, None);
+}
+
+#[tokio::test]
+async fn markers_planted_or_copied_by_a_login_with_connect_alone_are_never_taken_for_claimers() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t1 = acquire(&c, "billing", "a", 500).await.unwrap();
+    let claimer = open_claim(&db, "billing", t1, 1).await;
+    let class: i32 = scalar(&db.owner, "SELECT leader_role_hash('billing', 3)").await;
+    // The claimer's marker as pg_locks shows it to anyone.
+    let copied: i64 = db
+        .owner
+        .query_one(
+            "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND classid = ($1::int8 & 4294967295)::oid
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&(class as i64)],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("one marker: {e}"))
+        .get(0);
+    // pg_locks shows the key unsigned.
+    let copied = copied as u32 as i32;
+    let planter = db.login("marker_planter", false).await;
+    // In a transaction with an xid of its own (a temp table's row), it holds
+    // the copied key and a spread of others of the role's class.
+    planter
+        .batch_execute(&format!(
+            "BEGIN; CREATE TEMP TABLE t (x int); INSERT INTO t VALUES (1);
+             SELECT pg_advisory_xact_lock_shared({class}, {copied});
+             SELECT pg_advisory_xact_lock_shared({class}, g) FROM generate_series(1, 200) g"
+        ))
+        .await
+        .unwrap();
+    db.wait_expired("billing").await;
+    acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
+    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
+    planter.batch_execute("COMMIT").await.expect("the planter's backend lives");
+}
+
+#[tokio::test]
+async fn a_drain_leaves_the_callers_lock_timeout_as_it_was() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t1 = acquire(&c, "billing", "a", 300).await.unwrap();
+    let claimer = open_claim(&db, "billing", t1, 1).await;
+    db.wait_expired("billing").await;
+    c.batch_execute("BEGIN; SET LOCAL lock_timeout = '7s'").await.unwrap();
+    acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
+    let after: String = scalar(&c, "SHOW lock_timeout").await;
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(after, "7s");
+    drop(claimer);
+}
+
+#[tokio::test]
+async fn repeatable_read_and_serializable_are_refused_and_immediate_constraints_are_accepted() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        c.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}")).await.unwrap();
+        let err = claim(&c, "billing", t, 1).await.expect_err(level);
+        assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED), "{err:?}");
+        c.batch_execute("ROLLBACK").await.unwrap();
+    }
+    c.batch_execute("BEGIN; SET CONSTRAINTS ALL IMMEDIATE").await.unwrap();
+    assert!(claim(&c, "billing", t, 1).await.unwrap());
+    c.batch_execute("COMMIT").await.expect("nothing deferred to bypass");
+    assert_eq!(db.claimed_by(1).await, Some(t));
+}
+
+#[tokio::test]
+async fn a_fenced_transaction_cannot_be_prepared_also_from_a_released_savepoint() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    for (id, shape) in [(1, ""), (2, "SAVEPOINT s; RELEASE SAVEPOINT s;")] {
+        let claimer = db.session().await;
+        claimer.batch_execute("BEGIN").await.unwrap();
+        if shape.is_empty() {
+            assert!(claim(&claimer, "billing", t, id).await.unwrap());
+        } else {
+            claimer.batch_execute("SAVEPOINT s").await.unwrap();
+            assert!(claim(&claimer, "billing", t, id).await.unwrap());
+            claimer.batch_execute("RELEASE SAVEPOINT s").await.unwrap();
+        }
+        let gid = format!("fenced_v2_{id}_{t}");
+        let err = claimer
+            .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+            .await
+            .expect_err("PREPARE of a fenced transaction");
+        assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED), "{shape}: {err:?}");
+        let prepared: i64 = scalar(
+            &db.owner,
+            &format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid = '{gid}'"),
+        )
+        .await;
+        assert_eq!(prepared, 0);
+    }
+    assert_eq!(db.claimed_by(1).await, None);
+    assert_eq!(db.claimed_by(2).await, None);
+}
+
+/// What an application login can still do (crate docs): prepare a fenced
+/// transaction after letting go of its advisory locks. The takeover then
+/// fails after three rounds with 55P03 instead of waiting without bound,
+/// and takes over once an operator rolls it back.
+#[tokio::test]
+async fn a_takeover_held_by_a_prepared_claim_fails_after_three_rounds_with_lock_not_available() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t1 = acquire(&c, "billing", "a", 300).await.unwrap();
+    let claimer = open_claim(&db, "billing", t1, 1).await;
+    let gid = format!("held_{t1}");
+    claimer
+        .batch_execute(&format!("SELECT pg_advisory_unlock_all(); PREPARE TRANSACTION '{gid}'"))
+        .await
+        .unwrap();
+    db.wait_expired("billing").await;
+    let started = Instant::now();
+    let err = acquire(&c, "billing", "b", 30_000).await.expect_err("held by a prepared claim");
+    let took = started.elapsed();
+    db.owner.batch_execute(&format!("ROLLBACK PREPARED '{gid}'")).await.unwrap();
+    assert!(err.contains("LockNotAvailable") || err.contains("55P03"), "{err}");
+    assert!(took >= GRACE * 3 && took < Duration::from_secs(4), "{took:?}");
+    acquire(&c, "billing", "b", 30_000).await.expect("taken over once rolled back");
+    assert_eq!(db.claimed_by(1).await, None);
+}
+
+#[tokio::test]
+async fn a_stream_of_overlapping_claims_does_not_starve_a_pause() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut claimers = Vec::new();
+    for i in 0..4 {
+        let s = db.session().await;
+        let stop = stop.clone();
+        claimers.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.batch_execute("BEGIN").await.is_err() {
+                    return n;
+                }
+                let id = 1 + (i * 2 + (n as i32 % 2)) % 10;
+                match claim(&s, "billing", t, id).await {
+                    Ok(_) => {}
+                    Err(_) => return n,
+                }
+                tokio::time::sleep(Duration::from_millis(15)).await;
+                if s.batch_execute("ROLLBACK").await.is_err() {
+                    return n;
+                }
+                n += 1;
+            }
+            n
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')").await.expect("the pause");
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in claimers {
+        h.await.unwrap();
+    }
+    assert!(took < Duration::from_secs(2), "the pause under a stream of claims: {took:?}");
+}
