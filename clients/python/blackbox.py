@@ -47,7 +47,7 @@ def env_ms_text(text: str) -> float:
 
 
 async def claim(url: str, replica: str, term: ticklease.Term) -> bool:
-    """One fenced claim, committed; False when the fence or the commit check refused it."""
+    """One fenced claim, committed; False when the fence refused it (or a generation-6 commit check did)."""
     server = term.server
     # The term's own server (of a multi-host URL, the one the core chose by timeline), not the URL's host order.
     where: dict[str, str] = {} if server is None else {"host": server.host, "port": str(server.port)}

@@ -24,7 +24,7 @@ INSERT INTO blackbox_claims (role, token, replica, seq, at, occurrence)
 SELECT :'"'"'role'"'"', :token, :'"'"'replica'"'"', n.seq, clock_timestamp(),
        (SELECT l.occurrence FROM leader_leases AS l WHERE l.role = :'"'"'role'"'"')
   FROM (SELECT coalesce(max(c.seq), 0) + 1 AS seq FROM blackbox_claims AS c WHERE c.role = :'"'"'role'"'"') AS n
- WHERE (SELECT leader_fence(:'"'"'role'"'"', :token))
+ WHERE (SELECT leader_fence_v2(:'"'"'role'"'"', :token))
 RETURNING seq;
 COMMIT;
 SQL

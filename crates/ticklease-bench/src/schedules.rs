@@ -66,7 +66,7 @@ impl SchedulesRun {
 }
 
 const WORK: &str = "INSERT INTO bench_runs (role, occurrence, token)
-    SELECT $1, $3, $2 WHERE leader_fence($1, $2)";
+    SELECT $1, $3, $2 WHERE leader_fence_v2($1, $2)";
 
 /// Clients each replica's work writes through (round robin).
 const WORK_CLIENTS: usize = 4;

@@ -530,7 +530,7 @@ cron schedule, TICKLEASE_OCCURRENCE (RFC 3339, UTC); and the server the term sta
 TICKLEASE_DB_PORT and, when the URL gives the address, TICKLEASE_DB_HOSTADDR. Its own connection goes there, \
 not through a list of hosts (after a promotion the old primary may still take writes), and its claims \
 can be fenced:\n  \
-echo \"UPDATE ... WHERE ... AND (SELECT leader_fence(:'role', :token))\" | \\\n    \
+echo \"UPDATE ... WHERE ... AND (SELECT leader_fence_v2(:'role', :token))\" | \\\n    \
 psql \"host=$TICKLEASE_DB_HOST port=$TICKLEASE_DB_PORT ${{TICKLEASE_DB_HOSTADDR:+hostaddr=$TICKLEASE_DB_HOSTADDR}} dbname=app\" \\\n    \
 -v role=\"$TICKLEASE_ROLE\" -v token=\"$TICKLEASE_TOKEN\"   (psql substitutes variables in its input, not in -c)\n\n\
 {}\n\

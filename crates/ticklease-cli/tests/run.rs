@@ -416,7 +416,7 @@ async fn a_psql_childs_fenced_claim_passes_in_its_term_and_not_after_a_takeover(
         "CREATE TABLE claims (token bigint); GRANT INSERT ON claims TO PUBLIC",
     )
     .await;
-    let claim = "INSERT INTO claims SELECT :token WHERE (SELECT leader_fence(:'role', :token))";
+    let claim = "INSERT INTO claims SELECT :token WHERE (SELECT leader_fence_v2(:'role', :token))";
     // As `ticklease run --help` writes it: the connection to the term's server.
     let config: tokio_postgres::Config = f.url.parse().unwrap();
     let script = format!(

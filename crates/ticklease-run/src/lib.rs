@@ -76,7 +76,7 @@
 //!   SIGSTOP of both the runner and the guard: the child may run on after
 //!   another host took over at the lease's expiry. The answer is the fence:
 //!   the child's own statements claim with `AND (SELECT
-//!   leader_fence(:'role', :token))` (its term's role and token are in its
+//!   leader_fence_v2(:'role', :token))` (its term's role and token are in its
 //!   environment), which the database refuses once the term is over. A
 //!   process the child has another service start (systemd, at, a remote
 //!   host) is no descendant and out of reach; a runner on a kernel that

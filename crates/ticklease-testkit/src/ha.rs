@@ -46,7 +46,7 @@ async fn claim(
     client
         .execute(
             "INSERT INTO claims (role, token, replica)
-             SELECT $1, $2, $3 WHERE (SELECT leader_fence($1, $2))",
+             SELECT $1, $2, $3 WHERE (SELECT leader_fence_v2($1, $2))",
             &[&tick.role().as_str(), &tick.token().get(), &replica],
         )
         .await?;

@@ -3,7 +3,7 @@
 //! The spec's five singleton roles on five real stores, each led through
 //! ticklease: `billing`, `dunning`, `webhook_outbox`, `webhook_delivery`,
 //! `email_outbox`. The fencing boundary is the five claim funnels
-//! ([`funnel::FUNNELS`]): each carries `AND (SELECT leader_fence($1, $2))` in its
+//! ([`funnel::FUNNELS`]): each carries `AND (SELECT leader_fence_v2($1, $2))` in its
 //! innermost WHERE and takes a [`ticklease::Fence`], so a superseded leader
 //! claims nothing. Work already in flight completes through row
 //! compare-and-sets and idempotency keys instead:

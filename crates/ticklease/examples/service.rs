@@ -19,7 +19,7 @@ use ticklease::{Role, Scheduler, Stopped};
 
 /// Up to 50 unsent rows of the outbox, only while this replica's term is live.
 const CLAIM: &str = "UPDATE outbox SET sent_by = $1
-  WHERE id IN (SELECT id FROM outbox WHERE sent_by IS NULL AND (SELECT leader_fence($2, $3))
+  WHERE id IN (SELECT id FROM outbox WHERE sent_by IS NULL AND (SELECT leader_fence_v2($2, $3))
                 ORDER BY id LIMIT 50 FOR UPDATE SKIP LOCKED)
  RETURNING id";
 

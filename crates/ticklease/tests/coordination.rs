@@ -169,7 +169,7 @@ async fn a_killed_coordination_session_lets_a_follower_take_over_and_the_old_hol
     claimer.execute("BEGIN", &[]).await.unwrap();
     let in_flight = claimer
         .execute(
-            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence_v2($1, $2))",
             &[&"billing", &token_a.0],
         )
         .await
@@ -189,8 +189,8 @@ async fn a_killed_coordination_session_lets_a_follower_take_over_and_the_old_hol
         led_b - killed
     );
     assert!(token_b > token_a);
-    // Its COMMIT fails the commit check, or B's sweep after its ACQUIRE
-    // ended the claimer's session first.
+    // B's ACQUIRE drained the term first: it ended the claimer's session
+    // (a generation-6 claim's COMMIT would fail its commit check).
     let commit = claimer.execute("COMMIT", &[]).await.unwrap_err();
     assert!(
         commit.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE)
@@ -200,7 +200,7 @@ async fn a_killed_coordination_session_lets_a_follower_take_over_and_the_old_hol
     );
     let claimed = owner
         .execute(
-            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence($1, $2))",
+            "UPDATE jobs SET claimed_by = $2 WHERE id = 1 AND (SELECT leader_fence_v2($1, $2))",
             &[&"billing", &token_a.0],
         )
         .await

@@ -88,7 +88,7 @@ async fn a_lossy_promotion_issues_tokens_above_the_lost_ones() {
     );
     let fenced: bool = scalar(
         &connect(&standby.cluster().config(&db)).await.unwrap(),
-        &format!("SELECT leader_fence('billing', {})", lost.get()),
+        &format!("SELECT leader_fence_v2('billing', {})", lost.get()),
     )
     .await;
     assert!(!fenced, "the lost token passes the fence on the new primary");

@@ -1,4 +1,5 @@
-//! The fence on a real claim table. Each conjunct of the fence is shown to
+//! The generation-6 fence (`leader_fence`, its commit check), kept for
+//! clients built before generation 7, on a real claim table. Each conjunct of the fence is shown to
 //! matter: the same claim against a copy of the function with that conjunct
 //! removed succeeds where the real one claims nothing (a mutation check that
 //! runs on every test run).
@@ -24,17 +25,16 @@ const JOBS: &str = "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint);
 
 /// The claim funnel of a leader-only store method: it takes a `&Fence`.
 async fn claim(client: &Client, fence: &Fence, limit: i64) -> Vec<i32> {
-    let sql = format!(
-        "UPDATE jobs SET claimed_by = $3
+    // The generation-6 fence by name: this file holds its commit check
+    // (the library's predicate is generation 7's: tests/fence_v2.rs).
+    let sql = "UPDATE jobs SET claimed_by = $3
           WHERE id IN (SELECT id FROM jobs WHERE claimed_by IS NULL ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED)
-            AND {}
-         RETURNING id",
-        fence.predicate(1)
-    );
+            AND (SELECT leader_fence($1, $2))
+         RETURNING id";
     let [role, token] = fence.params();
     let rows = client
         .query_typed(
-            &sql,
+            sql,
             &[role, token, (&fence.token().0, Type::INT8), (&limit, Type::INT8)],
         )
         .await

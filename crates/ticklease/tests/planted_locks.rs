@@ -33,8 +33,26 @@ struct Logins {
 
 impl Logins {
     async fn create(cluster: &PgCluster) -> Logins {
+        Logins::create_owned(cluster, None).await
+    }
+
+    /// A database whose tables `owner` owns (a login that is no superuser,
+    /// a member of pg_signal_backend, created here), or the superuser's.
+    async fn create_owned(cluster: &PgCluster, owner: Option<&str>) -> Logins {
         let name = cluster.create_database().await.unwrap();
-        let db = cluster.config(&name);
+        let mut db = cluster.config(&name);
+        if let Some(owner) = owner {
+            let admin = connect(&db).await.unwrap();
+            admin
+                .batch_execute(&format!(
+                    "CREATE ROLE {owner} LOGIN CREATEROLE IN ROLE pg_signal_backend;
+                     ALTER DATABASE \"{name}\" OWNER TO {owner};
+                     ALTER SCHEMA public OWNER TO {owner}"
+                ))
+                .await
+                .unwrap();
+            db.user(owner);
+        }
         let mut owner = connect(&db).await.unwrap();
         ticklease::migrate(&mut owner).await.unwrap();
         owner
@@ -96,10 +114,15 @@ async fn acquire(client: &Client, role: &str, holder: &str, ttl_ms: i64) -> i64 
 
 /// Opens a transaction on `client` that passes the fence and locks job `id`.
 async fn claim_and_freeze(client: &Client, role: &str, token: i64, id: i32) {
+    claim_and_freeze_with(client, "leader_fence", role, token, id).await
+}
+
+/// The same through the fence function named.
+async fn claim_and_freeze_with(client: &Client, fence: &str, role: &str, token: i64, id: i32) {
     client.batch_execute("BEGIN").await.unwrap();
     let n = client
         .execute_typed(
-            "UPDATE jobs SET claimed_by = $2 WHERE id = $3 AND (SELECT leader_fence($1, $2))",
+            &format!("UPDATE jobs SET claimed_by = $2 WHERE id = $3 AND (SELECT {fence}($1, $2))"),
             &[(&role, Type::TEXT), (&token, Type::INT8), (&id, Type::INT4)],
         )
         .await
@@ -206,4 +229,146 @@ async fn a_login_with_connect_alone_that_plants_fence_keys_slows_no_takeover_or_
     ended(&claimer, "pause").await;
     all_alive(&planted).await;
     println!("takeover {took:?}, pause {paused:?} with {PLANTED} planted pairs and {FILLER} more locks");
+}
+
+/// Issue 43, item 3: the generation-7 fence finds a claimer by its marker, a
+/// key derived from the term's salt (which a login with CONNECT alone cannot
+/// read) and the claimer's own xid, and the term's enders lock the lease
+/// row, which such a login cannot lock nor wait on. The audits' cases: 300
+/// backends of a CONNECT-only login, each in a transaction with an xid of
+/// its own, holding a prepared INSERT into the lease table (its lock is
+/// granted while parsing), copies of the claimer's marker and other keys of
+/// its class; one holds the term's gate exclusively, the others the next
+/// term's gate shared; another fills the lock table. With the default
+/// install (no REVOKE USAGE), owned by a superuser and by a login that is
+/// none.
+mod generation_7 {
+    use super::*;
+
+    const PLANTED: usize = 300;
+
+    async fn marker_class_and_gate(owner: &Client, role: &str, token: i64) -> (i32, i32, i32) {
+        let row = owner
+            .query_one(
+                "SELECT leader_role_hash($1, 3), leader_role_hash($1, 4), leader_token_low($2)",
+                &[&role, &token],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    }
+
+    /// The markers the claimer holds, as pg_locks shows them to any login.
+    async fn markers(owner: &Client, class: i32) -> Vec<i32> {
+        owner
+            .query(
+                "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND classid = ($1::int8 & 4294967295)::oid",
+                &[&(class as i64)],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, i64>(0) as u32 as i32)
+            .collect()
+    }
+
+    async fn plant(logins: &Logins, role: &str, token: i64) -> Vec<Client> {
+        let (class, gate, low) = marker_class_and_gate(&logins.owner, role, token).await;
+        let copied = markers(&logins.owner, class).await;
+        assert!(!copied.is_empty(), "the claimer's marker shows");
+        let copies: String = copied
+            .iter()
+            .map(|k| format!(", pg_advisory_xact_lock_shared({class}, {k})"))
+            .collect();
+        let next_low = ((token + 1) & 0xffff_ffff) as u32 as i32;
+        let mut planted = Vec::with_capacity(PLANTED + 1);
+        for i in 0..PLANTED {
+            let nobody = logins.login("planted_nobody").await;
+            let gate_lock = if i == 0 {
+                format!("pg_advisory_xact_lock({gate}, {low})")
+            } else {
+                format!("pg_advisory_xact_lock_shared({gate}, {next_low})")
+            };
+            nobody
+                .batch_execute(&format!(
+                    "BEGIN;
+                     CREATE TEMP TABLE mine (x int); INSERT INTO mine VALUES (1);
+                     PREPARE planted AS INSERT INTO leader_leases (role) VALUES ('planted');
+                     SELECT {gate_lock}{copies},
+                            pg_advisory_xact_lock_shared({class}, {i}),
+                            pg_advisory_xact_lock_shared({class}, -{i} - 1)"
+                ))
+                .await
+                .unwrap();
+            planted.push(nobody);
+        }
+        let filler = logins.login("planted_nobody").await;
+        filler
+            .batch_execute(&format!(
+                "SET statement_timeout = 0; SELECT count(pg_advisory_lock(7, g)) FROM generate_series(1, {FILLER}) g"
+            ))
+            .await
+            .unwrap();
+        planted.push(filler);
+        planted
+    }
+
+    async fn takeover_and_pause_hold_against_a_login_with_connect_alone(owner: Option<&str>) {
+        let cluster = PgCluster::start().unwrap();
+        let logins = Logins::create_owned(&cluster, owner).await;
+        let app1 = logins.login("planted_app1").await;
+        let app2 = logins.login("planted_app2").await;
+        let first = acquire(&app1, "victim", "a", 60_000).await;
+        let claimer = logins.login("planted_app1").await;
+        claim_and_freeze_with(&claimer, "leader_fence_v2", "victim", first, 1).await;
+        let planted = plant(&logins, "victim", first).await;
+        // A claim of the live term still passes under the planted gate.
+        let other = logins.login("planted_app2").await;
+        claim_and_freeze_with(&other, "leader_fence_v2", "victim", first, 3).await;
+        other.batch_execute("COMMIT").await.expect("a claim under a planted gate commits");
+        logins
+            .owner
+            .batch_execute("UPDATE leader_leases SET expires_at = now() WHERE role = 'victim'")
+            .await
+            .unwrap();
+        logins.expired("victim").await;
+
+        let started = Instant::now();
+        let second = acquire(&app2, "victim", "b", 60_000).await;
+        let took = started.elapsed();
+        ended(&claimer, "takeover").await;
+        all_alive(&planted).await;
+
+        let claimer = logins.login("planted_app2").await;
+        claim_and_freeze_with(&claimer, "leader_fence_v2", "victim", second, 2).await;
+        let operator = logins.login("planted_operator").await;
+        let started = Instant::now();
+        operator
+            .batch_execute("SELECT leader_pause('victim', 'oncall', 'planted keys')")
+            .await
+            .expect("the pause answers within the statement timeout");
+        let paused = started.elapsed();
+        ended(&claimer, "pause").await;
+        all_alive(&planted).await;
+        let claimed: Vec<Option<i64>> = logins
+            .owner
+            .query("SELECT claimed_by FROM jobs WHERE id IN (1, 2) ORDER BY id", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(claimed, [None, None], "no claim of an ended term committed");
+        println!("generation 7, owner {owner:?}: takeover {took:?}, pause {paused:?} with {PLANTED} planted backends and {FILLER} more locks");
+    }
+
+    #[tokio::test]
+    async fn planted_markers_gates_and_prepared_inserts_slow_no_takeover_or_pause_under_a_superuser_owner() {
+        takeover_and_pause_hold_against_a_login_with_connect_alone(None).await;
+    }
+
+    #[tokio::test]
+    async fn planted_markers_gates_and_prepared_inserts_slow_no_takeover_or_pause_under_an_owner_that_is_no_superuser() {
+        takeover_and_pause_hold_against_a_login_with_connect_alone(Some("lease_owner")).await;
+    }
 }

@@ -41,7 +41,7 @@ fn url_of(db: &tokio_postgres::Config) -> String {
 /// token. A static string (sqlx 0.9 takes no dynamic SQL unasserted), the
 /// predicate written out as `Fence::predicate(2)` writes it.
 const CLAIM: &str = "UPDATE outbox SET claimed_by = $1
-  WHERE id IN (SELECT id FROM outbox WHERE claimed_by IS NULL AND (SELECT leader_fence($2, $3))
+  WHERE id IN (SELECT id FROM outbox WHERE claimed_by IS NULL AND (SELECT leader_fence_v2($2, $3))
                 ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED)
  RETURNING id";
 

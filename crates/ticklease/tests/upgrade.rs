@@ -123,7 +123,7 @@ async fn migration_0003_keeps_a_live_term_whose_holder_renews_through_it() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let report = ticklease::migrate(&mut client).await.unwrap();
-    assert_eq!(report.applied, [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(report.applied, [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "migration took {:?}",
@@ -191,7 +191,7 @@ async fn migration_0004_keeps_a_live_term_and_0003_statements_keep_working() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let report = ticklease::migrate(&mut client).await.unwrap();
-    assert_eq!(report.applied, [4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(report.applied, [4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "migration took {:?}",
@@ -278,7 +278,7 @@ async fn a_database_at_0006_moves_to_the_definitions_with_its_holders_renewing()
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let report = ticklease::migrate(&mut client).await.unwrap();
-    assert_eq!(report.applied, [7, 8, 9, 10, 11, 12]);
+    assert_eq!(report.applied, [7, 8, 9, 10, 11, 12, 13]);
     let all: Vec<&str> = DEFINITIONS.iter().map(|d| d.name).collect();
     assert_eq!(report.definitions, all);
     assert!(
@@ -310,8 +310,8 @@ async fn a_definition_is_applied_again_only_when_its_checksum_changes() {
     assert_eq!(first.definitions.len(), DEFINITIONS.len());
     assert_eq!(
         first.applied,
-        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
-        "recorded from the tables file (1-7) and applied on top (8 to 12)"
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+        "recorded from the tables file (1-7) and applied on top (8 to 13)"
     );
     let again = ticklease::migrate(&mut client).await.unwrap();
     assert!(
@@ -481,7 +481,7 @@ async fn a_run_waiting_for_the_status_view_holds_up_no_renew() {
     );
     outsider.batch_execute("ROLLBACK").await.unwrap();
     let report = ticklease::migrate(&mut client).await.unwrap();
-    assert_eq!(report.applied, [12]);
+    assert_eq!(report.applied, [12, 13]);
 }
 
 /// Migration 0008 waits at most 500 ms for each table it alters: a login
@@ -524,7 +524,7 @@ async fn migration_0008_waits_briefly_for_a_history_reader_while_holders_renew()
     assert_eq!(applied, 0, "nothing written");
     reader.batch_execute("COMMIT").await.unwrap();
     let report = ticklease::migrate(&mut client).await.unwrap();
-    assert_eq!(report.applied, [8, 9, 10, 11, 12]);
+    assert_eq!(report.applied, [8, 9, 10, 11, 12, 13]);
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.cancel();
     let slowest = renewing.await.unwrap();
@@ -549,4 +549,79 @@ async fn migration_0008_restores_the_runs_lock_wait() {
     let after: String = scalar(&client, "SELECT current_setting('lock_timeout')").await;
     client.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(after, "7s");
+}
+
+/// Issue 43, item 4: 0013 and generation 7 arrive with claims in flight.
+/// A generation-6 claim open when 0013 is pending holds the lease table's
+/// read lock: the run waits 500 ms for it, fails naming the holder, and has
+/// written nothing; the claim commits inside its term, and the next run
+/// applies 0013. A generation-7 claim open while the definitions are
+/// applied again (every function replaced) keeps its row lock: the
+/// takeover after it still drains it.
+#[tokio::test]
+async fn claims_of_either_fence_in_flight_across_migrate_commit_only_inside_their_terms() {
+    let OldRelease {
+        mut client,
+        app,
+        app_client,
+    } = database_at(12, "upgrade_app12").await;
+    client
+        .batch_execute(
+            "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint);
+             INSERT INTO jobs VALUES (1, NULL), (2, NULL);
+             GRANT SELECT, UPDATE ON jobs TO ticklease_app",
+        )
+        .await
+        .unwrap();
+    let token: i64 = scalar(
+        &app_client,
+        "SELECT holder_token FROM leader_acquire('billing', 'old-holder', 60000, 1, NULL)",
+    )
+    .await;
+    let claim = |fence: &str, id: i32| {
+        format!("BEGIN; UPDATE jobs SET claimed_by = {token} WHERE id = {id} AND (SELECT {fence}('billing', {token}))")
+    };
+    app_client.batch_execute(&claim("leader_fence", 1)).await.unwrap();
+    let waited = ticklease::migrate(&mut client).await.unwrap_err().to_string();
+    assert!(
+        waited.contains("0013") && waited.contains("upgrade_app12"),
+        "{waited}"
+    );
+    app_client.batch_execute("COMMIT").await.expect("the old claim commits in its live term");
+    let report = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(report.applied, [13]);
+    let salted: bool = scalar(
+        &client,
+        "SELECT fence_salt IS NOT NULL FROM leader_leases WHERE role = 'billing'",
+    )
+    .await;
+    assert!(salted, "the term live at 0013 got its salt");
+
+    app_client.batch_execute(&claim("leader_fence_v2", 2)).await.unwrap();
+    client
+        .batch_execute(&format!("UPDATE {DEFINITIONS_TABLE} SET checksum = 'older'"))
+        .await
+        .unwrap();
+    let again = ticklease::migrate(&mut client).await.unwrap();
+    assert_eq!(again.definitions.len(), DEFINITIONS.len(), "every definition applied again");
+    client
+        .batch_execute("UPDATE leader_leases SET expires_at = now() WHERE role = 'billing'")
+        .await
+        .unwrap();
+    let taker = connect(&app).await.unwrap();
+    let taken: Option<i64> = scalar(
+        &taker,
+        "SELECT holder_token FROM leader_acquire_v2('billing', 'new-holder', 60000, 1, NULL, false)",
+    )
+    .await;
+    assert!(taken.is_some_and(|t| t > token), "the takeover drained the claim");
+    assert!(app_client.batch_execute("COMMIT").await.is_err(), "its backend was ended");
+    let claimed: Vec<Option<i64>> = client
+        .query("SELECT claimed_by FROM jobs ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(claimed, [Some(token), None]);
 }

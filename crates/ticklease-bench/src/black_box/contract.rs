@@ -12,7 +12,7 @@ use anyhow::Context as _;
 pub const CLAIM_SQL: &str = "INSERT INTO blackbox_claims (role, token, replica, seq, at, occurrence)
 SELECT $1, $2, $3, n.seq, clock_timestamp(), (SELECT l.occurrence FROM leader_leases AS l WHERE l.role = $1)
   FROM (SELECT coalesce(max(c.seq), 0) + 1 AS seq FROM blackbox_claims AS c WHERE c.role = $1) AS n
- WHERE (SELECT leader_fence($1, $2))";
+ WHERE (SELECT leader_fence_v2($1, $2))";
 
 /// The claim without its fence: only a client broken on purpose sends it
 /// (the test that shows the check catches a stale claim).

@@ -34,8 +34,9 @@ class Fence:
 
         await conn.execute(f"... WHERE ... AND {term.fence.predicate(3)}", a, b, *term.fence.args)
 
-    Run the claim in a transaction: its COMMIT is checked again, and a term that ended first fails it with
-    ``40001`` (serialization_failure).
+    Run the claim in a READ COMMITTED transaction: once the fence passes, the transaction holds the term's
+    lease row until it ends, so no takeover, pause or RELEASE of the term commits before it (they wait for it
+    at most a grace, then end its connection's backend).
     """
 
     __slots__ = ("_native",)
@@ -52,7 +53,7 @@ class Fence:
         return self._native.token
 
     def predicate(self, first_param: int = 1) -> str:
-        """``(SELECT leader_fence($n, $n+1))``, numbered from ``first_param`` (asyncpg, any ``$n`` driver)."""
+        """``(SELECT leader_fence_v2($n, $n+1))``, numbered from ``first_param`` (asyncpg, any ``$n`` driver)."""
         if first_param < 1:
             raise ValueError(f"first_param must be 1 or more, not {first_param}")
         return self._native.predicate(first_param)
@@ -63,7 +64,7 @@ class Fence:
         return (self._native.role, self._native.token)
 
     #: The predicate with psycopg's named placeholders (``%(ticklease_role)s``, ``%(ticklease_token)s``).
-    sql = "(SELECT leader_fence(%(ticklease_role)s, %(ticklease_token)s))"
+    sql = "(SELECT leader_fence_v2(%(ticklease_role)s, %(ticklease_token)s))"
 
     @property
     def params(self) -> dict[str, str | int]:

@@ -33,15 +33,16 @@ impl Fence {
     }
 
     /// The SQL predicate for a claim statement's WHERE clause, with its two
-    /// parameters numbered from `first_param`: `(SELECT leader_fence($n, $n+1))`.
+    /// parameters numbered from `first_param`: `(SELECT leader_fence_v2($n, $n+1))`.
     ///
     /// The uncorrelated scalar subquery runs once per statement (an InitPlan),
     /// not once per candidate row, and reads the term at that instant. When it
-    /// passes, the claim's transaction is checked again at its COMMIT: a claim
-    /// whose term ended before it committed fails with `serialization_failure`
-    /// and is rolled back (crate docs, guarantee 3).
+    /// passes, the claim's transaction holds the lease row `FOR KEY SHARE`
+    /// until it ends: no takeover, pause or RELEASE of the term commits
+    /// before it; they wait for it at most a grace, then end its backend
+    /// (crate docs, guarantee 3).
     pub fn predicate(&self, first_param: usize) -> String {
-        format!("(SELECT leader_fence(${}, ${}))", first_param, first_param + 1)
+        format!("(SELECT leader_fence_v2(${}, ${}))", first_param, first_param + 1)
     }
 
     /// The two parameters of [`Fence::predicate`], typed for `query_typed`.
@@ -53,13 +54,13 @@ impl Fence {
 /// Pushes [`Fence::predicate`] with its two values bound onto a sqlx
 /// `QueryBuilder` (any version: the macro uses only `push` and
 /// `push_bind`), numbered as the builder numbers its binds:
-/// `push_fence!(builder, tick.fence())` writes `(SELECT leader_fence($i, $j))`.
+/// `push_fence!(builder, tick.fence())` writes `(SELECT leader_fence_v2($i, $j))`.
 #[macro_export]
 macro_rules! push_fence {
     ($builder:expr, $fence:expr) => {{
         let fence: &$crate::Fence = $fence;
         $builder
-            .push("(SELECT leader_fence(")
+            .push("(SELECT leader_fence_v2(")
             .push_bind(fence.role().as_str().to_owned())
             .push(", ")
             .push_bind(fence.token().get())

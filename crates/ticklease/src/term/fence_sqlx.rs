@@ -27,7 +27,7 @@ impl Fence {
     /// # async fn claim(pool: &sqlx::PgPool, tick: &ticklease::Tick) -> Result<(), sqlx::Error> {
     /// // Up to 50 unclaimed rows, only while this tick's term is live.
     /// const CLAIM: &str = "UPDATE outbox SET claimed_by = $1
-    ///   WHERE id IN (SELECT id FROM outbox WHERE claimed_by IS NULL AND (SELECT leader_fence($2, $3))
+    ///   WHERE id IN (SELECT id FROM outbox WHERE claimed_by IS NULL AND (SELECT leader_fence_v2($2, $3))
     ///                 ORDER BY id LIMIT 50 FOR UPDATE SKIP LOCKED)
     ///  RETURNING id";
     /// let fence = tick.fence();

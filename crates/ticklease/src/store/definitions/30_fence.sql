@@ -464,7 +464,8 @@ LANGUAGE plpgsql VOLATILE
 SET jit = off
 AS $fn$
 -- Ends the claims in flight of the terms (p_roles[i], p_tokens[i]) that
--- are still current, unpaused and, unless p_any, no longer live, and
+-- are still current, unpaused and, unless p_any (a pause, a RELEASE, or a
+-- caller that judged them itself under its own lock), no longer live, and
 -- returns those terms' roles, whose rows it holds FOR UPDATE: the caller
 -- may end them. The choice is made under FOR NO KEY UPDATE, which waits
 -- only for a RENEW or an ender in progress and keeps both out from then
@@ -498,7 +499,10 @@ BEGIN
               FROM @schema@.leader_leases AS l
               JOIN unnest(p_roles, p_tokens) AS t(role, token) ON t.role = l.role AND t.token = l.holder_token
              WHERE l.holder_id IS NOT NULL AND l.paused_at IS NULL
-               AND (p_any OR NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now()))
+               -- A caller that judged liveness itself, under this lock, passes p_any
+               -- (the batched ACQUIRE: the lock table read once for the batch).
+               AND CASE WHEN p_any THEN true
+                        ELSE NOT @schema@.leader_term_live(l.holder_id, l.expires_at, l.holder_key, now()) END
              ORDER BY l.role
                FOR NO KEY UPDATE OF l) AS c;
     pending := chosen;
@@ -517,8 +521,11 @@ BEGIN
                       HINT = 'A backend that cannot be signalled (frozen in the kernel, or a prepared transaction) holds the row; see the runbook.';
         END IF;
         -- The gate, held to this transaction's end. A gate another backend
-        -- holds (planted: the key is public) stops nothing, so waiting the
-        -- grace would let new claims overtake: the rounds end them sooner.
+        -- holds shared (planted: the key is public) stops no claim, so the
+        -- first round waits 1 ms, not the grace, and ends the claimers at
+        -- once; the later rounds wait the grace for their backends to end.
+        -- (One held exclusively stops claims anyway: a fence that cannot
+        -- try the gate waits for this drain's FOR NO KEY UPDATE.)
         IF round = 1 THEN
             FOR i IN 1 .. cardinality(chosen) LOOP
                 IF chosen[i] = ANY (pending)
@@ -528,7 +535,7 @@ BEGIN
                 END IF;
             END LOOP;
         END IF;
-        deadline := clock_timestamp() + make_interval(secs => CASE WHEN gated THEN grace ELSE 1 END / 1000.0);
+        deadline := clock_timestamp() + make_interval(secs => CASE WHEN gated OR round > 1 THEN grace ELSE 1 END / 1000.0);
         took := ARRAY[]::text[];
         FOR i IN 1 .. cardinality(pending) LOOP
             IF @schema@.leader_fence_lock_within(pending[i],

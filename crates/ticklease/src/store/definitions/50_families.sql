@@ -148,8 +148,10 @@ BEGIN
     -- claims in flight end: leader_fence_drain), one grace for the batch.
     PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = ANY (picked) ORDER BY l.role FOR NO KEY UPDATE OF l;
     live := ARRAY(SELECT @schema@.leader_live_keys());
+    -- Judged here with the keys read once (the rows are locked: no RENEW
+    -- revives them), so the drain need not read them again per row.
     SELECT @schema@.leader_fence_drain(coalesce(array_agg(l.role ORDER BY l.role), '{}'),
-                                       coalesce(array_agg(l.holder_token ORDER BY l.role), '{}'), false)
+                                       coalesce(array_agg(l.holder_token ORDER BY l.role), '{}'), true)
       INTO drained
       FROM @schema@.leader_leases AS l
      WHERE l.role = ANY (picked) AND l.holder_id IS NOT NULL AND l.paused_at IS NULL
