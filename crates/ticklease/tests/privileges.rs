@@ -189,6 +189,38 @@ async fn the_operator_reads_the_timeline_the_status_page_shows_but_no_lease_colu
     allowed(&client, "SELECT role FROM leader_leases").await;
 }
 
+/// Issue 43: the generation-7 fence is the app role's; its internals, the
+/// salts and the secret the PREPARE guard's keys come from are no other
+/// login's. FOR KEY SHARE needs UPDATE on the lease table, which no login
+/// but the owner has: only the fence locks the row for a claim.
+#[tokio::test]
+async fn the_fence_of_generation_7_is_the_app_roles_and_its_salts_and_secret_are_no_one_elses() {
+    for (group, fence_allowed) in [(Some("ticklease_app"), true), (Some("ticklease_operator"), false), (None, false)] {
+        let (owner, login) = db_with_user(&MigrateOptions::default(), group).await;
+        allowed(&connect(&owner).await.unwrap(), "SELECT leader_seed(ARRAY['billing'])").await;
+        let client = connect(&login).await.unwrap();
+        if fence_allowed {
+            allowed(&client, "SELECT leader_fence_v2('billing', 1)").await;
+            allowed(&client, "SELECT fence_salt FROM leader_leases").await;
+        } else {
+            denied(&client, "SELECT leader_fence_v2('billing', 1)").await;
+            denied(&client, "SELECT fence_salt FROM leader_leases").await;
+        }
+        denied(&client, "SELECT * FROM leader_fence_secret").await;
+        denied(&client, "SELECT 1 FROM leader_leases FOR KEY SHARE").await;
+        for internal in [
+            "leader_fence_drain(ARRAY['billing'], ARRAY[1::int8], true)",
+            "leader_fence_claimers(ARRAY['billing'], ARRAY[1::int8])",
+            "leader_fence_guard()",
+            "leader_fence_lock_within('billing', 1)",
+            "leader_drain_for_takeover('billing')",
+            "leader_fence_marker(1, 1, 1)",
+        ] {
+            denied(&client, &format!("SELECT {internal}")).await;
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_role_without_the_grants_gets_permission_denied() {
     let (_, nobody) = db_with_user(&MigrateOptions::default(), None).await;
