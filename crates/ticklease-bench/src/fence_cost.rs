@@ -90,8 +90,12 @@ pub enum Variant {
     Unfenced,
     /// The spec's lock-free STABLE fence (unsound; the baseline).
     LockFree,
-    /// `(SELECT leader_fence(role, token))` as migrated.
+    /// `(SELECT leader_fence_v2(role, token))` as migrated: the fence at one
+    /// row lock (generation 7).
     Fence,
+    /// `(SELECT leader_fence(role, token))` as migrated: generation 6's
+    /// fence with its commit check, kept for older clients.
+    FenceGen6,
     /// `(SELECT leader_fence(role, token))` after this SQL (`@schema@` = the schema).
     Candidate { name: String, sql: PathBuf },
 }
@@ -102,6 +106,7 @@ impl Variant {
             Variant::Unfenced => "unfenced",
             Variant::LockFree => "lock-free",
             Variant::Fence => "fence",
+            Variant::FenceGen6 => "fence-gen6",
             Variant::Candidate { name, .. } => name,
         }
     }
@@ -110,7 +115,8 @@ impl Variant {
         match self {
             Variant::Unfenced => "true",
             Variant::LockFree => "(SELECT bench_lockfree_fence(:role, :token))",
-            Variant::Fence | Variant::Candidate { .. } => "(SELECT leader_fence(:role, :token))",
+            Variant::Fence => "(SELECT leader_fence_v2(:role, :token))",
+            Variant::FenceGen6 | Variant::Candidate { .. } => "(SELECT leader_fence(:role, :token))",
         }
     }
 }
@@ -118,7 +124,7 @@ impl Variant {
 /// Parses `name=path` for `--candidate`.
 pub fn parse_candidate(s: &str) -> Result<Variant, String> {
     let (name, sql) = s.split_once('=').ok_or("expected name=file.sql")?;
-    if name.is_empty() || ["unfenced", "lock-free", "fence"].contains(&name) {
+    if name.is_empty() || ["unfenced", "lock-free", "fence", "fence-gen6"].contains(&name) {
         return Err(format!("{name:?}: pick another name"));
     }
     Ok(Variant::Candidate {
@@ -598,7 +604,12 @@ pub struct Report {
 pub async fn run(options: FenceOptions) -> anyhow::Result<Report> {
     let started = Instant::now();
     let cluster = PgCluster::start()?;
-    let mut variants = vec![Variant::Unfenced, Variant::LockFree, Variant::Fence];
+    let mut variants = vec![
+        Variant::Unfenced,
+        Variant::LockFree,
+        Variant::FenceGen6,
+        Variant::Fence,
+    ];
     variants.extend(options.candidates.iter().cloned());
     let dbs = databases(&cluster, &variants).await?;
     let fence_db = variants
@@ -663,8 +674,8 @@ pub async fn run(options: FenceOptions) -> anyhow::Result<Report> {
     })
 }
 
-/// One database per fence definition; the unfenced and lock-free claims
-/// run in the migrated one (`None`: the fence's).
+/// One database per fence definition; the unfenced, lock-free and
+/// generation-6 claims run in the migrated one (`None`: the fence's).
 async fn databases(cluster: &PgCluster, variants: &[Variant]) -> anyhow::Result<Vec<Option<Db>>> {
     let mut dbs = Vec::new();
     for v in variants {

@@ -135,7 +135,9 @@ async fn a_live_terms_claim_commits_and_a_superseded_paused_released_or_expired_
     assert!(claim(&c, "billing", t0, 1).await.unwrap());
     assert!(!claim(&c, "billing", t0 + 1, 2).await.unwrap(), "another token");
     assert!(!claim(&c, "other", t0, 2).await.unwrap(), "another role");
-    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')").await.unwrap();
+    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')")
+        .await
+        .unwrap();
     assert!(!claim(&c, "billing", t0, 2).await.unwrap(), "paused");
     // The pause's wait holds the role back: the rest on another.
     let t = acquire(&c, "dunning", "a", 30_000).await.unwrap();
@@ -166,11 +168,16 @@ async fn a_takeover_waits_the_grace_for_a_claim_in_flight_then_ends_it_and_the_c
     let claimer = open_claim(&db, "billing", t1, 1).await;
     db.wait_expired("billing").await;
     let started = Instant::now();
-    let t2 = acquire(&taker, "billing", "b", 30_000).await.expect("the takeover");
+    let t2 = acquire(&taker, "billing", "b", 30_000)
+        .await
+        .expect("the takeover");
     let took = started.elapsed();
     assert!(t2 > t1);
     assert!(took >= GRACE, "the takeover waited for the claim: {took:?}");
-    assert!(took < Duration::from_secs(3), "within the grace and an abort: {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "within the grace and an abort: {took:?}"
+    );
     let commit = claimer.batch_execute("COMMIT").await;
     assert!(commit.is_err(), "the claimer's backend was ended: {commit:?}");
     assert_eq!(db.claimed_by(1).await, None, "nothing of the old term committed");
@@ -185,7 +192,10 @@ async fn a_claim_that_finishes_within_the_grace_commits_before_the_takeover() {
     db.wait_expired("billing").await;
     let takeover = tokio::spawn(async move { acquire(&taker, "billing", "b", 30_000).await });
     tokio::time::sleep(Duration::from_millis(30)).await;
-    claimer.batch_execute("COMMIT").await.expect("commits within the grace");
+    claimer
+        .batch_execute("COMMIT")
+        .await
+        .expect("commits within the grace");
     let t2 = takeover.await.unwrap().expect("the takeover");
     assert!(t2 > t1);
     assert_eq!(db.claimed_by(1).await, Some(t1));
@@ -200,7 +210,10 @@ async fn a_claim_whose_lease_ran_out_commits_when_nothing_ended_its_term() {
     let t = acquire(&c, "billing", "a", 300).await.unwrap();
     let claimer = open_claim(&db, "billing", t, 1).await;
     db.wait_expired("billing").await;
-    claimer.batch_execute("COMMIT").await.expect("nothing ended the term");
+    claimer
+        .batch_execute("COMMIT")
+        .await
+        .expect("nothing ended the term");
     assert_eq!(db.claimed_by(1).await, Some(t));
 }
 
@@ -211,10 +224,15 @@ async fn a_pause_ends_a_live_terms_claim_in_flight_within_the_grace() {
     let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
     let claimer = open_claim(&db, "billing", t, 1).await;
     let started = Instant::now();
-    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')").await.unwrap();
+    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')")
+        .await
+        .unwrap();
     let took = started.elapsed();
     assert!(took >= GRACE && took < Duration::from_secs(3), "{took:?}");
-    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
+    assert!(
+        claimer.batch_execute("COMMIT").await.is_err(),
+        "the claimer was ended"
+    );
     assert_eq!(db.claimed_by(1).await, None, "no claim of the paused term");
 }
 
@@ -233,7 +251,10 @@ async fn a_release_ends_the_claims_its_term_left_open() {
         .unwrap()[0]
         .get(0);
     assert!(released);
-    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
+    assert!(
+        claimer.batch_execute("COMMIT").await.is_err(),
+        "the claimer was ended"
+    );
     assert_eq!(db.claimed_by(1).await, None);
 }
 
@@ -269,12 +290,23 @@ async fn a_claim_in_a_released_savepoint_is_found_and_ended_by_a_takeover() {
     let taker = db.session().await;
     let t1 = acquire(&taker, "billing", "a", 300).await.unwrap();
     let claimer = db.session().await;
-    claimer.batch_execute("BEGIN; SAVEPOINT a; SAVEPOINT b").await.unwrap();
+    claimer
+        .batch_execute("BEGIN; SAVEPOINT a; SAVEPOINT b")
+        .await
+        .unwrap();
     assert!(claim(&claimer, "billing", t1, 1).await.unwrap());
-    claimer.batch_execute("RELEASE SAVEPOINT b; RELEASE SAVEPOINT a").await.unwrap();
+    claimer
+        .batch_execute("RELEASE SAVEPOINT b; RELEASE SAVEPOINT a")
+        .await
+        .unwrap();
     db.wait_expired("billing").await;
-    acquire(&taker, "billing", "b", 30_000).await.expect("the takeover");
-    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
+    acquire(&taker, "billing", "b", 30_000)
+        .await
+        .expect("the takeover");
+    assert!(
+        claimer.batch_execute("COMMIT").await.is_err(),
+        "the claimer was ended"
+    );
     assert_eq!(db.claimed_by(1).await, None);
 }
 
@@ -288,8 +320,14 @@ async fn a_claim_rolled_back_to_its_savepoint_holds_nothing() {
     assert!(claim(&claimer, "billing", t, 1).await.unwrap());
     claimer.batch_execute("ROLLBACK TO SAVEPOINT a").await.unwrap();
     let started = Instant::now();
-    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')").await.unwrap();
-    assert!(started.elapsed() < GRACE, "nothing to wait for: {:?}", started.elapsed());
+    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')")
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < GRACE,
+        "nothing to wait for: {:?}",
+        started.elapsed()
+    );
     claimer.batch_execute("COMMIT").await.expect("the claimer lives");
     assert_eq!(db.claimed_by(1).await, None);
 }
@@ -360,14 +398,27 @@ async fn a_gate_planted_by_a_login_with_connect_alone_stops_no_claim_and_no_take
         .await
         .unwrap();
     let claimer = open_claim(&db, "billing", t1, 1).await;
-    claimer.batch_execute("COMMIT").await.expect("a claim under a planted gate commits");
+    claimer
+        .batch_execute("COMMIT")
+        .await
+        .expect("a claim under a planted gate commits");
     let claimer = open_claim(&db, "billing", t1, 2).await;
     db.wait_expired("billing").await;
     let started = Instant::now();
     acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
-    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
-    planter.batch_execute("SELECT 1").await.expect("the planter's backend lives");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        claimer.batch_execute("COMMIT").await.is_err(),
+        "the claimer was ended"
+    );
+    planter
+        .batch_execute("SELECT 1")
+        .await
+        .expect("the planter's backend lives");
     assert_eq!(db.claimed_by(1).await, Some(t1));
     assert_eq!(db.claimed_by(2).await, None);
 }
@@ -405,8 +456,14 @@ async fn markers_planted_or_copied_by_a_login_with_connect_alone_are_never_taken
         .unwrap();
     db.wait_expired("billing").await;
     acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
-    assert!(claimer.batch_execute("COMMIT").await.is_err(), "the claimer was ended");
-    planter.batch_execute("COMMIT").await.expect("the planter's backend lives");
+    assert!(
+        claimer.batch_execute("COMMIT").await.is_err(),
+        "the claimer was ended"
+    );
+    planter
+        .batch_execute("COMMIT")
+        .await
+        .expect("the planter's backend lives");
 }
 
 #[tokio::test]
@@ -416,7 +473,9 @@ async fn a_drain_leaves_the_callers_lock_timeout_as_it_was() {
     let t1 = acquire(&c, "billing", "a", 300).await.unwrap();
     let claimer = open_claim(&db, "billing", t1, 1).await;
     db.wait_expired("billing").await;
-    c.batch_execute("BEGIN; SET LOCAL lock_timeout = '7s'").await.unwrap();
+    c.batch_execute("BEGIN; SET LOCAL lock_timeout = '7s'")
+        .await
+        .unwrap();
     acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
     let after: String = scalar(&c, "SHOW lock_timeout").await;
     c.batch_execute("COMMIT").await.unwrap();
@@ -430,14 +489,20 @@ async fn repeatable_read_and_serializable_are_refused_and_immediate_constraints_
     let c = db.session().await;
     let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
     for level in ["REPEATABLE READ", "SERIALIZABLE"] {
-        c.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}")).await.unwrap();
+        c.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
         let err = claim(&c, "billing", t, 1).await.expect_err(level);
         assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED), "{err:?}");
         c.batch_execute("ROLLBACK").await.unwrap();
     }
-    c.batch_execute("BEGIN; SET CONSTRAINTS ALL IMMEDIATE").await.unwrap();
+    c.batch_execute("BEGIN; SET CONSTRAINTS ALL IMMEDIATE")
+        .await
+        .unwrap();
     assert!(claim(&c, "billing", t, 1).await.unwrap());
-    c.batch_execute("COMMIT").await.expect("nothing deferred to bypass");
+    c.batch_execute("COMMIT")
+        .await
+        .expect("nothing deferred to bypass");
     assert_eq!(db.claimed_by(1).await, Some(t));
 }
 
@@ -461,7 +526,11 @@ async fn a_fenced_transaction_cannot_be_prepared_also_from_a_released_savepoint(
             .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
             .await
             .expect_err("PREPARE of a fenced transaction");
-        assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED), "{shape}: {err:?}");
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::FEATURE_NOT_SUPPORTED),
+            "{shape}: {err:?}"
+        );
         let prepared: i64 = scalar(
             &db.owner,
             &format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid = '{gid}'"),
@@ -485,17 +554,26 @@ async fn a_takeover_held_by_a_prepared_claim_fails_after_three_rounds_with_lock_
     let claimer = open_claim(&db, "billing", t1, 1).await;
     let gid = format!("held_{t1}");
     claimer
-        .batch_execute(&format!("SELECT pg_advisory_unlock_all(); PREPARE TRANSACTION '{gid}'"))
+        .batch_execute(&format!(
+            "SELECT pg_advisory_unlock_all(); PREPARE TRANSACTION '{gid}'"
+        ))
         .await
         .unwrap();
     db.wait_expired("billing").await;
     let started = Instant::now();
-    let err = acquire(&c, "billing", "b", 30_000).await.expect_err("held by a prepared claim");
+    let err = acquire(&c, "billing", "b", 30_000)
+        .await
+        .expect_err("held by a prepared claim");
     let took = started.elapsed();
-    db.owner.batch_execute(&format!("ROLLBACK PREPARED '{gid}'")).await.unwrap();
+    db.owner
+        .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"))
+        .await
+        .unwrap();
     assert!(err.contains("LockNotAvailable") || err.contains("55P03"), "{err}");
     assert!(took >= GRACE * 3 && took < Duration::from_secs(4), "{took:?}");
-    acquire(&c, "billing", "b", 30_000).await.expect("taken over once rolled back");
+    acquire(&c, "billing", "b", 30_000)
+        .await
+        .expect("taken over once rolled back");
     assert_eq!(db.claimed_by(1).await, None);
 }
 
@@ -531,11 +609,16 @@ async fn a_stream_of_overlapping_claims_does_not_starve_a_pause() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = Instant::now();
-    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')").await.expect("the pause");
+    c.batch_execute("SELECT leader_pause('billing', 'op', 'test')")
+        .await
+        .expect("the pause");
     let took = started.elapsed();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for h in claimers {
         h.await.unwrap();
     }
-    assert!(took < Duration::from_secs(2), "the pause under a stream of claims: {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the pause under a stream of claims: {took:?}"
+    );
 }

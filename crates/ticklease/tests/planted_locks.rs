@@ -325,7 +325,10 @@ mod generation_7 {
         // A claim of the live term still passes under the planted gate.
         let other = logins.login("planted_app2").await;
         claim_and_freeze_with(&other, "leader_fence_v2", "victim", first, 3).await;
-        other.batch_execute("COMMIT").await.expect("a claim under a planted gate commits");
+        other
+            .batch_execute("COMMIT")
+            .await
+            .expect("a claim under a planted gate commits");
         logins
             .owner
             .batch_execute("UPDATE leader_leases SET expires_at = now() WHERE role = 'victim'")
@@ -368,7 +371,8 @@ mod generation_7 {
     }
 
     #[tokio::test]
-    async fn planted_markers_gates_and_prepared_inserts_slow_no_takeover_or_pause_under_an_owner_that_is_no_superuser() {
+    async fn planted_markers_gates_and_prepared_inserts_slow_no_takeover_or_pause_under_an_owner_that_is_no_superuser(
+    ) {
         takeover_and_pause_hold_against_a_login_with_connect_alone(Some("lease_owner")).await;
     }
 }

@@ -195,9 +195,17 @@ async fn the_operator_reads_the_timeline_the_status_page_shows_but_no_lease_colu
 /// but the owner has: only the fence locks the row for a claim.
 #[tokio::test]
 async fn the_fence_of_generation_7_is_the_app_roles_and_its_salts_and_secret_are_no_one_elses() {
-    for (group, fence_allowed) in [(Some("ticklease_app"), true), (Some("ticklease_operator"), false), (None, false)] {
+    for (group, fence_allowed) in [
+        (Some("ticklease_app"), true),
+        (Some("ticklease_operator"), false),
+        (None, false),
+    ] {
         let (owner, login) = db_with_user(&MigrateOptions::default(), group).await;
-        allowed(&connect(&owner).await.unwrap(), "SELECT leader_seed(ARRAY['billing'])").await;
+        allowed(
+            &connect(&owner).await.unwrap(),
+            "SELECT leader_seed(ARRAY['billing'])",
+        )
+        .await;
         let client = connect(&login).await.unwrap();
         if fence_allowed {
             allowed(&client, "SELECT leader_fence_v2('billing', 1)").await;

@@ -587,7 +587,10 @@ async fn claims_of_either_fence_in_flight_across_migrate_commit_only_inside_thei
         waited.contains("0013") && waited.contains("upgrade_app12"),
         "{waited}"
     );
-    app_client.batch_execute("COMMIT").await.expect("the old claim commits in its live term");
+    app_client
+        .batch_execute("COMMIT")
+        .await
+        .expect("the old claim commits in its live term");
     let report = ticklease::migrate(&mut client).await.unwrap();
     assert_eq!(report.applied, [13]);
     let salted: bool = scalar(
@@ -597,13 +600,20 @@ async fn claims_of_either_fence_in_flight_across_migrate_commit_only_inside_thei
     .await;
     assert!(salted, "the term live at 0013 got its salt");
 
-    app_client.batch_execute(&claim("leader_fence_v2", 2)).await.unwrap();
+    app_client
+        .batch_execute(&claim("leader_fence_v2", 2))
+        .await
+        .unwrap();
     client
         .batch_execute(&format!("UPDATE {DEFINITIONS_TABLE} SET checksum = 'older'"))
         .await
         .unwrap();
     let again = ticklease::migrate(&mut client).await.unwrap();
-    assert_eq!(again.definitions.len(), DEFINITIONS.len(), "every definition applied again");
+    assert_eq!(
+        again.definitions.len(),
+        DEFINITIONS.len(),
+        "every definition applied again"
+    );
     client
         .batch_execute("UPDATE leader_leases SET expires_at = now() WHERE role = 'billing'")
         .await
@@ -615,7 +625,10 @@ async fn claims_of_either_fence_in_flight_across_migrate_commit_only_inside_thei
     )
     .await;
     assert!(taken.is_some_and(|t| t > token), "the takeover drained the claim");
-    assert!(app_client.batch_execute("COMMIT").await.is_err(), "its backend was ended");
+    assert!(
+        app_client.batch_execute("COMMIT").await.is_err(),
+        "its backend was ended"
+    );
     let claimed: Vec<Option<i64>> = client
         .query("SELECT claimed_by FROM jobs ORDER BY id", &[])
         .await
