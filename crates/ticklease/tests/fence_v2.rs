@@ -295,8 +295,13 @@ async fn a_claim_in_a_released_savepoint_is_found_and_ended_by_a_takeover() {
         .await
         .unwrap();
     assert!(claim(&claimer, "billing", t1, 1).await.unwrap());
+    // Its savepoints' xids: one released (its lock gone), one still open
+    // (its lock newer than the transaction's own): the top-level xid decides.
     claimer
-        .batch_execute("RELEASE SAVEPOINT b; RELEASE SAVEPOINT a")
+        .batch_execute(
+            "RELEASE SAVEPOINT b; RELEASE SAVEPOINT a;
+             SAVEPOINT c; UPDATE jobs SET claimed_by = NULL WHERE id = 5",
+        )
         .await
         .unwrap();
     db.wait_expired("billing").await;
@@ -332,18 +337,21 @@ async fn a_claim_rolled_back_to_its_savepoint_holds_nothing() {
     assert_eq!(db.claimed_by(1).await, None);
 }
 
+/// While a pause drains a live term, a new claim of that term waits at the
+/// gate (row locks are not queued fairly: without it the claim would pass
+/// and overtake the pause's FOR UPDATE) and then claims nothing.
 #[tokio::test]
 async fn a_new_claim_of_a_term_being_drained_waits_at_the_gate_and_claims_nothing() {
     let db = setup().await;
-    let taker = db.session().await;
-    let t1 = acquire(&taker, "billing", "a", 300).await.unwrap();
-    let first = open_claim(&db, "billing", t1, 1).await;
-    db.wait_expired("billing").await;
-    // The term is over but nothing ended it: a late claim still passes.
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let first = open_claim(&db, "billing", t, 1).await;
     let late = db.session().await;
-    late.batch_execute("SET statement_timeout = '10s'").await.unwrap();
     let gate: i32 = scalar(&db.owner, "SELECT leader_role_hash('billing', 4)").await;
-    let takeover = tokio::spawn(async move { acquire(&taker, "billing", "b", 30_000).await });
+    let pause = tokio::spawn(async move {
+        c.batch_execute("SELECT leader_pause('billing', 'op', 'gate')")
+            .await
+    });
     // The drain holds the gate while it waits for the first claim.
     let until = Instant::now() + Duration::from_secs(5);
     loop {
@@ -366,11 +374,11 @@ async fn a_new_claim_of_a_term_being_drained_waits_at_the_gate_and_claims_nothin
     }
     late.batch_execute("BEGIN").await.unwrap();
     assert!(
-        !claim(&late, "billing", t1, 2).await.unwrap(),
+        !claim(&late, "billing", t, 2).await.unwrap(),
         "a claim that came while the term was drained"
     );
     late.batch_execute("COMMIT").await.unwrap();
-    takeover.await.unwrap().expect("the takeover");
+    pause.await.unwrap().expect("the pause");
     assert!(first.batch_execute("COMMIT").await.is_err());
     assert_eq!(db.claimed_by(1).await, None);
     assert_eq!(db.claimed_by(2).await, None);
@@ -476,11 +484,20 @@ async fn a_drain_leaves_the_callers_lock_timeout_as_it_was() {
     c.batch_execute("BEGIN; SET LOCAL lock_timeout = '7s'")
         .await
         .unwrap();
+    // The claim ends within the grace: the drain's wait for it succeeds
+    // (a wait that times out would undo its own setting with its block).
+    let ending = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        claimer.batch_execute("COMMIT").await
+    });
     acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
     let after: String = scalar(&c, "SHOW lock_timeout").await;
     c.batch_execute("COMMIT").await.unwrap();
     assert_eq!(after, "7s");
-    drop(claimer);
+    ending
+        .await
+        .unwrap()
+        .expect("the claim committed within the grace");
 }
 
 #[tokio::test]
