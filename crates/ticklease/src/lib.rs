@@ -76,7 +76,8 @@
 //! | PAUSE / UNPAUSE | the role | `leader_pause` clears the holder and sets `paused_*` in one statement, and makes the next term wait (`not_before`) for the ended term's lease unless its holder RELEASEs it first (guarantee 6); `leader_unpause` clears `paused_*` and leaves `not_before` alone |
 //!
 //! The expiry predicate lives in one SQL function, `leader_lease_live`; the
-//! fence and its commit check ask it (token and expiry, nothing else).
+//! fence asks it (token and expiry, nothing else), and so does the
+//! generation-6 fence's commit check.
 //! A term is **live** (`leader_term_live`, asked by ACQUIRE under the row lock
 //! and by `leader_status`) while its lease has not run out **and** its
 //! holder's coordination key, if it recorded one, is held by some session of
@@ -264,87 +265,132 @@
 //!    `tls::FOREIGN_OPTIONS`); any other unknown option is refused by name.
 //! 2. **A superseded leader claims nothing.** A claim statement carrying
 //!    [`Fence::predicate`] returns 0 rows unless its term is live and unpaused
-//!    when the fence executes: `(SELECT leader_fence(role, token))` is an
+//!    when the fence executes: `(SELECT leader_fence_v2(role, token))` is an
 //!    uncorrelated scalar subquery, so it runs once per statement, and it
 //!    reads `clock_timestamp()` — not `now()` (frozen at `BEGIN`) nor
 //!    `statement_timestamp()` (the arrival of the client's message, which in a
 //!    multi-statement message or a `DO` block can be long before).
-//! 3. **A claim commits only inside its term.** When the fence passes it
-//!    registers the transaction, and a deferred constraint trigger checks the
-//!    term again at COMMIT under `FOR KEY SHARE`: if the term ended (expired,
-//!    taken over, released or paused) the COMMIT fails with
-//!    `serialization_failure` and the claim is rolled back. The share lock is
-//!    held only from that check to the end of the commit; a takeover
-//!    (ACQUIRE's `ON CONFLICT DO UPDATE` names the key column, so it locks
-//!    `FOR UPDATE`) waits only for a commit in progress. So a claimer that
-//!    froze inside its transaction (idle, or stuck in a statement) delays
-//!    neither takeover nor pause: the bounds of 5 and 6 hold whatever the
-//!    claimer's client does. The fence never cuts a transaction of a live
-//!    term (a slow claim renewed throughout commits). It tries (never waits
-//!    for: any login could queue an exclusive lock on a key it sees) two
-//!    shared advisory locks of its term (two-key form: two independent
-//!    hashes of the schema and role, each with the token's low 32 bits),
-//!    held to the transaction's end and visible in `pg_locks`. The ACQUIRE
-//!    that takes over a term never released, and a pause, end the backends
-//!    holding both locks of a term that is over, and the `ROW EXCLUSIVE`
-//!    lock on `leader_fence_claims` that the fence's insert takes
-//!    (`leader_fence_sweep`, inside their statement): a frozen claimer's rows
-//!    are free when its term is taken over, that is within the takeover
-//!    bound of 5. Its work is one read of the lock table (at most
+//! 3. **A claim commits only inside its term.** When the fence passes
+//!    (`leader_fence_v2`, definitions generation 7), the transaction holds
+//!    the role's lease row `FOR KEY SHARE` until it ends. Every statement
+//!    that ends a term (the ACQUIRE that takes over a term never released,
+//!    `leader_pause`, RELEASE, `leader_forget`) locks that row `FOR UPDATE`
+//!    before it commits, and Postgres makes `FOR UPDATE` wait for every
+//!    `FOR KEY SHARE` holder. So no claim commits after a later term, a
+//!    pause or a RELEASE of its term committed, and claims commit in token
+//!    order. What Postgres decides here: the conflict between the two row
+//!    locks; that a READ COMMITTED `FOR KEY SHARE` which waited for an ender
+//!    re-reads the row's newest version and finds the term over; that a
+//!    RENEW (a no-key update) does not conflict with a claim's lock, which
+//!    Postgres carries over to the renewed row version. There is no check at
+//!    COMMIT: **a claim whose lease ran out while nothing ended its term
+//!    commits** (no later term can start before it ended: the takeover waits
+//!    for it at most a grace, then ends it). RENEW never waits for claims, so a slow claim of
+//!    a renewed term commits; a live term's transaction is cut only by a
+//!    pause or its own term's RELEASE. Keep fenced transactions inside their
+//!    term all the same: a takeover ends them.
+//!
+//!    **The drain** (`leader_fence_drain`, inside the ender's statement).
+//!    An ender waits for the claims holding the row at most a grace G
+//!    (200 ms, or a quarter of the ender's server-side `statement_timeout`
+//!    when that is shorter), then ends their backends
+//!    (`pg_terminate_backend`), at most three rounds; a row still held after
+//!    the third fails the statement with `lock_not_available` (55P03), and
+//!    the term goes on. Bounds: a takeover of a term whose claimer froze
+//!    (its client stopped, its link cut, a statement stuck) comes at most G
+//!    plus the ended backend's abort after the expiry (the bound of 5 grows
+//!    by that); a pause and a RELEASE return within G plus the abort; an
+//!    ender waits at most 3 G for claims in all. A claim that ends within G
+//!    is waited for and commits first. These bounds rely on the schema
+//!    owner's right to end backends (a superuser, or a member of
+//!    `pg_signal_backend`, which cannot end a superuser's) and on the ended
+//!    backend exiting: a claimer the owner may not end, a server process
+//!    that does not take the signal (stopped, stuck in the kernel) and a
+//!    prepared transaction (no backend) hold the row through the three
+//!    rounds, and the ender fails with 55P03 until an operator acts (the
+//!    runbook's "A claim that holds its lease row"). Its work besides the
+//!    waits is at most one read of the lock table per round (at most
 //!    `max_locks_per_transaction` × `max_connections` rows, whatever any
-//!    login holds: measured 28 ms with 20,000 locks) and one signal per
-//!    claimer found, at most one per connection slot. Fence keys planted by
-//!    any login are not taken for claimers without that table lock
-//!    (`tests/planted_locks.rs`: 100 planted pairs and 20,000 more locks;
-//!    takeover and pause within the statement timeout, 50–75 ms, no planted
-//!    session ended, the frozen claimer's session ended). Known gap:
-//!    Postgres takes that table lock while it parses a statement, before it
-//!    checks privileges, so a login with CONNECT alone that prepares an
-//!    insert into the table in an open transaction passes as a claimer: its
-//!    planted sessions are ended (with an owner that may end them), each at
-//!    a cost (measured: 150 such sessions slowed a pause to 1.1 s; `REVOKE
-//!    USAGE` on the schema closes it). No lock a fenced transaction keeps is
-//!    out of such a login's reach: an index's lock, which only a statement
-//!    that passed its privilege check takes, is given back at the
-//!    statement's end (tried and withdrawn in issue 32).
-//!    A login can also hide a live term's later claims from the sweep by
-//!    holding or queueing an exclusive lock on the term's key (below). Over means a newer
-//!    token, a release or a pause, read from the lease row (never from the
-//!    caller, so no caller can aim it at a live term; an expired term that
-//!    no one took over may still be renewed, so it is not over); another role
-//!    is mistaken for this one only if both 32-bit hashes collide. What it
-//!    relies on, and where it falls short: the schema owner's right to end
-//!    backends (a superuser, or a member of `pg_signal_backend`; without it
-//!    other logins' backends are skipped); a fence whose tried lock was not
-//!    granted (any login can queue for a key it sees in `pg_locks`) leaves
-//!    its transaction invisible to the sweep; a transaction left open after
-//!    its own holder's RELEASE is ended by no sweep until the next takeover
-//!    or pause; if the ACQUIRE's or pause's own transaction rolls back after
-//!    the sweep, the claims it ended were of a term that goes on. In every
-//!    such case the claimer's rows stay locked until its client moves, and
-//!    its COMMIT fails. Each backend found is ended right after the one
-//!    read (no second look: it would take as long as the window it closes),
-//!    so a pooled backend that finished the claim and began another
-//!    client's transaction within those microseconds is ended too. A
-//!    transaction that outlives its term without a takeover fails its
-//!    COMMIT: keep fenced transactions inside their term.
-//!    The fence refuses (`feature_not_supported`) what would skip or stretch
-//!    that check: REPEATABLE READ and SERIALIZABLE (their snapshot may predate
-//!    a pause), `SET CONSTRAINTS … IMMEDIATE` (before or after the fence, at
-//!    the top level or from a function or `DO` block), and `PREPARE
-//!    TRANSACTION`, decided without reading query text. It relies on two
-//!    Postgres facts: a deferred trigger event queued while deferred events
-//!    fire at COMMIT fires at trigger depth 1, after its parent returned,
-//!    while under `IMMEDIATE` it fires inside its parent (the check queues
-//!    such a probe and refuses at depth 2); and Postgres refuses to prepare a
-//!    transaction that exported a snapshot (the check exports one where
-//!    `max_prepared_transactions` is not 0). An early firing caught in a
-//!    savepoint is undone with it, and the check runs again at COMMIT. Its
-//!    check fires first among deferred triggers; the application's own
-//!    deferred triggers, and a synchronous-replication commit wait, then run
-//!    under the share lock and delay a takeover by their length. The fence
-//!    writes (one row of an UNLOGGED table, deleted at commit), so a fenced
-//!    statement needs a read-write transaction and is given an xid.
+//!    login holds).
+//!
+//!    **Finding claimers, and what a login can plant.** A fenced
+//!    transaction also takes a shared advisory lock, its marker, whose key
+//!    is 32 bits of SHA-256 of the term's `fence_salt` (64 random bits
+//!    written by the ACQUIRE that started the term) and the transaction's
+//!    top-level id; the drain ends only backends that hold the marker
+//!    computed from their own oldest transaction id. A login that cannot
+//!    read `leader_leases` (CONNECT alone, or USAGE on the schema) or only
+//!    its `role` column (the operator role) cannot compute a marker, and a
+//!    key copied from `pg_locks` names another backend's transaction: such a
+//!    login can make the drain neither end one of its backends nor miss a
+//!    claimer, and it can neither lock the lease row nor wait on it (row
+//!    locks need UPDATE, which no login but the owner, or a superuser, has).
+//!    No `REVOKE USAGE`
+//!    is needed for the drain (`tests/planted_locks.rs`: 300 such backends
+//!    with prepared inserts into the lease table, copied markers, planted
+//!    gates and 20,000 more locks; takeover and pause within the statement
+//!    timeout, no planted backend ended, the claimers ended, with a
+//!    superuser owner and with one that is none). Postgres does not queue
+//!    row locks fairly, so a drain also holds the term's **gate**, an
+//!    exclusive advisory lock that each fence tries shared and lets go at
+//!    once: a new claim of a term being ended waits for the ender and then
+//!    claims nothing. The gate's key is public (a hash of the schema and role,
+//!    and the token), so any login can plant it: a fence that cannot try it
+//!    then reads the row `FOR SHARE` in a subtransaction instead (a
+//!    subtransaction and a transaction id per fence while it is planted),
+//!    and a drain that cannot take it waits 1 ms instead of G in its first
+//!    round.
+//!
+//!    **What the fence refuses**, decided without reading query text:
+//!    REPEATABLE READ and SERIALIZABLE (`feature_not_supported`: their
+//!    snapshot may predate a pause), a read-only transaction
+//!    (`read_only_sql_transaction`: the row lock is a write), and, where
+//!    `max_prepared_transactions` is not 0, `PREPARE TRANSACTION`: a
+//!    prepared claim would hold the row with no backend to end. The fence
+//!    takes a session-level and a transaction-level advisory lock on one key
+//!    of its backend (derived from a secret only the owner reads, and the
+//!    pid), and Postgres refuses to prepare a transaction holding both
+//!    (`feature_not_supported`); if another backend holds that key, the
+//!    fence exports a snapshot instead, which Postgres also refuses to
+//!    prepare (and which fails inside a savepoint). `SET CONSTRAINTS …
+//!    IMMEDIATE` has nothing left to bypass and is accepted. A fence in a
+//!    savepoint rolled back holds nothing afterwards; one in a released
+//!    savepoint keeps its lock and marker, and the drain finds it.
+//!
+//!    **What an application login can still do** (a member of the app
+//!    role): hold the row as long as it likes (a fenced transaction left
+//!    open), which delays each ender by G per round and then costs it its
+//!    backend; PREPARE a fenced transaction after
+//!    `pg_advisory_unlock_all()` in it (where prepared transactions are
+//!    enabled), which holds the role's takeovers,
+//!    pauses and RELEASEs (55P03 after three rounds) until an operator runs
+//!    `ROLLBACK PREPARED` (monitor `pg_prepared_xacts`); read the salts, and
+//!    so fail another transaction's fence with 55P03 by holding both of its
+//!    marker keys; and, as before, end any term whose token it reads.
+//!
+//!    **Costs.** Each fence writes a row-lock WAL record, and claims of one
+//!    role that overlap create multixacts (0.38–0.47 per one-row claim at
+//!    4 clients, none at 1, in `docs/benchmarks/fence-cost.md`): monitor
+//!    `mxid_age(datminmxid)` (the runbook's "Multixacts"). The same
+//!    document has the throughput figures. A
+//!    synchronous-replication commit wait, and the application's own
+//!    deferred triggers, run while the claim holds the row and delay an
+//!    ender by their length.
+//!
+//!    **The generation-6 fence.** `leader_fence`, which builds before
+//!    generation 7 call, stays unchanged beside it: a commit check that
+//!    fails the COMMIT with `serialization_failure` once the term ended,
+//!    refuses `SET CONSTRAINTS … IMMEDIATE`, and whose claimers a takeover
+//!    and a pause still end (`leader_fence_sweep`). That sweep keeps its
+//!    known gap: Postgres grants a table lock while parsing, before it
+//!    checks privileges, so a login with CONNECT alone and USAGE on the
+//!    schema can hold the `ROW EXCLUSIVE` lock on `leader_fence_claims` the
+//!    sweep filters by, and with an ended term's two keys passes as a
+//!    generation-6 claimer: its own backends are ended, at a cost to the
+//!    ender's time (`REVOKE USAGE` on the schema closes it). This build's
+//!    fence needs definitions generation 7 or later: on an older database
+//!    the store refuses to start ([`StoreError::NotMigrated`], "run
+//!    `ticklease migrate`").
 //! 4. **A leader stops before its lease can expire.** The work is cancelled
 //!    and dropped at most A after the last acknowledged beat was sent, and no
 //!    RENEW starts after that instant (a RENEW in flight is cut there), while
@@ -357,7 +403,9 @@
 //!    bound to return (to see what it started outside stopped) before it is
 //!    dropped and the term RELEASEd, and the lease is not renewed meanwhile.
 //! 5. **A dead leader is replaced.** Its role is acquirable at most T after its
-//!    last acknowledged RENEW. A follower wakes when the database said the
+//!    last acknowledged RENEW; a fenced transaction it left open delays the
+//!    takeover by at most the grace G plus that backend's abort (guarantee 3,
+//!    the drain). A follower wakes when the database said the
 //!    term runs out (the expiry as of its last ACQUIRE, measured from the
 //!    answer's arrival, so never early) and so leads it within T (+ one
 //!    statement) of the holder's last RENEW, whatever P is. With a
@@ -367,10 +415,15 @@
 //!    ACQUIRE takes over (see Coordination for the measured bound). A clean
 //!    shutdown releases at once; followers hear it at once with a
 //!    coordination session, within P without.
-//! 6. **Pause is prompt.** `leader_pause` marks the row (a lock no claim
-//!    holds, so it never waits for one) and then waits only for claims inside
-//!    their COMMIT. When it returns, the fence and every commit check fail and
-//!    ACQUIRE is refused on every replica. With a coordination session the
+//! 6. **Pause is prompt.** `leader_pause` drains the term (guarantee 3): it
+//!    waits for the claims in flight at most the grace G (200 ms by
+//!    default), ends their backends, and marks the row, within G plus the
+//!    ended backends' abort; it fails with `lock_not_available` (55P03),
+//!    pausing nothing, only when a claimer's backend cannot be ended (a
+//!    prepared transaction, a server process that takes no signal, an owner
+//!    without the right to end it). When it returns, the term's fence fails,
+//!    no claim of it is left to commit, and ACQUIRE is refused on every
+//!    replica. With a coordination session the
 //!    holder hears of a pause made through the library or `ticklease pause`
 //!    (which notify after it committed) and renews at once; otherwise its next
 //!    RENEW (within H, or H/2 after a missed beat) does. That RENEW is not
@@ -401,13 +454,17 @@
 //! The application role (default `ticklease_app`) may SELECT `leader_leases`
 //! and write it only through SECURITY DEFINER functions: `leader_acquire_v2`
 //! (which must recreate a missing row: the spec denies the app INSERT),
-//! `leader_renew_v2`, `leader_release`, `leader_seed`, and the fence. It cannot
+//! `leader_renew_v2`, `leader_release`, `leader_seed`, and the fences. It cannot
 //! set an expiry other than `now() + lease_ttl` (1 ms ..= 24 h), end a term
 //! but through RENEW's and RELEASE's `(role, token)` match, or clear a
 //! cooldown. It can RENEW or RELEASE any term whose token it reads (tokens
 //! are in `leader_leases`, which it reads): that keeps a term alive or ends
 //! it early, as a bug of the holder's own could, and never makes two terms
-//! live at once or lets a superseded leader pass the fence. Pause
+//! live at once or lets a superseded leader pass the fence. It reads the
+//! terms' fence salts (`fence_salt`), and holds the lease row only through
+//! the fence: what that lets it do (hold enders up G per round, PREPARE
+//! after `pg_advisory_unlock_all()`, fail another transaction's fence by
+//! holding its marker keys) is under guarantee 3. Pause
 //! attribution (`paused_by`) is free text the caller gives, not an
 //! authenticated identity; the history also records the session's login
 //! user for unpause and run-now. The owner (or a superuser) cannot
@@ -417,10 +474,18 @@
 //! row's lock. The operator role
 //! (default `ticklease_operator`) can only call `leader_pause`,
 //! `leader_unpause`, `leader_run_now`, `leader_forget` (an idle, unpaused
-//! role) and `leader_fence_sweep`, and read `leader_status`. The sweep, also
-//! the app role's, ends only backends inside a term that is over (their
-//! COMMIT would fail anyway), whoever calls it. Neither owns
-//! anything, nor can DELETE, TRUNCATE or alter the table. Every definer
+//! role) and `leader_fence_sweep`, and read `leader_status` and the `role`
+//! column of `leader_leases` (not the salts). The sweep, also the app
+//! role's, ends only backends inside a generation-6 fenced transaction of a
+//! term that is over (their COMMIT would fail anyway), whoever calls it.
+//! Neither owns anything, nor can DELETE, TRUNCATE, lock a row of or alter
+//! the table (row locks need UPDATE, which only the owner has), nor read
+//! `leader_fence_secret`, the owner's secret the PREPARE guard's keys come
+//! from. A login with CONNECT alone (or USAGE on the schema) can see
+//! `pg_locks` and hold advisory locks and the table locks Postgres grants
+//! while parsing: none of that delays or misleads the drain (guarantee 3).
+//! The drain ends claimers with the owner's rights: make the owner a
+//! superuser or a member of `pg_signal_backend`. Every definer
 //! function is owned by the migrating role, pins `search_path = pg_catalog,
 //! <schema>, pg_temp` (`pg_temp` last, or a caller's temporary table would
 //! shadow ours inside the owner's rights) and names its relations
@@ -431,8 +496,9 @@
 //! so roll the new build out right after migrating.
 //!
 //! **Model-checked.** `crates/ticklease-model` states this protocol as an
-//! executable model (ACQUIRE, RENEW answered or not, RELEASE, the fence and
-//! its commit check as two steps, pause, freezes, deaths, coordination
+//! executable model (ACQUIRE, RENEW answered or not, RELEASE, both fences:
+//! the lock at the fence with its drain, and the generation-6 fence and its
+//! commit check as two steps; pause, freezes, deaths, coordination
 //! sessions that drop, a promotion that loses the last commits) and checks
 //! exhaustively, for two replicas over four ticks (one clock a tick slow)
 //! and three over three, that
@@ -441,7 +507,9 @@
 //! holder's role and a pause are acted on before the clock moves on. Each
 //! property has a planted defect (no token bump, a lock-free fence, a RENEW
 //! that revives a taken-over term, `token + 1` without the clock, a key
-//! takeover under the old token, …) that the checker must catch, and walks
+//! takeover under the old token, an ender whose lock no claim conflicts
+//! with, a drain that ends a live term's claims, no drain, …) that the
+//! checker must catch, and walks
 //! of the model replay against Postgres with the answers it predicts.
 //!
 //! Not guaranteed: effects the work already started (an HTTP call, an email)
@@ -774,9 +842,9 @@
 //! end of a holder's session does not say that the holder stopped.
 //!
 //! **Safety is still the token and the fence.** The key only makes a term
-//! acquirable earlier; the ACQUIRE that takes it over issues a new token
-//! under the row lock (waiting for a claim in its commit), so the old term's
-//! fence and commit check fail from then on, exactly as after an expiry.
+//! acquirable earlier; the ACQUIRE that takes it over drains the old term
+//! (guarantee 3) and issues a new token under the row lock, so the old
+//! term's fence fails from then on, exactly as after an expiry.
 //! Two terms are never live at once. A **false positive** (the holder runs,
 //! but its coordination connection died, e.g. `pg_terminate_backend` or a
 //! cut link that the server's keepalives noticed, about 4 s) costs a
