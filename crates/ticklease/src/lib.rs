@@ -381,13 +381,12 @@
 //!    generation 7 call, stays unchanged beside it: a commit check that
 //!    fails the COMMIT with `serialization_failure` once the term ended,
 //!    refuses `SET CONSTRAINTS … IMMEDIATE`, and whose claimers a takeover
-//!    and a pause still end (`leader_fence_sweep`). That sweep keeps its
-//!    known gap: Postgres grants a table lock while parsing, before it
-//!    checks privileges, so a login with CONNECT alone and USAGE on the
-//!    schema can hold the `ROW EXCLUSIVE` lock on `leader_fence_claims` the
-//!    sweep filters by, and with an ended term's two keys passes as a
-//!    generation-6 claimer: its own backends are ended, at a cost to the
-//!    ender's time (`REVOKE USAGE` on the schema closes it). This build's
+//!    and a pause still end (`leader_fence_sweep`). The sweep's known
+//!    gap is closed: Postgres grants a table lock while parsing,
+//!    before it checks privileges, so a login with CONNECT alone could hold
+//!    the `ROW EXCLUSIVE` lock on `leader_fence_claims` the sweep filters by;
+//!    since generation 7 the sweep also requires a login that may execute
+//!    `leader_fence` (tests/planted_locks.rs). This build's
 //!    fence needs definitions generation 7 or later: on an older database
 //!    the store refuses to start ([`StoreError::NotMigrated`], "run
 //!    `ticklease migrate`").

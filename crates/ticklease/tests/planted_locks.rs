@@ -376,3 +376,38 @@ mod generation_7 {
         takeover_and_pause_hold_against_a_login_with_connect_alone(Some("lease_owner")).await;
     }
 }
+
+/// The generation-6 sweep (still run by takeovers and pauses, for claims
+/// of older clients) took any backend holding the claims table's lock and
+/// a pair of an ended term's keys for a claimer; a login with CONNECT alone
+/// gets that lock by preparing an INSERT. Since generation 7 only a login
+/// that may call `leader_fence` counts.
+#[tokio::test]
+async fn a_prepared_insert_and_planted_keys_of_a_login_with_connect_alone_pass_for_no_generation_6_claimer() {
+    // A cluster of its own: the logins are the cluster's.
+    let cluster = PgCluster::start().unwrap();
+    let logins = Logins::create(&cluster).await;
+    let app1 = logins.login("planted_app1").await;
+    let first = acquire(&app1, "victim", "a", 60_000).await;
+    let key = |which: i32| format!("hashtext('ticklease:{which}:6:public:victim')");
+    let low = (first & 0xffff_ffff) as u32 as i32;
+    let nobody = logins.login("planted_nobody").await;
+    nobody
+        .batch_execute(&format!(
+            "BEGIN; PREPARE planted AS INSERT INTO leader_fence_claims VALUES (NULL, NULL, NULL);
+             SELECT pg_advisory_xact_lock_shared({}, {low}), pg_advisory_xact_lock_shared({}, {low})",
+            key(1),
+            key(2)
+        ))
+        .await
+        .unwrap();
+    let operator = logins.login("planted_operator").await;
+    operator
+        .batch_execute("SELECT leader_pause('victim', 'oncall', 'planted claims lock')")
+        .await
+        .unwrap();
+    nobody
+        .batch_execute("COMMIT")
+        .await
+        .expect("the planted backend was not ended");
+}

@@ -211,11 +211,16 @@ impl Hosts {
         self
     }
 
-    /// Notes that a connection was lost or could not be made: the start of
-    /// an outage, unless one is under way.
-    fn trouble(&self, since: std::time::Instant) {
+    /// Notes that a connection to host `i` was lost or could not be made:
+    /// the start of an outage, unless one is under way or `i` is no longer
+    /// the host last used (a pass begun before another reached a new host:
+    /// the outage it belongs to has ended, and was told).
+    fn trouble(&self, since: std::time::Instant, i: usize) {
         let mut outage = self.outage.lock().expect("outage");
-        if outage.is_none() && self.connected.load(Ordering::Relaxed) {
+        if outage.is_none()
+            && self.connected.load(Ordering::Relaxed)
+            && self.last_good.load(Ordering::Relaxed) == i
+        {
             *outage = Some(since);
             self.outage_began.notify_one();
         }
@@ -225,6 +230,13 @@ impl Hosts {
     /// URL, a host on an older timeline than another host was seen writable
     /// on is passed over (see `connect/timeline.rs`).
     pub async fn connect(&self) -> Result<(Client, Connection<Socket, PgTlsStream>), HostsError> {
+        self.connect_host()
+            .await
+            .map(|(_, client, connection)| (client, connection))
+    }
+
+    /// As [`Hosts::connect`], with the index of the host reached.
+    async fn connect_host(&self) -> Result<(usize, Client, Connection<Socket, PgTlsStream>), HostsError> {
         // The first connections of a multi-host URL know no timelines yet:
         // every host is asked first, so none starts on a superseded server.
         if self.hosts.len() > 1 {
@@ -238,12 +250,12 @@ impl Hosts {
             let started = std::time::Instant::now();
             let attempt = tokio::time::timeout(self.per_host, self.attempt(i)).await;
             if i == first && !matches!(attempt, Ok(Ok(Attempt::Current(..)))) {
-                self.trouble(started);
+                self.trouble(started, first);
             }
             match attempt {
                 Ok(Ok(Attempt::Current(client, connection, _))) => {
                     self.connected_to(i);
-                    return Ok((client, *connection));
+                    return Ok((i, client, *connection));
                 }
                 Ok(Ok(Attempt::Superseded { by, timeline })) => {
                     failed = Some(HostsError::Superseded { by, timeline });
@@ -317,8 +329,12 @@ impl Hosts {
     /// long it lasted (a failover's other lines are at debug).
     fn connected_to(&self, i: usize) {
         self.timelines.used(i);
-        let outage = self.outage.lock().expect("outage").take();
-        let before = self.last_good.swap(i, Ordering::Relaxed);
+        // Under the outage's lock: a failure on the host left either comes
+        // before the take (and this ends its outage) or sees the new host.
+        let (outage, before) = {
+            let mut outage = self.outage.lock().expect("outage");
+            (outage.take(), self.last_good.swap(i, Ordering::Relaxed))
+        };
         let changed = self.connected.swap(true, Ordering::Relaxed) && before != i;
         if changed {
             self.changes.fetch_add(1, Ordering::Relaxed);
@@ -516,14 +532,14 @@ impl deadpool_postgres::Connect for PoolConnect {
     {
         Box::pin(async move {
             loop {
-                match self.0.connect().await {
-                    Ok((client, connection)) => {
+                match self.0.connect_host().await {
+                    Ok((i, client, connection)) => {
                         let hosts = self.0.clone();
-                        let server = hosts.current().map(Server::to_string).unwrap_or_default();
+                        let server = hosts.servers[i].to_string();
                         let task = tokio::spawn(async move {
                             if let Err(error) = connection.await {
                                 hosts.lost.fetch_add(1, Ordering::Relaxed);
-                                hosts.trouble(std::time::Instant::now());
+                                hosts.trouble(std::time::Instant::now(), i);
                                 // Counted; the reconnection's one line tells the outage.
                                 tracing::debug!(%server, error = &error as &dyn std::error::Error,
                                     "a database connection was lost; the next statement connects again");
@@ -658,6 +674,23 @@ mod tests {
         assert_eq!(
             b.get_target_session_attrs(),
             tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+    }
+
+    #[test]
+    fn a_failure_on_the_host_left_begins_no_outage_once_another_was_reached() {
+        let hosts = Hosts::new(&"host=left,reached".parse().unwrap(), Duration::from_secs(2));
+        hosts.connected_to(0);
+        let pass_began = std::time::Instant::now();
+        hosts.trouble(pass_began, 0); // the old primary stopped
+        hosts.connected_to(1); // the failover's one line
+                               // A pass that began on host 0 before the switch hears its refusal now.
+        hosts.trouble(pass_began, 0);
+        assert!(hosts.outage.lock().unwrap().is_none(), "no second outage");
+        hosts.trouble(std::time::Instant::now(), 1);
+        assert!(
+            hosts.outage.lock().unwrap().is_some(),
+            "a failure on the host in use is one"
         );
     }
 

@@ -36,9 +36,9 @@ AS $fn$
     -- INSERT takes. Pairs planted on the keys alone are never found. The
     -- table lock is a filter, not a proof: Postgres takes it while parsing,
     -- before it checks privileges, so a login with USAGE on the schema can
-    -- hold it (a PREPAREd INSERT in an open transaction) and is then found
-    -- and ended like a claimer (crate docs, guarantee 3: the known gap and
-    -- its workaround, REVOKE USAGE on the schema from logins that need none).
+    -- hold it (a PREPAREd INSERT in an open transaction). Since generation 7
+    -- a backend counts only when its login may execute leader_fence, so
+    -- such a login is never taken for a claimer.
     -- The lock table's rows are narrowed to the claimers' first (few: one
     -- per fenced transaction) and only then matched to the roles' hashes, so
     -- the work past the one read grows with the claimers, not the locks.
@@ -53,7 +53,14 @@ AS $fn$
                     AND k.relation = (SELECT pg_catalog.format('%I.leader_fence_claims', @schema_text@)::regclass)))
     ),
     claimers AS MATERIALIZED (
-        SELECT DISTINCT c.pid FROM locks AS c WHERE c.locktype = 'relation'
+        -- Generation 7: and only a backend whose login may call the fence
+        -- (the table lock alone is granted to any login with USAGE).
+        SELECT DISTINCT c.pid
+          FROM locks AS c
+          JOIN pg_catalog.pg_stat_activity AS a ON a.pid = c.pid
+         WHERE c.locktype = 'relation'
+           AND pg_catalog.has_function_privilege(a.usesysid,
+                   pg_catalog.format('%I.leader_fence(text, bigint)', @schema_text@)::regprocedure, 'EXECUTE')
     ),
     pairs AS MATERIALIZED (
         SELECT k.pid, k.classid, k.objid
@@ -477,7 +484,8 @@ AS $fn$
 -- are ended (leader_fence_claimers), with the owner's rights: a superuser,
 -- or a member of pg_signal_backend. A row still held after three rounds
 -- (a backend that cannot be signalled) fails the statement with 55P03,
--- having ended nothing: the caller's statement is rolled back.
+-- its caller's statement rolled back (backends ended in earlier rounds
+-- stay ended).
 DECLARE
     chosen text[];
     salts bigint[];
