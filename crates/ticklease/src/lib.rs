@@ -331,15 +331,16 @@
 //!    gates and 20,000 more locks; takeover and pause within the statement
 //!    timeout, no planted backend ended, the claimers ended, with a
 //!    superuser owner and with one that is none). Postgres does not queue
-//!    row locks fairly, so a drain also holds the term's **gate**, an
-//!    exclusive advisory lock that each fence tries shared and lets go at
-//!    once: a new claim of a term being ended waits for the ender and then
-//!    claims nothing. The gate's key is public (a hash of the schema and role,
-//!    and the token), so any login can plant it: a fence that cannot try it
-//!    then reads the row `FOR SHARE` in a subtransaction instead (a
-//!    subtransaction and a transaction id per fence while it is planted),
-//!    and a drain that cannot take it waits 1 ms instead of G in its first
-//!    round.
+//!    row locks fairly, so a drain also holds the term's **gate**, a shared
+//!    advisory lock that each fence tries exclusively and lets go at once: a
+//!    new claim of a term being ended waits for the ender and then claims
+//!    nothing. The gate's key is public (a hash of the schema and role, and
+//!    the token), so any login can plant it, shared or exclusive: a fence
+//!    that cannot take it then reads the row `FOR SHARE` in a subtransaction
+//!    instead (a subtransaction and a transaction id per fence while it is
+//!    planted), and is still held back by a drain. Each round's wait is
+//!    bounded by the clock (`FOR UPDATE NOWAIT` every 2 ms until G), not by
+//!    `lock_timeout`, which begins again whenever the row's lockers change.
 //!
 //!    **What the fence refuses**, decided without reading query text:
 //!    REPEATABLE READ and SERIALIZABLE (`feature_not_supported`: their

@@ -359,7 +359,7 @@ async fn a_new_claim_of_a_term_being_drained_waits_at_the_gate_and_claims_nothin
             .owner
             .query_one(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-                    AND mode = 'ExclusiveLock' AND classid = ($1::int8 & 4294967295)::oid
+                    AND mode = 'ShareLock' AND classid = ($1::int8 & 4294967295)::oid
                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 &[&(gate as i64)],
             )
@@ -638,4 +638,80 @@ async fn a_stream_of_overlapping_claims_does_not_starve_a_pause() {
         took < Duration::from_secs(2),
         "the pause under a stream of claims: {took:?}"
     );
+}
+
+/// Review 8, H1: a login with CONNECT alone holds the term's gate shared
+/// (its key shows in pg_locks), while the application claims from many
+/// connections that come back when one is ended, as a pool's do. The pause
+/// still ends the term within its rounds: the drain's gate is shared, a
+/// fence's try is exclusive, so the plant only sends fences through the
+/// probe, and each round's wait is bounded by the clock.
+#[tokio::test]
+async fn a_gate_planted_shared_under_a_stream_of_returning_claimers_does_not_hold_a_pause() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let (gate, low): (i32, i32) = {
+        let r = db
+            .owner
+            .query_one(
+                "SELECT leader_role_hash('billing', 4), leader_token_low($1)",
+                &[&t],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    let planter = db.login("shared_gate_planter", false).await;
+    planter
+        .query("SELECT pg_advisory_lock_shared($1, $2)", &[&gate, &low])
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut claimers = Vec::new();
+    for i in 0..32 {
+        let config = db.config.clone();
+        let stop = stop.clone();
+        claimers.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // A connection ended by the drain is made again, as a pool does.
+                let Ok(s) = connect(&config).await else { continue };
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if s.batch_execute("BEGIN").await.is_err() {
+                        break;
+                    }
+                    let id = 1 + (i + n as i32) % 10;
+                    if claim(&s, "billing", t, id).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    if s.batch_execute("ROLLBACK").await.is_err() {
+                        break;
+                    }
+                    n += 1;
+                }
+            }
+            n
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let paused = c
+        .batch_execute("SELECT leader_pause('billing', 'op', 'planted')")
+        .await;
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in claimers {
+        h.await.unwrap();
+    }
+    paused.expect("the pause");
+    assert!(
+        took < Duration::from_secs(2),
+        "the pause under a planted gate: {took:?}"
+    );
+    planter
+        .batch_execute("SELECT 1")
+        .await
+        .expect("the planter's backend lives");
 }

@@ -340,15 +340,18 @@ BEGIN
                         current_setting('transaction_isolation')
             USING ERRCODE = 'feature_not_supported';
     END IF;
-    -- The gate: a drain that waits for this term's claims holds it, so new
-    -- claims of an ending term do not keep overtaking its FOR UPDATE (row
-    -- locks are not queued fairly). Tried and let go at once. Its key is
-    -- public; when another backend holds it, the probe tells a drain
-    -- (which holds the row FOR NO KEY UPDATE, which FOR SHARE waits for)
-    -- from a planted lock (nothing to wait for), in a subtransaction that
-    -- is rolled back so the FOR SHARE lock goes with it.
-    IF pg_try_advisory_lock_shared(gate, low) THEN
-        PERFORM pg_advisory_unlock_shared(gate, low);
+    -- The gate: a drain that waits for this term's claims holds it shared,
+    -- so new claims of an ending term do not keep overtaking its FOR UPDATE
+    -- (row locks are not queued fairly). A fence tries it exclusively and
+    -- lets go at once. Its key is public: when another backend holds it in
+    -- any mode (a drain, a planted lock, another fence at that instant),
+    -- the probe tells a drain (which holds the row FOR NO KEY UPDATE, which
+    -- FOR SHARE waits for) from anything else (nothing to wait for), in a
+    -- subtransaction rolled back so the FOR SHARE lock goes with it. So a
+    -- planted lock, shared or exclusive, only sends fences through the
+    -- probe; it never lets a claim past a drain (review 8, H1).
+    IF pg_try_advisory_lock(gate, low) THEN
+        PERFORM pg_advisory_unlock(gate, low);
     ELSE
         BEGIN
             PERFORM 1 FROM @schema@.leader_leases AS l
@@ -449,20 +452,28 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_fence_lock_within(p_role text, p_ms integer) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
--- Declared, so the caller's lock_timeout comes back when this returns,
--- whatever set_config did inside (an ACQUIRE called in an application's
--- transaction must not leave the grace behind).
-SET lock_timeout = 0
 AS $fn$
--- Locks p_role's lease row FOR UPDATE, waiting at most p_ms: true when it
--- holds the lock (kept by the caller's transaction), false when claims
--- still hold the row.
+-- Locks p_role's lease row FOR UPDATE within p_ms of the clock: true when
+-- it holds the lock (kept by the caller's transaction), false when claims
+-- still hold the row. Tried (NOWAIT) every 2 ms rather than waited for
+-- under lock_timeout: that timeout bounds one wait, and a wait begins
+-- again whenever the row's lockers change, so a stream of claims kept a
+-- drain waiting for as long as it lasted (review 8, H1). The caller's
+-- lock_timeout is never touched.
+DECLARE
+    deadline timestamptz := clock_timestamp() + make_interval(secs => p_ms / 1000.0);
 BEGIN
-    PERFORM set_config('lock_timeout', p_ms::text, true);
-    PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE;
-    RETURN true;
-EXCEPTION WHEN lock_not_available THEN
-    RETURN false;
+    LOOP
+        BEGIN
+            PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE NOWAIT;
+            RETURN true;
+        EXCEPTION WHEN lock_not_available THEN
+            IF clock_timestamp() >= deadline THEN
+                RETURN false;
+            END IF;
+        END;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
 END
 $fn$;
 
@@ -495,7 +506,6 @@ DECLARE
     done text[] := ARRAY[]::text[];
     grace integer := @schema@.leader_fence_grace_ms();
     deadline timestamptz;
-    gated boolean := true;
     i integer;
     round integer := 0;
     claimer integer;
@@ -526,24 +536,20 @@ BEGIN
             RAISE EXCEPTION 'ticklease: the claims of % still hold their lease rows after three rounds of waiting and ending their backends',
                             pending
                 USING ERRCODE = 'lock_not_available',
-                      HINT = 'A backend that cannot be signalled (frozen in the kernel, or a prepared transaction) holds the row; see the runbook.';
+                      HINT = 'A backend this schema''s owner cannot end holds the row: a superuser''s (unless the owner is one), any other login''s without pg_signal_backend, one frozen in the kernel, or a prepared transaction; see the runbook.';
         END IF;
-        -- The gate, held to this transaction's end. A gate another backend
-        -- holds shared (planted: the key is public) stops no claim, so the
-        -- first round waits 1 ms, not the grace, and ends the claimers at
-        -- once; the later rounds wait the grace for their backends to end.
-        -- (One held exclusively stops claims anyway: a fence that cannot
-        -- try the gate waits for this drain's FOR NO KEY UPDATE.)
+        -- The gate, held shared to this transaction's end. Tried: a fence
+        -- holds it exclusively for an instant, a planted lock for longer;
+        -- either way a fence's own try fails, and it waits for this drain.
         IF round = 1 THEN
             FOR i IN 1 .. cardinality(chosen) LOOP
-                IF chosen[i] = ANY (pending)
-                   AND NOT pg_try_advisory_xact_lock(@schema@.leader_role_hash(chosen[i], 4),
-                                                     @schema@.leader_token_low(tokens[i])) THEN
-                    gated := false;
+                IF chosen[i] = ANY (pending) THEN
+                    PERFORM pg_try_advisory_xact_lock_shared(@schema@.leader_role_hash(chosen[i], 4),
+                                                             @schema@.leader_token_low(tokens[i]));
                 END IF;
             END LOOP;
         END IF;
-        deadline := clock_timestamp() + make_interval(secs => CASE WHEN gated OR round > 1 THEN grace ELSE 1 END / 1000.0);
+        deadline := clock_timestamp() + make_interval(secs => grace / 1000.0);
         took := ARRAY[]::text[];
         FOR i IN 1 .. cardinality(pending) LOOP
             IF @schema@.leader_fence_lock_within(pending[i],
