@@ -185,6 +185,15 @@ async fn cmd_migrate(db: Db, roles: RoleNames) -> anyhow::Result<()> {
             ticklease::migrate::DEFINITIONS_GENERATION
         );
     }
+    if let Some(owner) = report.owner_cannot_end_claimers {
+        // Quoted as an identifier, so the GRANT shown runs as it is.
+        let owner = status::escape(&format!("\"{}\"", owner.replace('"', "\"\"")));
+        eprintln!(
+            "warning: the schema owner {owner} is neither a superuser nor a member of pg_signal_backend: \
+             a takeover or pause cannot end a frozen claimer and fails with 55P03 until it ends; \
+             GRANT pg_signal_backend TO {owner}; (docs/runbook.md, \"A claim that holds its lease row\")"
+        );
+    }
     Ok(())
 }
 

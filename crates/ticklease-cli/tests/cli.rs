@@ -534,6 +534,45 @@ async fn migrate_naming_new_roles_on_a_migrated_database_grants_them() {
     assert_eq!(scalar_at(&url, &granted).await, 2, "both roles granted");
 }
 
+/// The drain ends a frozen claimer's backend with the schema owner's
+/// rights: a migrate by an owner that may end none says so, with the GRANT
+/// that fixes it, and says nothing once the owner may.
+#[tokio::test]
+async fn migrate_by_an_owner_who_may_end_no_claimer_warns_with_the_grant_that_fixes_it() {
+    let cluster = PgCluster::shared();
+    let name = cluster.create_database().await.unwrap();
+    let admin: tokio_postgres::Config = cluster.url(&name).parse().unwrap();
+    let admin = ticklease_testkit::connect(&admin).await.unwrap();
+    // Roles are the cluster's: a name of this database's own.
+    let owner = format!("{name}_owner");
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {owner} LOGIN CREATEROLE;
+             ALTER DATABASE \"{name}\" OWNER TO {owner};
+             ALTER SCHEMA public OWNER TO {owner}"
+        ))
+        .await
+        .unwrap();
+    let url = format!("postgres://{owner}@127.0.0.1:{}/{name}", cluster.port());
+    let warned = ticklease(&["migrate", "--database-url", &url]);
+    assert_eq!(warned.status.code(), Some(0), "{}", text(&warned));
+    let grant = format!("GRANT pg_signal_backend TO \"{owner}\";");
+    assert!(
+        String::from_utf8_lossy(&warned.stderr).contains(&grant),
+        "{}",
+        text(&warned)
+    );
+    admin
+        .batch_execute(&format!("GRANT pg_signal_backend TO {owner}"))
+        .await
+        .unwrap();
+    let quiet = ticklease(&["migrate", "--database-url", &url]);
+    assert_eq!(quiet.status.code(), Some(0), "{}", text(&quiet));
+    assert!(!text(&quiet).contains("warning"), "{}", text(&quiet));
+    let superuser = ticklease(&["migrate", "--database-url", &cluster.url(&name)]);
+    assert!(!text(&superuser).contains("warning"), "{}", text(&superuser));
+}
+
 #[tokio::test]
 async fn an_invalid_database_role_name_is_a_usage_error_and_writes_nothing() {
     let cluster = PgCluster::shared();

@@ -219,6 +219,11 @@ pub struct MigrateReport {
     /// The database's definitions generation when it is newer than this
     /// build's: they were left in place (a rolling deploy's older replica).
     pub definitions_newer: Option<i32>,
+    /// The schema owner's name when it is neither a superuser nor a member
+    /// of `pg_signal_backend`: the drain cannot end a frozen claimer, so a
+    /// takeover or pause of its role fails with `55P03` until the claim
+    /// ends (docs/runbook.md, "A claim that holds its lease row").
+    pub owner_cannot_end_claimers: Option<String>,
 }
 
 /// Applies every pending migration in one transaction, granting to the default roles.
@@ -455,11 +460,44 @@ async fn apply(
             Err(e) => return Err(e),
         }
     }
+    if library.is_some() {
+        report.owner_cannot_end_claimers = owner_cannot_end_claimers(&tx)
+            .await
+            .map_err(db("read the owner's rights"))?;
+        if let Some(owner) = &report.owner_cannot_end_claimers {
+            tracing::warn!(
+                %owner,
+                "the schema owner may end no claimer's backend: grant it pg_signal_backend, \
+                 or a takeover or pause of a role whose claimer froze fails with 55P03"
+            );
+        }
+    }
     if !epilogue.is_empty() {
         tx.batch_execute(epilogue).await.map_err(db("grant"))?;
     }
     tx.commit().await.map_err(db("commit"))?;
     Ok(report)
+}
+
+/// The owner of the drain (the schema owner, with whose rights it ends
+/// claimers' backends) when it is neither a superuser nor a member of
+/// `pg_signal_backend`.
+async fn owner_cannot_end_claimers(
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let row = tx
+        .query_typed(
+            "SELECT r.rolname::text,
+                    r.rolsuper OR pg_catalog.pg_has_role(r.oid, 'pg_signal_backend', 'MEMBER')
+               FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_roles AS r ON r.oid = p.proowner
+              WHERE p.oid = 'leader_fence_drain(text[], bigint[], boolean)'::regprocedure",
+            &[],
+        )
+        .await?;
+    let [row] = row.as_slice() else {
+        return Ok(None);
+    };
+    Ok((!row.get::<_, bool>(1)).then(|| row.get(0)))
 }
 
 /// The status view's lock, taken before any migration locks a table: the
