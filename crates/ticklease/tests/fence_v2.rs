@@ -14,6 +14,9 @@ use tokio_postgres::{Client, Config};
 
 use ticklease_testkit::{connect, direct, migrated_db, scalar, PgCluster};
 
+mod fence_common;
+use fence_common::{acquire, claim, wait_expired};
+
 /// The enders' statement timeout here: the grace is then 200 ms.
 const ENDER_TIMEOUT: &str = "SET statement_timeout = '4s'";
 
@@ -67,56 +70,6 @@ impl Db {
             .unwrap()
             .get(0)
     }
-
-    /// Until the role's lease has run out on the database clock.
-    async fn wait_expired(&self, role: &str) {
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            let over: bool = self
-                .owner
-                .query_one(
-                    "SELECT expires_at <= clock_timestamp() FROM leader_leases WHERE role = $1",
-                    &[&role],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if over {
-                return;
-            }
-            assert!(Instant::now() < until, "the lease of {role} never ran out");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-/// ACQUIRE by `holder` with a lease of `ttl_ms`: the token, or why not.
-async fn acquire(c: &Client, role: &str, holder: &str, ttl_ms: i64) -> Result<i64, String> {
-    let row = c
-        .query_typed(
-            "SELECT holder_token, acquired, reason FROM leader_acquire_v2($1, $2, $3, 1, NULL, false)",
-            &[(&role, Type::TEXT), (&holder, Type::TEXT), (&ttl_ms, Type::INT8)],
-        )
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    let row = &row[0];
-    if row.get::<_, bool>(1) {
-        Ok(row.get(0))
-    } else {
-        Err(row.get::<_, Option<String>>(2).unwrap_or_default())
-    }
-}
-
-/// One fenced claim of job `id` in the caller's transaction: whether it claimed.
-async fn claim(c: &Client, role: &str, token: i64, id: i32) -> Result<bool, tokio_postgres::Error> {
-    let rows = c
-        .query_typed(
-            "UPDATE jobs SET claimed_by = $2 WHERE id = $3 AND claimed_by IS NULL
-                 AND (SELECT leader_fence_v2($1, $2)) RETURNING id",
-            &[(&role, Type::TEXT), (&token, Type::INT8), (&id, Type::INT4)],
-        )
-        .await?;
-    Ok(rows.len() == 1)
 }
 
 /// A transaction left open with one claim of job `id` in the term.
@@ -152,7 +105,7 @@ async fn a_live_terms_claim_commits_and_a_superseded_paused_released_or_expired_
     let t = acquire(&c, "dunning", "a", 300).await.unwrap();
     c.batch_execute("BEGIN").await.unwrap();
     assert!(claim(&c, "dunning", t, 2).await.unwrap());
-    db.wait_expired("dunning").await;
+    wait_expired(&db.owner, "dunning").await;
     assert!(!claim(&c, "dunning", t, 3).await.unwrap(), "expired");
     c.batch_execute("COMMIT").await.unwrap();
     assert_eq!(db.claimed_by(1).await, Some(t0));
@@ -166,7 +119,7 @@ async fn a_takeover_waits_the_grace_for_a_claim_in_flight_then_ends_it_and_the_c
     let taker = db.session().await;
     let t1 = acquire(&taker, "billing", "a", 300).await.unwrap();
     let claimer = open_claim(&db, "billing", t1, 1).await;
-    db.wait_expired("billing").await;
+    wait_expired(&db.owner, "billing").await;
     let started = Instant::now();
     let t2 = acquire(&taker, "billing", "b", 30_000)
         .await
@@ -189,7 +142,7 @@ async fn a_claim_that_finishes_within_the_grace_commits_before_the_takeover() {
     let taker = db.session().await;
     let t1 = acquire(&taker, "billing", "a", 300).await.unwrap();
     let claimer = open_claim(&db, "billing", t1, 1).await;
-    db.wait_expired("billing").await;
+    wait_expired(&db.owner, "billing").await;
     let takeover = tokio::spawn(async move { acquire(&taker, "billing", "b", 30_000).await });
     tokio::time::sleep(Duration::from_millis(30)).await;
     claimer
@@ -209,7 +162,7 @@ async fn a_claim_whose_lease_ran_out_commits_when_nothing_ended_its_term() {
     let c = db.session().await;
     let t = acquire(&c, "billing", "a", 300).await.unwrap();
     let claimer = open_claim(&db, "billing", t, 1).await;
-    db.wait_expired("billing").await;
+    wait_expired(&db.owner, "billing").await;
     claimer
         .batch_execute("COMMIT")
         .await
@@ -258,6 +211,52 @@ async fn a_release_ends_the_claims_its_term_left_open() {
     assert_eq!(db.claimed_by(1).await, None);
 }
 
+/// `leader_release_many` drains its terms' claims in flight together, one
+/// grace for the batch: four roles with a claim each, released at once,
+/// take less than four graces (generation 7 drained them one at a time,
+/// one grace per role), and no claim of theirs commits.
+#[tokio::test]
+async fn a_release_of_many_terms_ends_all_their_claims_within_one_drain() {
+    const ROLES: [&str; 4] = ["r1", "r2", "r3", "r4"];
+    let db = setup().await;
+    db.owner
+        .batch_execute("SELECT leader_seed(ARRAY['r1', 'r2', 'r3', 'r4'])")
+        .await
+        .unwrap();
+    let c = db.session().await;
+    let (mut tokens, mut claimers) = (Vec::new(), Vec::new());
+    for (id, role) in (1..).zip(ROLES) {
+        let t = acquire(&c, role, "a", 30_000).await.unwrap();
+        claimers.push(open_claim(&db, role, t, id).await);
+        tokens.push(t);
+    }
+    let roles: Vec<String> = ROLES.iter().map(|r| r.to_string()).collect();
+    let started = Instant::now();
+    let released = c
+        .query_typed(
+            "SELECT count(*) FILTER (WHERE released) FROM leader_release_many($1, $2,
+                 array_fill(true, ARRAY[4]), array_fill(0::bigint, ARRAY[4]),
+                 array_fill('completed'::text, ARRAY[4]), array_fill(NULL::text, ARRAY[4]),
+                 array_fill(NULL::text, ARRAY[4]))",
+            &[(&roles, Type::TEXT_ARRAY), (&tokens, Type::INT8_ARRAY)],
+        )
+        .await
+        .unwrap()[0]
+        .get::<_, i64>(0);
+    let took = started.elapsed();
+    assert_eq!(released, 4);
+    assert!(took >= GRACE && took < GRACE * 4, "{took:?}");
+    for claimer in claimers {
+        assert!(
+            claimer.batch_execute("COMMIT").await.is_err(),
+            "a claimer was ended"
+        );
+    }
+    for id in 1..=4 {
+        assert_eq!(db.claimed_by(id).await, None);
+    }
+}
+
 #[tokio::test]
 async fn a_renew_and_an_acquire_of_a_live_term_never_wait_for_its_claims() {
     let db = setup().await;
@@ -304,7 +303,7 @@ async fn a_claim_in_a_released_savepoint_is_found_and_ended_by_a_takeover() {
         )
         .await
         .unwrap();
-    db.wait_expired("billing").await;
+    wait_expired(&db.owner, "billing").await;
     acquire(&taker, "billing", "b", 30_000)
         .await
         .expect("the takeover");
@@ -411,7 +410,7 @@ async fn a_gate_planted_by_a_login_with_connect_alone_stops_no_claim_and_no_take
         .await
         .expect("a claim under a planted gate commits");
     let claimer = open_claim(&db, "billing", t1, 2).await;
-    db.wait_expired("billing").await;
+    wait_expired(&db.owner, "billing").await;
     let started = Instant::now();
     acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
     assert!(
@@ -462,7 +461,7 @@ async fn markers_planted_or_copied_by_a_login_with_connect_alone_are_never_taken
         ))
         .await
         .unwrap();
-    db.wait_expired("billing").await;
+    wait_expired(&db.owner, "billing").await;
     acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
     assert!(
         claimer.batch_execute("COMMIT").await.is_err(),
@@ -480,7 +479,7 @@ async fn a_drain_leaves_the_callers_lock_timeout_as_it_was() {
     let c = db.session().await;
     let t1 = acquire(&c, "billing", "a", 300).await.unwrap();
     let claimer = open_claim(&db, "billing", t1, 1).await;
-    db.wait_expired("billing").await;
+    wait_expired(&db.owner, "billing").await;
     c.batch_execute("BEGIN; SET LOCAL lock_timeout = '7s'")
         .await
         .unwrap();
@@ -576,7 +575,7 @@ async fn a_takeover_held_by_a_prepared_claim_fails_after_three_rounds_with_lock_
         ))
         .await
         .unwrap();
-    db.wait_expired("billing").await;
+    wait_expired(&db.owner, "billing").await;
     let started = Instant::now();
     let err = acquire(&c, "billing", "b", 30_000)
         .await
@@ -592,6 +591,91 @@ async fn a_takeover_held_by_a_prepared_claim_fails_after_three_rounds_with_lock_
         .await
         .expect("taken over once rolled back");
     assert_eq!(db.claimed_by(1).await, None);
+}
+
+/// A lock on the gate at the drain's first try (a fence's instant, or any
+/// login's for longer) does not leave the drain without it: the drain tries
+/// it again at each try for the row, and holds it from the first that finds
+/// it free (generation 8; generation 7 tried it once per drain). A prepared
+/// claim, which no drain can end, keeps the drain trying for three rounds.
+#[tokio::test]
+async fn a_gate_taken_at_the_drains_first_try_is_held_by_the_drain_once_free() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let r = db
+        .owner
+        .query_one(
+            "SELECT leader_role_hash('billing', 4), leader_token_low($1)",
+            &[&t],
+        )
+        .await
+        .unwrap();
+    let (gate, low): (i32, i32) = (r.get(0), r.get(1));
+    let claimer = open_claim(&db, "billing", t, 1).await;
+    let gid = format!("gated_{t}");
+    claimer
+        .batch_execute(&format!(
+            "SELECT pg_advisory_unlock_all(); PREPARE TRANSACTION '{gid}'"
+        ))
+        .await
+        .unwrap();
+    let holder = db.login("gate_holder", false).await;
+    holder
+        .query("SELECT pg_advisory_lock($1, $2)", &[&gate, &low])
+        .await
+        .unwrap();
+    let pauser: i32 = scalar(&c, "SELECT pg_backend_pid()").await;
+    let pause = tokio::spawn(async move {
+        c.batch_execute("SELECT leader_pause('billing', 'op', 'gate')")
+            .await
+    });
+    // The drain is past its first try: it sleeps between tries for the row.
+    wait_for("the drain's tries", &pause, || async {
+        scalar::<bool>(
+            &db.owner,
+            &format!("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = {pauser} AND wait_event = 'PgSleep')"),
+        )
+        .await
+    })
+    .await;
+    holder
+        .query("SELECT pg_advisory_unlock($1, $2)", &[&gate, &low])
+        .await
+        .unwrap();
+    wait_for("the drain's hold of the gate", &pause, || async {
+        scalar::<bool>(
+            &db.owner,
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = {pauser} AND locktype = 'advisory'
+                    AND granted AND mode = 'ShareLock' AND classid = ({gate}::int8 & 4294967295)::oid
+                    AND objid = ({low}::int8 & 4294967295)::oid AND objsubid = 2)"
+            ),
+        )
+        .await
+    })
+    .await;
+    let err = pause.await.unwrap().expect_err("held by a prepared claim");
+    assert_eq!(err.code(), Some(&SqlState::LOCK_NOT_AVAILABLE), "{err:?}");
+    db.owner
+        .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"))
+        .await
+        .unwrap();
+    assert_eq!(db.claimed_by(1).await, None);
+}
+
+/// Polls `check` until it holds; fails when `ender` finished first or 5 s passed.
+async fn wait_for<F, Fut, T>(what: &str, ender: &tokio::task::JoinHandle<T>, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + Duration::from_secs(5);
+    while !check().await {
+        assert!(!ender.is_finished(), "the ender ended before {what}");
+        assert!(Instant::now() < until, "no {what} within 5 s");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 #[tokio::test]

@@ -15,10 +15,12 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Config, NoTls};
 
 use ticklease_testkit::{connect, direct, migrated_db, scalar, PgBouncer, PgCluster};
+
+mod fence_common;
+use fence_common::{acquire, claim, wait_expired};
 
 /// The direct enders' statement timeout here: the grace is then 200 ms.
 const ENDER_TIMEOUT: &str = "SET statement_timeout = '4s'";
@@ -92,27 +94,6 @@ impl Db {
             .get(0)
     }
 
-    /// Until the role's lease has run out on the database clock.
-    async fn wait_expired(&self, role: &str) {
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            let over: bool = self
-                .owner
-                .query_one(
-                    "SELECT expires_at <= clock_timestamp() FROM leader_leases WHERE role = $1",
-                    &[&role],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if over {
-                return;
-            }
-            assert!(Instant::now() < until, "the lease of {role} never ran out");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     /// The advisory locks `pid` holds in this database.
     async fn advisory_locks_of(&self, pid: i32) -> i64 {
         self.owner
@@ -133,36 +114,6 @@ async fn within_pool_wait<T>(what: &str, step: impl Future<Output = T>) -> T {
     tokio::time::timeout(POOL_WAIT, step)
         .await
         .unwrap_or_else(|_| panic!("{what}: no server connection within {POOL_WAIT:?}"))
-}
-
-/// ACQUIRE by `holder` with a lease of `ttl_ms`: the token, or why not.
-async fn acquire(c: &Client, role: &str, holder: &str, ttl_ms: i64) -> Result<i64, String> {
-    let row = c
-        .query_typed(
-            "SELECT holder_token, acquired, reason FROM leader_acquire_v2($1, $2, $3, 1, NULL, false)",
-            &[(&role, Type::TEXT), (&holder, Type::TEXT), (&ttl_ms, Type::INT8)],
-        )
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    let row = &row[0];
-    if row.get::<_, bool>(1) {
-        Ok(row.get(0))
-    } else {
-        Err(row.get::<_, Option<String>>(2).unwrap_or_default())
-    }
-}
-
-/// One fenced claim of job `id` in the caller's transaction, as one unnamed
-/// statement: whether it claimed.
-async fn claim(c: &Client, role: &str, token: i64, id: i32) -> Result<bool, tokio_postgres::Error> {
-    let rows = c
-        .query_typed(
-            "UPDATE jobs SET claimed_by = $2 WHERE id = $3 AND claimed_by IS NULL
-                 AND (SELECT leader_fence_v2($1, $2)) RETURNING id",
-            &[(&role, Type::TEXT), (&token, Type::INT8), (&id, Type::INT4)],
-        )
-        .await?;
-    Ok(rows.len() == 1)
 }
 
 /// The server backend a pooled client's transaction runs on.
@@ -256,7 +207,7 @@ async fn a_takeover_through_the_bouncer_ends_a_pooled_claim_left_open_and_the_po
     let op = db.session().await;
     let t1 = acquire(&op, "billing", "a", 300).await.unwrap();
     let claimer = open_pooled_claim(&db, "billing", t1, 1).await;
-    db.wait_expired("billing").await;
+    wait_expired(&db.owner, "billing").await;
     let follower = db.pooled().await;
     let started = Instant::now();
     let t2 = within_pool_wait("the takeover", acquire(&follower, "billing", "b", 30_000))

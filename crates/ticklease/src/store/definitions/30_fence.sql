@@ -459,11 +459,23 @@ AS $fn$
 -- under lock_timeout: that timeout bounds one wait, and a wait begins
 -- again whenever the row's lockers change, so a stream of claims kept a
 -- drain waiting for as long as it lasted (review 8, H1). The caller's
--- lock_timeout is never touched.
+-- lock_timeout is never touched. Each try first tries the term's gate,
+-- held shared to the transaction's end once had: a fence holds it
+-- exclusively for an instant and any login may take it for longer, so a
+-- gate that one try missed is taken at the next one, and new claims wait
+-- for this drain from then on (generation 8: generation 7 tried it once
+-- per drain, and a lock held at that instant left the whole drain without
+-- it; a helper's rerun of review 8).
 DECLARE
     deadline timestamptz := clock_timestamp() + make_interval(secs => p_ms / 1000.0);
+    -- The term the drain chose: its FOR NO KEY UPDATE keeps the token.
+    gate integer := @schema@.leader_role_hash(p_role, 4);
+    low integer := (SELECT @schema@.leader_token_low(l.holder_token) FROM @schema@.leader_leases AS l
+                     WHERE l.role = p_role);
+    gated boolean := false;
 BEGIN
     LOOP
+        gated := gated OR pg_try_advisory_xact_lock_shared(gate, low);
         BEGIN
             PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE NOWAIT;
             RETURN true;
@@ -500,7 +512,6 @@ AS $fn$
 DECLARE
     chosen text[];
     salts bigint[];
-    tokens bigint[];
     pending text[];
     took text[];
     done text[] := ARRAY[]::text[];
@@ -510,10 +521,9 @@ DECLARE
     round integer := 0;
     claimer integer;
 BEGIN
-    SELECT coalesce(array_agg(c.role ORDER BY c.role), ARRAY[]::text[]), array_agg(c.fence_salt ORDER BY c.role),
-           array_agg(c.holder_token ORDER BY c.role)
-      INTO chosen, salts, tokens
-      FROM (SELECT l.role, l.fence_salt, l.holder_token
+    SELECT coalesce(array_agg(c.role ORDER BY c.role), ARRAY[]::text[]), array_agg(c.fence_salt ORDER BY c.role)
+      INTO chosen, salts
+      FROM (SELECT l.role, l.fence_salt
               FROM @schema@.leader_leases AS l
               JOIN unnest(p_roles, p_tokens) AS t(role, token) ON t.role = l.role AND t.token = l.holder_token
              WHERE l.holder_id IS NOT NULL AND l.paused_at IS NULL
@@ -538,17 +548,8 @@ BEGIN
                 USING ERRCODE = 'lock_not_available',
                       HINT = 'A backend this schema''s owner cannot end holds the row: a superuser''s (unless the owner is one), any other login''s without pg_signal_backend, one frozen in the kernel, or a prepared transaction; see the runbook.';
         END IF;
-        -- The gate, held shared to this transaction's end. Tried: a fence
-        -- holds it exclusively for an instant, a planted lock for longer;
-        -- either way a fence's own try fails, and it waits for this drain.
-        IF round = 1 THEN
-            FOR i IN 1 .. cardinality(chosen) LOOP
-                IF chosen[i] = ANY (pending) THEN
-                    PERFORM pg_try_advisory_xact_lock_shared(@schema@.leader_role_hash(chosen[i], 4),
-                                                             @schema@.leader_token_low(tokens[i]));
-                END IF;
-            END LOOP;
-        END IF;
+        -- The gate is taken by leader_fence_lock_within, at its first try
+        -- that finds it free.
         deadline := clock_timestamp() + make_interval(secs => grace / 1000.0);
         took := ARRAY[]::text[];
         FOR i IN 1 .. cardinality(pending) LOOP

@@ -329,7 +329,10 @@ RETURNS TABLE (role text, token bigint, released boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $fn$
 -- RELEASE for many terms, each the one-row RELEASE (history), in
--- role order.
+-- role order. Their claims in flight are drained first, together: one
+-- grace for the batch, where each RELEASE's own drain would wait one per
+-- role (generation 8; review 8, L3). Each RELEASE's drain then finds its
+-- row locked by this transaction already.
 #variable_conflict use_column
 DECLARE
     n integer := cardinality(p_roles);
@@ -348,6 +351,7 @@ BEGIN
     FOR i IN 1 .. n LOOP
         PERFORM @schema@.leader_check_release(p_stamps[i], p_cooldowns_ms[i], p_outcomes[i], p_reasons[i]);
     END LOOP;
+    PERFORM @schema@.leader_fence_drain(p_roles, p_tokens, true);
     FOR i IN SELECT o.i FROM generate_subscripts(p_roles, 1) AS o(i) ORDER BY p_roles[o.i], p_tokens[o.i] LOOP
         RETURN QUERY SELECT p_roles[i], p_tokens[i],
                             @schema@.leader_release(p_roles[i], p_tokens[i], p_stamps[i], p_cooldowns_ms[i],
