@@ -332,8 +332,9 @@
 //!    timeout, no planted backend ended, the claimers ended, with a
 //!    superuser owner and with one that is none). Postgres does not queue
 //!    row locks fairly, so a drain also holds the term's **gate**, a shared
-//!    advisory lock it tries before each try for the row until it has it
-//!    (generation 8), and that each fence tries exclusively and lets go at once: a
+//!    advisory lock it waits for in the lock's queue between its tries for
+//!    the row until it has it (generation 8; the queued request already
+//!    holds fences back), and that each fence tries exclusively and lets go at once: a
 //!    new claim of a term being ended waits for the ender and then claims
 //!    nothing. The gate's key is public (a hash of the schema and role, and
 //!    the token), so any login can plant it, shared or exclusive: a fence

@@ -593,13 +593,15 @@ async fn a_takeover_held_by_a_prepared_claim_fails_after_three_rounds_with_lock_
     assert_eq!(db.claimed_by(1).await, None);
 }
 
-/// A lock on the gate at the drain's first try (a fence's instant, or any
-/// login's for longer) does not leave the drain without it: the drain tries
-/// it again at each try for the row, and holds it from the first that finds
-/// it free (generation 8; generation 7 tried it once per drain). A prepared
-/// claim, which no drain can end, keeps the drain trying for three rounds.
+/// A lock on the gate when the drain comes (a fence's instant, or any
+/// login's for longer) does not leave the drain without it: between its
+/// tries for the row the drain waits for the gate in the lock's queue, so
+/// the holder's release hands it to the drain before the holder, or a
+/// fence, can take it again (generation 8; generation 7 tried it once per
+/// drain). A prepared claim, which no drain can end, keeps the drain going
+/// for three rounds.
 #[tokio::test]
-async fn a_gate_taken_at_the_drains_first_try_is_held_by_the_drain_once_free() {
+async fn a_gate_held_when_the_drain_comes_is_handed_to_the_drain_at_its_release() {
     let db = setup().await;
     let c = db.session().await;
     let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
@@ -630,29 +632,28 @@ async fn a_gate_taken_at_the_drains_first_try_is_held_by_the_drain_once_free() {
         c.batch_execute("SELECT leader_pause('billing', 'op', 'gate')")
             .await
     });
-    // The drain is past its first try: it sleeps between tries for the row.
-    wait_for("the drain's tries", &pause, || async {
-        scalar::<bool>(
-            &db.owner,
-            &format!("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = {pauser} AND wait_event = 'PgSleep')"),
-        )
-        .await
-    })
-    .await;
-    holder
-        .query("SELECT pg_advisory_unlock($1, $2)", &[&gate, &low])
-        .await
-        .unwrap();
-    wait_for("the drain's hold of the gate", &pause, || async {
-        scalar::<bool>(
-            &db.owner,
-            &format!(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = {pauser} AND locktype = 'advisory'
-                    AND granted AND mode = 'ShareLock' AND classid = ({gate}::int8 & 4294967295)::oid
-                    AND objid = ({low}::int8 & 4294967295)::oid AND objsubid = 2)"
-            ),
-        )
-        .await
+    // The drain is queued for the gate but for the microseconds of each
+    // try for the row: the release is made when pg_locks shows it queued,
+    // in the same statement, and taken again at once.
+    let handed = format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = {pauser} AND locktype = 'advisory'
+                AND NOT granted AND mode = 'ShareLock' AND classid = ({gate}::int8 & 4294967295)::oid
+                AND objid = ({low}::int8 & 4294967295)::oid AND objsubid = 2) AS queued,
+            pg_advisory_unlock({gate}, {low}) AS released,
+            pg_try_advisory_lock({gate}, {low}) AS again"
+    );
+    wait_for("a release while the drain waits for the gate", &pause, || async {
+        let row = holder.query_one(&handed, &[]).await.unwrap();
+        let (queued, released, again): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
+        // Not held any more: the drain took it at an earlier release.
+        if !released {
+            return true;
+        }
+        assert!(
+            !(queued && again),
+            "the holder took the gate again before the drain"
+        );
+        !again
     })
     .await;
     let err = pause.await.unwrap().expect_err("held by a prepared claim");

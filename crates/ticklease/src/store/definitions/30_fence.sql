@@ -452,30 +452,35 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.leader_fence_lock_within(p_role text, p_ms integer) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
+-- The caller's lock_timeout comes back at the return: the gate's waits
+-- below set their own.
+SET lock_timeout = 0
 AS $fn$
 -- Locks p_role's lease row FOR UPDATE within p_ms of the clock: true when
 -- it holds the lock (kept by the caller's transaction), false when claims
--- still hold the row. Tried (NOWAIT) every 2 ms rather than waited for
--- under lock_timeout: that timeout bounds one wait, and a wait begins
+-- still hold the row. The row is tried (NOWAIT) every 2 ms rather than
+-- waited for under lock_timeout, which bounds one wait, and a wait begins
 -- again whenever the row's lockers change, so a stream of claims kept a
--- drain waiting for as long as it lasted (review 8, H1). The caller's
--- lock_timeout is never touched. Each try first tries the term's gate,
--- held shared to the transaction's end once had: a fence holds it
--- exclusively for an instant and any login may take it for longer, so a
--- gate that one try missed is taken at the next one, and new claims wait
--- for this drain from then on (generation 8: generation 7 tried it once
--- per drain, and a lock held at that instant left the whole drain without
--- it; a helper's rerun of review 8).
+-- drain waiting for as long as it lasted (review 8, H1).
+-- Before each try, until it has it, the term's gate, shared, held to the
+-- transaction's end (generation 8; generation 7 tried it once per drain,
+-- and a lock held at that instant left the whole drain without it, claims
+-- overtaking its wait: a helper's rerun of review 8). A fence holds it
+-- exclusively for an instant, any login may hold it for longer. Without
+-- it, the 2 ms between tries are spent waiting for it in the lock's queue
+-- rather than asleep: while this request waits there every fence's
+-- exclusive try fails, as behind a holder, so no claim passes, and a
+-- holder that lets go hands it to this request before anyone can take it
+-- again. A lock held the whole time slows nothing: the tries go on.
 DECLARE
     deadline timestamptz := clock_timestamp() + make_interval(secs => p_ms / 1000.0);
     -- The term the drain chose: its FOR NO KEY UPDATE keeps the token.
     gate integer := @schema@.leader_role_hash(p_role, 4);
     low integer := (SELECT @schema@.leader_token_low(l.holder_token) FROM @schema@.leader_leases AS l
                      WHERE l.role = p_role);
-    gated boolean := false;
+    gated boolean := pg_try_advisory_xact_lock_shared(gate, low);
 BEGIN
     LOOP
-        gated := gated OR pg_try_advisory_xact_lock_shared(gate, low);
         BEGIN
             PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = p_role FOR UPDATE NOWAIT;
             RETURN true;
@@ -484,7 +489,17 @@ BEGIN
                 RETURN false;
             END IF;
         END;
-        PERFORM pg_sleep(0.002);
+        IF gated THEN
+            PERFORM pg_sleep(0.002);
+        ELSE
+            BEGIN
+                PERFORM set_config('lock_timeout', '2ms', true);
+                PERFORM pg_advisory_xact_lock_shared(gate, low);
+                gated := true;
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;
+            END;
+        END IF;
     END LOOP;
 END
 $fn$;
@@ -548,8 +563,8 @@ BEGIN
                 USING ERRCODE = 'lock_not_available',
                       HINT = 'A backend this schema''s owner cannot end holds the row: a superuser''s (unless the owner is one), any other login''s without pg_signal_backend, one frozen in the kernel, or a prepared transaction; see the runbook.';
         END IF;
-        -- The gate is taken by leader_fence_lock_within, at its first try
-        -- that finds it free.
+        -- leader_fence_lock_within takes the gate, waiting for it in the
+        -- lock's queue between its tries for the row.
         deadline := clock_timestamp() + make_interval(secs => grace / 1000.0);
         took := ARRAY[]::text[];
         FOR i IN 1 .. cardinality(pending) LOOP
