@@ -562,8 +562,22 @@ async fn migrate_by_an_owner_who_may_end_no_claimer_warns_with_the_grant_that_fi
         "{}",
         text(&warned)
     );
+    // A member that does not inherit the role's rights has none of them
+    // (pg_terminate_backend asks for the rights; review 9, L1).
     admin
-        .batch_execute(&format!("GRANT pg_signal_backend TO {owner}"))
+        .batch_execute(&format!(
+            "GRANT pg_signal_backend TO {owner}; ALTER ROLE {owner} NOINHERIT"
+        ))
+        .await
+        .unwrap();
+    let noinherit = ticklease(&["migrate", "--database-url", &url]);
+    assert!(
+        String::from_utf8_lossy(&noinherit.stderr).contains(&grant),
+        "{}",
+        text(&noinherit)
+    );
+    admin
+        .batch_execute(&format!("ALTER ROLE {owner} INHERIT"))
         .await
         .unwrap();
     let quiet = ticklease(&["migrate", "--database-url", &url]);

@@ -257,6 +257,129 @@ async fn a_release_of_many_terms_ends_all_their_claims_within_one_drain() {
     }
 }
 
+/// A release of the largest batch whose every term one open transaction
+/// holds (any app login can fence every term it reads) finishes within its
+/// statement timeout and ends that transaction: a role reached after the
+/// round's deadline costs one try, not a wait of its own (review 9, H1: a
+/// millisecond's floor per role cost 1,000 roles three seconds before any
+/// claimer was ended, and the statement timed out at every retry).
+#[tokio::test]
+async fn a_release_of_a_thousand_terms_one_transaction_holds_ends_it_within_the_statement_timeout() {
+    let db = setup().await;
+    db.owner
+        .batch_execute(
+            "SELECT leader_seed(ARRAY(SELECT 'r' || g FROM generate_series(1, 1000) AS g));
+             SELECT count(*) FROM generate_series(1, 1000) AS g,
+                    LATERAL leader_acquire_v2('r' || g, 'h', 60000, 1, NULL, false) AS a",
+        )
+        .await
+        .unwrap();
+    let row = db
+        .owner
+        .query_one(
+            "SELECT array_agg(role ORDER BY role), array_agg(holder_token ORDER BY role)
+               FROM leader_leases WHERE role LIKE 'r%' AND holder_id IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (roles, tokens): (Vec<String>, Vec<i64>) = (row.get(0), row.get(1));
+    assert_eq!(roles.len(), 1000);
+    let claimer = db.session().await;
+    claimer.batch_execute("BEGIN").await.unwrap();
+    let fenced: i64 = scalar(
+        &claimer,
+        "SELECT count(*) FROM leader_leases AS l WHERE l.role LIKE 'r%' AND leader_fence_v2(l.role, l.holder_token)",
+    )
+    .await;
+    assert_eq!(fenced, 1000);
+    let releaser = db.session().await;
+    releaser
+        .batch_execute("SET statement_timeout = '2s'")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let released: i64 = releaser
+        .query_typed(
+            "SELECT count(*) FILTER (WHERE released) FROM leader_release_many($1, $2,
+                 array_fill(true, ARRAY[1000]), array_fill(0::bigint, ARRAY[1000]),
+                 array_fill('completed'::text, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]),
+                 array_fill(NULL::text, ARRAY[1000]))",
+            &[(&roles, Type::TEXT_ARRAY), (&tokens, Type::INT8_ARRAY)],
+        )
+        .await
+        .expect("the release within its statement timeout")[0]
+        .get(0);
+    assert_eq!(released, 1000, "{:?}", started.elapsed());
+    assert!(
+        claimer.batch_execute("COMMIT").await.is_err(),
+        "the claimer was ended"
+    );
+}
+
+/// A drain of several roles holds every role's gate from its round's
+/// start: a new claim of a role behind a slow one waits for the drain and
+/// claims nothing, rather than passing while the slow role is waited for
+/// and having its backend ended (review 9, M1).
+#[tokio::test]
+async fn a_new_claim_of_a_role_behind_a_slow_one_in_a_batch_waits_at_the_gate() {
+    let db = setup().await;
+    db.owner
+        .batch_execute("SELECT leader_seed(ARRAY['a', 'b'])")
+        .await
+        .unwrap();
+    let c = db.session().await;
+    let ta = acquire(&c, "a", "h", 30_000).await.unwrap();
+    let tb = acquire(&c, "b", "h", 30_000).await.unwrap();
+    let slow = open_claim(&db, "a", ta, 1).await;
+    // b has a claim in flight too, so the drain has two rows to wait for.
+    let slow_b = open_claim(&db, "b", tb, 3).await;
+    let releaser: i32 = scalar(&c, "SELECT pg_backend_pid()").await;
+    let gate_a: i32 = scalar(&db.owner, "SELECT leader_role_hash('a', 4)").await;
+    let release = tokio::spawn(async move {
+        c.query_typed(
+            "SELECT count(*) FROM leader_release_many(ARRAY['a', 'b'], ARRAY[$1, $2]::bigint[],
+                 ARRAY[true, true], ARRAY[0, 0]::bigint[], ARRAY['completed', 'completed'],
+                 ARRAY[NULL, NULL]::text[], ARRAY[NULL, NULL]::text[])",
+            &[(&ta, Type::INT8), (&tb, Type::INT8)],
+        )
+        .await
+    });
+    // The round has begun: the drain holds a's gate and waits for a's row.
+    wait_for("the drain's round", &release, || async {
+        scalar::<bool>(
+            &db.owner,
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = {releaser} AND locktype = 'advisory'
+                    AND granted AND mode = 'ShareLock' AND classid = ({gate_a}::int8 & 4294967295)::oid)"
+            ),
+        )
+        .await
+    })
+    .await;
+    let late = db.session().await;
+    late.batch_execute("BEGIN").await.unwrap();
+    assert!(
+        !claim(&late, "b", tb, 2)
+            .await
+            .expect("the late claim's backend lives"),
+        "a claim of b that came while the batch was drained"
+    );
+    late.batch_execute("COMMIT").await.unwrap();
+    release.await.unwrap().expect("the release");
+    assert!(
+        slow.batch_execute("COMMIT").await.is_err(),
+        "the slow claimer was ended"
+    );
+    assert!(
+        slow_b.batch_execute("COMMIT").await.is_err(),
+        "b's claimer was ended"
+    );
+    for id in 1..=3 {
+        assert_eq!(db.claimed_by(id).await, None);
+    }
+}
+
 #[tokio::test]
 async fn a_renew_and_an_acquire_of_a_live_term_never_wait_for_its_claims() {
     let db = setup().await;

@@ -460,7 +460,8 @@ async fn apply(
             Err(e) => return Err(e),
         }
     }
-    if library.is_some() {
+    // Only over this build's definitions: newer ones may name the drain otherwise.
+    if library.is_some() && report.definitions_newer.is_none() {
         report.owner_cannot_end_claimers = owner_cannot_end_claimers(&tx)
             .await
             .map_err(db("read the owner's rights"))?;
@@ -480,17 +481,18 @@ async fn apply(
 }
 
 /// The owner of the drain (the schema owner, with whose rights it ends
-/// claimers' backends) when it is neither a superuser nor a member of
-/// `pg_signal_backend`.
+/// claimers' backends) when it is neither a superuser nor has the rights of
+/// `pg_signal_backend` (a member that inherits them: `pg_terminate_backend`
+/// asks for the rights, and a NOINHERIT member has none).
 async fn owner_cannot_end_claimers(
     tx: &tokio_postgres::Transaction<'_>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
     let row = tx
         .query_typed(
             "SELECT r.rolname::text,
-                    r.rolsuper OR pg_catalog.pg_has_role(r.oid, 'pg_signal_backend', 'MEMBER')
+                    r.rolsuper OR pg_catalog.pg_has_role(r.oid, 'pg_signal_backend', 'USAGE')
                FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_roles AS r ON r.oid = p.proowner
-              WHERE p.oid = 'leader_fence_drain(text[], bigint[], boolean)'::regprocedure",
+              WHERE p.oid = pg_catalog.to_regprocedure('leader_fence_drain(text[], bigint[], boolean)')",
             &[],
         )
         .await?;

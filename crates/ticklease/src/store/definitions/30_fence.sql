@@ -563,13 +563,22 @@ BEGIN
                 USING ERRCODE = 'lock_not_available',
                       HINT = 'A backend this schema''s owner cannot end holds the row: a superuser''s (unless the owner is one), any other login''s without pg_signal_backend, one frozen in the kernel, or a prepared transaction; see the runbook.';
         END IF;
-        -- leader_fence_lock_within takes the gate, waiting for it in the
-        -- lock's queue between its tries for the row.
+        -- Every pending term's gate first, tried at once: a role reached
+        -- late in the round would otherwise let its new claims through
+        -- while the earlier roles were waited for (review 9, M1).
+        -- leader_fence_lock_within waits for a gate missed here.
+        PERFORM pg_try_advisory_xact_lock_shared(@schema@.leader_role_hash(l.role, 4),
+                                                 @schema@.leader_token_low(l.holder_token))
+           FROM @schema@.leader_leases AS l
+          WHERE l.role = ANY (pending);
         deadline := clock_timestamp() + make_interval(secs => grace / 1000.0);
         took := ARRAY[]::text[];
+        -- One wait for the round: a role reached after the deadline gets
+        -- one try, none of its own (a 1 ms floor per role cost a batch of
+        -- 1,000 three seconds before any claimer was ended; review 9, H1).
         FOR i IN 1 .. cardinality(pending) LOOP
             IF @schema@.leader_fence_lock_within(pending[i],
-                   greatest(1, (extract(epoch FROM deadline - clock_timestamp()) * 1000)::integer)) THEN
+                   (extract(epoch FROM deadline - clock_timestamp()) * 1000)::integer) THEN
                 took := took || pending[i];
             END IF;
         END LOOP;

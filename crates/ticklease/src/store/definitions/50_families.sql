@@ -332,7 +332,10 @@ AS $fn$
 -- role order. Their claims in flight are drained first, together: one
 -- grace for the batch, where each RELEASE's own drain would wait one per
 -- role (generation 8; review 8, L3). Each RELEASE's drain then finds its
--- row locked by this transaction already.
+-- row locked by this transaction already. Every row of the batch is
+-- locked first, in role order, so the drain (which locks only the current
+-- terms' rows) and the RELEASEs after it (which also write the rows of
+-- terms a pause ended) take no row out of that order (review 9, L4).
 #variable_conflict use_column
 DECLARE
     n integer := cardinality(p_roles);
@@ -351,6 +354,7 @@ BEGIN
     FOR i IN 1 .. n LOOP
         PERFORM @schema@.leader_check_release(p_stamps[i], p_cooldowns_ms[i], p_outcomes[i], p_reasons[i]);
     END LOOP;
+    PERFORM 1 FROM @schema@.leader_leases AS l WHERE l.role = ANY (p_roles) ORDER BY l.role FOR NO KEY UPDATE;
     PERFORM @schema@.leader_fence_drain(p_roles, p_tokens, true);
     FOR i IN SELECT o.i FROM generate_subscripts(p_roles, 1) AS o(i) ORDER BY p_roles[o.i], p_tokens[o.i] LOOP
         RETURN QUERY SELECT p_roles[i], p_tokens[i],
