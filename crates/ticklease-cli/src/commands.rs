@@ -189,9 +189,10 @@ async fn cmd_migrate(db: Db, roles: RoleNames) -> anyhow::Result<()> {
         // Quoted as an identifier, so the GRANT shown runs as it is.
         let owner = status::escape(&format!("\"{}\"", owner.replace('"', "\"\"")));
         eprintln!(
-            "warning: the schema owner {owner} is neither a superuser nor a member of pg_signal_backend: \
-             a takeover or pause cannot end a frozen claimer and fails with 55P03 until it ends; \
-             GRANT pg_signal_backend TO {owner}; (docs/runbook.md, \"A claim that holds its lease row\")"
+            "warning: the schema owner {owner} has not the rights of pg_signal_backend (it is neither a superuser \
+             nor a member that inherits them): a takeover or pause cannot end a frozen claimer and fails with 55P03 \
+             until it ends; GRANT pg_signal_backend TO {owner}; and, for a NOINHERIT owner, ALTER ROLE {owner} \
+             INHERIT; (docs/runbook.md, \"A claim that holds its lease row\")"
         );
     }
     Ok(())

@@ -15,7 +15,7 @@ use tokio_postgres::{Client, Config};
 use ticklease_testkit::{connect, direct, migrated_db, scalar, PgCluster};
 
 mod fence_common;
-use fence_common::{acquire, claim, wait_expired};
+use fence_common::{acquire, claim, claim_table, wait_expired};
 
 /// The enders' statement timeout here: the grace is then 200 ms.
 const ENDER_TIMEOUT: &str = "SET statement_timeout = '4s'";
@@ -31,14 +31,7 @@ struct Db {
 async fn setup() -> Db {
     let config = direct(&migrated_db(PgCluster::shared()).await);
     let owner = connect(&config).await.unwrap();
-    owner
-        .batch_execute(
-            "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint);
-             INSERT INTO jobs SELECT g, NULL FROM generate_series(1, 10) g;
-             SELECT leader_seed(ARRAY['billing'])",
-        )
-        .await
-        .unwrap();
+    claim_table(&owner).await;
     Db { owner, config }
 }
 
@@ -211,6 +204,21 @@ async fn a_release_ends_the_claims_its_term_left_open() {
     assert_eq!(db.claimed_by(1).await, None);
 }
 
+/// `leader_release_many` of the terms `(roles[i], tokens[i])`, each a
+/// completed tick: how many it released.
+async fn release_many(c: &Client, roles: &[String], tokens: &[i64]) -> Result<i64, tokio_postgres::Error> {
+    let rows = c
+        .query_typed(
+            "SELECT count(*) FILTER (WHERE released) FROM leader_release_many($1, $2,
+                 array_fill(true, ARRAY[cardinality($1)]), array_fill(0::bigint, ARRAY[cardinality($1)]),
+                 array_fill('completed'::text, ARRAY[cardinality($1)]),
+                 array_fill(NULL::text, ARRAY[cardinality($1)]), array_fill(NULL::text, ARRAY[cardinality($1)]))",
+            &[(&roles, Type::TEXT_ARRAY), (&tokens, Type::INT8_ARRAY)],
+        )
+        .await?;
+    Ok(rows[0].get(0))
+}
+
 /// `leader_release_many` drains its terms' claims in flight together, one
 /// grace for the batch: four roles with a claim each, released at once,
 /// take less than four graces (generation 7 drained them one at a time,
@@ -232,17 +240,7 @@ async fn a_release_of_many_terms_ends_all_their_claims_within_one_drain() {
     }
     let roles: Vec<String> = ROLES.iter().map(|r| r.to_string()).collect();
     let started = Instant::now();
-    let released = c
-        .query_typed(
-            "SELECT count(*) FILTER (WHERE released) FROM leader_release_many($1, $2,
-                 array_fill(true, ARRAY[4]), array_fill(0::bigint, ARRAY[4]),
-                 array_fill('completed'::text, ARRAY[4]), array_fill(NULL::text, ARRAY[4]),
-                 array_fill(NULL::text, ARRAY[4]))",
-            &[(&roles, Type::TEXT_ARRAY), (&tokens, Type::INT8_ARRAY)],
-        )
-        .await
-        .unwrap()[0]
-        .get::<_, i64>(0);
+    let released = release_many(&c, &roles, &tokens).await.unwrap();
     let took = started.elapsed();
     assert_eq!(released, 4);
     assert!(took >= GRACE && took < GRACE * 4, "{took:?}");
@@ -299,17 +297,9 @@ async fn a_release_of_a_thousand_terms_one_transaction_holds_ends_it_within_the_
         .await
         .unwrap();
     let started = Instant::now();
-    let released: i64 = releaser
-        .query_typed(
-            "SELECT count(*) FILTER (WHERE released) FROM leader_release_many($1, $2,
-                 array_fill(true, ARRAY[1000]), array_fill(0::bigint, ARRAY[1000]),
-                 array_fill('completed'::text, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]),
-                 array_fill(NULL::text, ARRAY[1000]))",
-            &[(&roles, Type::TEXT_ARRAY), (&tokens, Type::INT8_ARRAY)],
-        )
+    let released = release_many(&releaser, &roles, &tokens)
         .await
-        .expect("the release within its statement timeout")[0]
-        .get(0);
+        .expect("the release within its statement timeout");
     assert_eq!(released, 1000, "{:?}", started.elapsed());
     assert!(
         claimer.batch_execute("COMMIT").await.is_err(),
@@ -596,30 +586,74 @@ async fn markers_planted_or_copied_by_a_login_with_connect_alone_are_never_taken
         .expect("the planter's backend lives");
 }
 
+/// The drain sets lock_timeout for its waits for the gate inside a
+/// function whose own setting gives the caller's back: a wait that got the
+/// gate (a holder let go while the drain was queued) leaves nothing behind
+/// (review 10, L1: the test drained with the gate free, so the setting was
+/// never made).
 #[tokio::test]
 async fn a_drain_leaves_the_callers_lock_timeout_as_it_was() {
     let db = setup().await;
     let c = db.session().await;
     let t1 = acquire(&c, "billing", "a", 300).await.unwrap();
-    let claimer = open_claim(&db, "billing", t1, 1).await;
-    wait_expired(&db.owner, "billing").await;
-    c.batch_execute("BEGIN; SET LOCAL lock_timeout = '7s'")
+    let r = db
+        .owner
+        .query_one(
+            "SELECT leader_role_hash('billing', 4), leader_token_low($1)",
+            &[&t1],
+        )
         .await
         .unwrap();
-    // The claim ends within the grace: the drain's wait for it succeeds
-    // (a wait that times out would undo its own setting with its block).
-    let ending = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        claimer.batch_execute("COMMIT").await
-    });
-    acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
-    let after: String = scalar(&c, "SHOW lock_timeout").await;
-    c.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(after, "7s");
-    ending
+    let (gate, low): (i32, i32) = (r.get(0), r.get(1));
+    let claimer = open_claim(&db, "billing", t1, 1).await;
+    let holder = db.login("timeout_gate_holder", false).await;
+    holder
+        .query("SELECT pg_advisory_lock($1, $2)", &[&gate, &low])
         .await
-        .unwrap()
-        .expect("the claim committed within the grace");
+        .unwrap();
+    wait_expired(&db.owner, "billing").await;
+    let taker: i32 = scalar(&c, "SELECT pg_backend_pid()").await;
+    let takeover = tokio::spawn(async move {
+        c.batch_execute("BEGIN; SET LOCAL lock_timeout = '7s'")
+            .await
+            .unwrap();
+        acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
+        let after: String = scalar(&c, "SHOW lock_timeout").await;
+        c.batch_execute("COMMIT").await.unwrap();
+        after
+    });
+    // The drain waits for the gate in its queue; the holder lets go, so a
+    // wait succeeds, and then the claim ends within the grace.
+    wait_for("the drain's wait for the gate", &takeover, || async {
+        scalar::<bool>(
+            &db.owner,
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = {taker} AND locktype = 'advisory'
+                    AND NOT granted AND classid = ({gate}::int8 & 4294967295)::oid)"
+            ),
+        )
+        .await
+    })
+    .await;
+    holder
+        .query("SELECT pg_advisory_unlock($1, $2)", &[&gate, &low])
+        .await
+        .unwrap();
+    wait_for("the drain's hold of the gate", &takeover, || async {
+        scalar::<bool>(
+            &db.owner,
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = {taker} AND locktype = 'advisory'
+                    AND granted AND classid = ({gate}::int8 & 4294967295)::oid)"
+            ),
+        )
+        .await
+    })
+    .await;
+    // Committed within the grace, or ended after it on a slow machine:
+    // either way the takeover goes on.
+    let _ = claimer.batch_execute("COMMIT").await;
+    assert_eq!(takeover.await.unwrap(), "7s");
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ use tokio_postgres::{Client, Config, NoTls};
 use ticklease_testkit::{connect, direct, migrated_db, scalar, PgBouncer, PgCluster};
 
 mod fence_common;
-use fence_common::{acquire, claim, wait_expired};
+use fence_common::{acquire, claim, claim_table, wait_expired};
 
 /// The direct enders' statement timeout here: the grace is then 200 ms.
 const ENDER_TIMEOUT: &str = "SET statement_timeout = '4s'";
@@ -45,14 +45,7 @@ struct Db {
 async fn setup(pool_size: u32) -> Db {
     let config = direct(&migrated_db(PgCluster::shared()).await);
     let owner = connect(&config).await.unwrap();
-    owner
-        .batch_execute(
-            "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint);
-             INSERT INTO jobs SELECT g, NULL FROM generate_series(1, 10) g;
-             SELECT leader_seed(ARRAY['billing'])",
-        )
-        .await
-        .unwrap();
+    claim_table(&owner).await;
     let bouncer = PgBouncer::start(PgCluster::shared(), pool_size).expect("pgbouncer");
     Db {
         owner,

@@ -219,8 +219,9 @@ pub struct MigrateReport {
     /// The database's definitions generation when it is newer than this
     /// build's: they were left in place (a rolling deploy's older replica).
     pub definitions_newer: Option<i32>,
-    /// The schema owner's name when it is neither a superuser nor a member
-    /// of `pg_signal_backend`: the drain cannot end a frozen claimer, so a
+    /// The schema owner's name when it has not the rights of
+    /// `pg_signal_backend` (neither a superuser nor a member that inherits
+    /// them): the drain cannot end a frozen claimer, so a
     /// takeover or pause of its role fails with `55P03` until the claim
     /// ends (docs/runbook.md, "A claim that holds its lease row").
     pub owner_cannot_end_claimers: Option<String>,
@@ -468,8 +469,8 @@ async fn apply(
         if let Some(owner) = &report.owner_cannot_end_claimers {
             tracing::warn!(
                 %owner,
-                "the schema owner may end no claimer's backend: grant it pg_signal_backend, \
-                 or a takeover or pause of a role whose claimer froze fails with 55P03"
+                "the schema owner may end no claimer's backend: grant it pg_signal_backend (and, \
+                 NOINHERIT, make it inherit), or a takeover or pause of a role whose claimer froze fails with 55P03"
             );
         }
     }

@@ -1,11 +1,23 @@
-//! What the fence's test files share: ACQUIRE, one fenced claim, and the
-//! wait for a lease to run out.
+//! What the fence's test files share: the claim table, ACQUIRE, one fenced
+//! claim, and the wait for a lease to run out.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
+
+/// The claim table `jobs` (ids 1 to 10, none claimed) and the role `billing`.
+pub async fn claim_table(owner: &Client) {
+    owner
+        .batch_execute(
+            "CREATE TABLE jobs (id int PRIMARY KEY, claimed_by bigint);
+             INSERT INTO jobs SELECT g, NULL FROM generate_series(1, 10) g;
+             SELECT leader_seed(ARRAY['billing'])",
+        )
+        .await
+        .unwrap();
+}
 
 /// ACQUIRE by `holder` with a lease of `ttl_ms`: the token, or why not.
 pub async fn acquire(c: &Client, role: &str, holder: &str, ttl_ms: i64) -> Result<i64, String> {
