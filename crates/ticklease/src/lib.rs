@@ -300,10 +300,13 @@
 //!    (its client stopped, its link cut, a statement stuck) comes at most G
 //!    plus the ended backend's abort after the expiry (the bound of 5 grows
 //!    by that); a pause and a RELEASE return within G plus the abort; an
-//!    ender waits at most 3 G for claims in all. A claim that ends within G
-//!    is waited for and commits first. These bounds rely on the schema
-//!    owner's right to end backends (a superuser, or a member of
-//!    `pg_signal_backend`, which cannot end a superuser's) and on the ended
+//!    ender waits at most 3 G for claims in all (a batch's rounds share one
+//!    G, and each role still held when it has passed costs one try: 1,000
+//!    roles one transaction holds are released within a 2 s statement
+//!    timeout). A claim that ends within G is waited for and commits first.
+//!    These bounds rely on the schema owner's right to end backends (a
+//!    superuser, or a member of `pg_signal_backend` that inherits its
+//!    rights, which cannot end a superuser's) and on the ended
 //!    backend exiting: a claimer the owner may not end, a server process
 //!    that does not take the signal (stopped, stuck in the kernel) and a
 //!    prepared transaction (no backend) hold the row through the three
