@@ -116,6 +116,10 @@ pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Sand
 /// How long a postmaster may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest wait of a restart for its port, held by a client connection's
+/// local end (`PgCluster::respawn_postmaster`).
+const RESPAWN_WAIT: Duration = Duration::from_secs(10);
+
 /// The directory holding the server binaries.
 pub fn bindir() -> Result<PathBuf, SandboxError> {
     let has_postgres = |p: &Path| p.join("postgres").is_file() && p.join("initdb").is_file();
@@ -504,13 +508,33 @@ impl PgCluster {
     /// Stops and starts the postmaster on the same port and data dir.
     pub fn restart(&self) -> Result<(), SandboxError> {
         self.stop();
-        self.spawn_postmaster()
+        self.respawn_postmaster()
     }
 
     /// As [`PgCluster::restart`], stopping with a fast shutdown ([`PgCluster::stop_fast`]).
     pub fn restart_fast(&self) -> Result<(), SandboxError> {
         self.stop_fast();
-        self.spawn_postmaster()
+        self.respawn_postmaster()
+    }
+
+    /// Starts the postmaster again on its port. The port is from the
+    /// kernel's ephemeral range, so while the server was down any client
+    /// connection of this machine may have been given it as its local
+    /// port; the bind then fails until that connection closes (seen in CI:
+    /// "could not bind IPv4 address: Address already in use"). Retried
+    /// for at most [`RESPAWN_WAIT`].
+    fn respawn_postmaster(&self) -> Result<(), SandboxError> {
+        let started = Instant::now();
+        loop {
+            match self.spawn_postmaster() {
+                Err(SandboxError::Command { output, .. })
+                    if output.contains("Address already in use") && started.elapsed() < RESPAWN_WAIT =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// A client config for `dbname` as the superuser, over TCP on 127.0.0.1.
