@@ -42,6 +42,19 @@ impl Db {
         c
     }
 
+    /// The advisory lock key of the gate of `(role, token)`.
+    async fn gate(&self, role: &str, token: i64) -> (i32, i32) {
+        let r = self
+            .owner
+            .query_one(
+                "SELECT leader_role_hash($1, 4), leader_token_low($2)",
+                &[&role, &token],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    }
+
     /// A login of its own (`CONNECT` alone unless `app`).
     async fn login(&self, name: &str, app: bool) -> Client {
         let member = if app { " IN ROLE ticklease_app" } else { "" };
@@ -501,17 +514,7 @@ async fn a_gate_planted_by_a_login_with_connect_alone_stops_no_claim_and_no_take
     let db = setup().await;
     let c = db.session().await;
     let t1 = acquire(&c, "billing", "a", 500).await.unwrap();
-    let (gate, low): (i32, i32) = {
-        let r = db
-            .owner
-            .query_one(
-                "SELECT leader_role_hash('billing', 4), leader_token_low($1)",
-                &[&t1],
-            )
-            .await
-            .unwrap();
-        (r.get(0), r.get(1))
-    };
+    let (gate, low) = db.gate("billing", t1).await;
     let planter = db.login("gate_planter", false).await;
     planter
         .query("SELECT pg_advisory_lock($1, $2)", &[&gate, &low])
@@ -596,15 +599,7 @@ async fn a_drain_leaves_the_callers_lock_timeout_as_it_was() {
     let db = setup().await;
     let c = db.session().await;
     let t1 = acquire(&c, "billing", "a", 300).await.unwrap();
-    let r = db
-        .owner
-        .query_one(
-            "SELECT leader_role_hash('billing', 4), leader_token_low($1)",
-            &[&t1],
-        )
-        .await
-        .unwrap();
-    let (gate, low): (i32, i32) = (r.get(0), r.get(1));
+    let (gate, low) = db.gate("billing", t1).await;
     let claimer = open_claim(&db, "billing", t1, 1).await;
     let holder = db.login("timeout_gate_holder", false).await;
     holder
@@ -762,15 +757,7 @@ async fn a_gate_held_when_the_drain_comes_is_handed_to_the_drain_at_its_release(
     let db = setup().await;
     let c = db.session().await;
     let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
-    let r = db
-        .owner
-        .query_one(
-            "SELECT leader_role_hash('billing', 4), leader_token_low($1)",
-            &[&t],
-        )
-        .await
-        .unwrap();
-    let (gate, low): (i32, i32) = (r.get(0), r.get(1));
+    let (gate, low) = db.gate("billing", t).await;
     let claimer = open_claim(&db, "billing", t, 1).await;
     let gid = format!("gated_{t}");
     claimer
@@ -893,17 +880,7 @@ async fn a_gate_planted_shared_under_a_stream_of_returning_claimers_does_not_hol
     let db = setup().await;
     let c = db.session().await;
     let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
-    let (gate, low): (i32, i32) = {
-        let r = db
-            .owner
-            .query_one(
-                "SELECT leader_role_hash('billing', 4), leader_token_low($1)",
-                &[&t],
-            )
-            .await
-            .unwrap();
-        (r.get(0), r.get(1))
-    };
+    let (gate, low) = db.gate("billing", t).await;
     let planter = db.login("shared_gate_planter", false).await;
     planter
         .query("SELECT pg_advisory_lock_shared($1, $2)", &[&gate, &low])
