@@ -466,13 +466,6 @@ async fn apply(
         report.owner_cannot_end_claimers = owner_cannot_end_claimers(&tx)
             .await
             .map_err(db("read the owner's rights"))?;
-        if let Some(owner) = &report.owner_cannot_end_claimers {
-            tracing::warn!(
-                %owner,
-                "the schema owner may end no claimer's backend: grant it pg_signal_backend (and, \
-                 NOINHERIT, make it inherit), or a takeover or pause of a role whose claimer froze fails with 55P03"
-            );
-        }
     }
     if !epilogue.is_empty() {
         tx.batch_execute(epilogue).await.map_err(db("grant"))?;
@@ -484,7 +477,7 @@ async fn apply(
 /// The owner of the drain (the schema owner, with whose rights it ends
 /// claimers' backends) when it is neither a superuser nor has the rights of
 /// `pg_signal_backend` (a member that inherits them: `pg_terminate_backend`
-/// asks for the rights, and a NOINHERIT member has none).
+/// asks for the rights, and a NOINHERIT member has none), said in a warning.
 async fn owner_cannot_end_claimers(
     tx: &tokio_postgres::Transaction<'_>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
@@ -500,7 +493,15 @@ async fn owner_cannot_end_claimers(
     let [row] = row.as_slice() else {
         return Ok(None);
     };
-    Ok((!row.get::<_, bool>(1)).then(|| row.get(0)))
+    let owner: Option<String> = (!row.get::<_, bool>(1)).then(|| row.get(0));
+    if let Some(owner) = &owner {
+        tracing::warn!(
+            %owner,
+            "the schema owner may end no claimer's backend: grant it pg_signal_backend (and, \
+             NOINHERIT, make it inherit), or a takeover or pause of a role whose claimer froze fails with 55P03"
+        );
+    }
+    Ok(owner)
 }
 
 /// The status view's lock, taken before any migration locks a table: the
