@@ -316,36 +316,59 @@
 //!    `max_locks_per_transaction` × `max_connections` rows, whatever any
 //!    login holds).
 //!
-//!    **Finding claimers, and what a login can plant.** A fenced
-//!    transaction also takes a shared advisory lock, its marker, whose key
-//!    is 32 bits of SHA-256 of the term's `fence_salt` (64 random bits
-//!    written by the ACQUIRE that started the term) and the transaction's
-//!    top-level id; the drain ends only backends that hold the marker
-//!    computed from their own oldest transaction id. A login that cannot
-//!    read `leader_leases` (CONNECT alone, or USAGE on the schema) or only
-//!    its `role` column (the operator role) cannot compute a marker, and a
-//!    key copied from `pg_locks` names another backend's transaction: such a
-//!    login can make the drain neither end one of its backends nor miss a
-//!    claimer, and it can neither lock the lease row nor wait on it (row
+//!    **Finding claimers, and what a login can plant.** A fenced transaction
+//!    also marks itself, and the drain ends only backends that hold a mark
+//!    of the term. Since generation 9 the mark is the term's key: a shared
+//!    advisory lock on one bigint, `leader_role_hash(role, 3)` in the high
+//!    32 bits and the token's low 32 bits in the low ones. The key is
+//!    public, so the drain counts a backend holding it only when its login
+//!    (`usesysid` in `pg_stat_activity`) may execute `leader_fence_v2`. When
+//!    another backend holds or waits for the key exclusively (no fence
+//!    does), the fence takes the marker instead, as every fence did in
+//!    generations 7 and 8: a shared advisory lock whose key is 32 bits of
+//!    SHA-256 of the term's `fence_salt` (64 random bits written by the
+//!    ACQUIRE that started the term) and the transaction's top-level id, try
+//!    1 or 2. The drain counts a marker only for the backend whose own
+//!    oldest transaction id it was computed from, and still looks for
+//!    markers, so it also finds generation-8 claims in flight across
+//!    `ticklease migrate`. When other backends hold the key and both marker
+//!    keys exclusively, the fence fails (`lock_not_available`, 55P03). A
+//!    login with CONNECT alone, or USAGE on the schema, or the operator role
+//!    (which reads only the `role` column of `leader_leases`) may not
+//!    execute the fence and cannot read the salts: a key it holds shared
+//!    never passes for a claimer; a key it holds exclusively sends the
+//!    term's fences to the marker (one SHA-256 more per claim), which it
+//!    cannot compute but by a 32-bit guess; and a marker copied from
+//!    `pg_locks` names another backend's transaction. So such a login makes
+//!    the drain miss no claimer, gets one of its own backends ended only by
+//!    such a guess, and can neither lock the lease row nor wait on it (row
 //!    locks need UPDATE, which no login but the owner, or a superuser, has).
-//!    No `REVOKE USAGE`
-//!    is needed for the drain (`tests/planted_locks.rs`: 300 such backends
-//!    with prepared inserts into the lease table, copied markers, planted
-//!    gates and 20,000 more locks; takeover and pause within the statement
-//!    timeout, no planted backend ended, the claimers ended, with a
-//!    superuser owner and with one that is none). Postgres does not queue
-//!    row locks fairly, so a drain also holds the term's **gate**, a shared
-//!    advisory lock it waits for in the lock's queue between its tries for
-//!    the row until it has it (generation 8; the queued request already
-//!    holds fences back), and that each fence tries exclusively and lets go at once: a
-//!    new claim of a term being ended waits for the ender and then claims
-//!    nothing. The gate's key is public (a hash of the schema and role, and
-//!    the token), so any login can plant it, shared or exclusive: a fence
-//!    that cannot take it then reads the row `FOR SHARE` in a subtransaction
-//!    instead (a subtransaction and a transaction id per fence while it is
-//!    planted), and is still held back by a drain. Each round's wait is
-//!    bounded by the clock (`FOR UPDATE NOWAIT` every 2 ms until G), not by
-//!    `lock_timeout`, which begins again whenever the row's lockers change.
+//!    A claim is found by the key only when its session's login may execute
+//!    the fence itself: a login that claims after `SET ROLE` to the app role
+//!    without inheriting it, or through a SECURITY DEFINER function of
+//!    another owner, holds the row through the three rounds (55P03;
+//!    generation 8 found it by its marker). No `REVOKE USAGE` is needed for
+//!    the drain (`tests/planted_locks.rs`: 300 such backends with prepared
+//!    inserts into the lease table, the term's key held shared, copied
+//!    markers, planted gates and 20,000 more locks; takeover and pause
+//!    within the statement timeout, no planted backend ended, the claimers
+//!    ended, with a superuser owner and with one that is none;
+//!    `tests/fence_v2.rs`: a claim fenced while such a login held the key
+//!    exclusively is found by its marker, and such a login holding the key
+//!    shared and a copied marker passes for no claimer). Postgres does not
+//!    queue row locks fairly, so a drain also holds the term's **gate**, a
+//!    shared advisory lock it waits for in the lock's queue between its
+//!    tries for the row until it has it (generation 8; the queued request
+//!    already holds fences back), and that each fence tries exclusively and
+//!    lets go at once: a new claim of a term being ended waits for the ender
+//!    and then claims nothing. The gate's key is public (a hash of the
+//!    schema and role, and the token), so any login can plant it, shared or
+//!    exclusive: a fence that cannot take it then reads the row `FOR SHARE`
+//!    in a subtransaction instead (a subtransaction and a transaction id per
+//!    fence while it is planted), and is still held back by a drain. Each
+//!    round's wait is bounded by the clock (`FOR UPDATE NOWAIT` every 2 ms
+//!    until G), not by `lock_timeout`, which begins again whenever the row's
+//!    lockers change.
 //!
 //!    **What the fence refuses**, decided without reading query text:
 //!    REPEATABLE READ and SERIALIZABLE (`feature_not_supported`: their
@@ -361,18 +384,24 @@
 //!    prepare (and which fails inside a savepoint). `SET CONSTRAINTS …
 //!    IMMEDIATE` has nothing left to bypass and is accepted. A fence in a
 //!    savepoint rolled back holds nothing afterwards; one in a released
-//!    savepoint keeps its lock and marker, and the drain finds it.
+//!    savepoint keeps its row lock and its mark (Postgres passes a
+//!    subtransaction's advisory locks to its parent at RELEASE), and the
+//!    drain finds it.
 //!
-//!    **What an application login can still do** (a member of the app
-//!    role): hold the row as long as it likes (a fenced transaction left
-//!    open), which delays each ender by G per round and then costs it its
-//!    backend; PREPARE a fenced transaction after
-//!    `pg_advisory_unlock_all()` in it (where prepared transactions are
-//!    enabled), which holds the role's takeovers,
-//!    pauses and RELEASEs (55P03 after three rounds) until an operator runs
-//!    `ROLLBACK PREPARED` (monitor `pg_prepared_xacts`); read the salts, and
-//!    so fail another transaction's fence with 55P03 by holding both of its
-//!    marker keys; and, as before, end any term whose token it reads.
+//!    **What an application login can still do** (a member of the app role):
+//!    hold the row as long as it likes (a fenced transaction left open),
+//!    which delays each ender by G per round and then costs it its backend;
+//!    PREPARE a fenced transaction after `pg_advisory_unlock_all()` in it
+//!    (where prepared transactions are enabled), which holds the role's
+//!    takeovers, pauses and RELEASEs (55P03 after three rounds) until an
+//!    operator runs `ROLLBACK PREPARED` (monitor `pg_prepared_xacts`); read
+//!    the salts, and so fail another transaction's fence with 55P03 by
+//!    holding the term's key and both of that transaction's marker keys
+//!    exclusively; hold the term's key exclusively, which sends the term's
+//!    fences to the marker (one SHA-256 more per claim; a login with CONNECT
+//!    alone can do this too); hold the term's key shared, which makes that
+//!    backend pass for a claimer, so a drain of the term may end it (its own
+//!    backend only); and, as before, end any term whose token it reads.
 //!
 //!    **Costs.** Each fence writes a row-lock WAL record, and claims of one
 //!    role that overlap create multixacts (0.38–0.47 per one-row claim at
@@ -469,7 +498,8 @@
 //! terms' fence salts (`fence_salt`), and holds the lease row only through
 //! the fence: what that lets it do (hold enders up G per round, PREPARE
 //! after `pg_advisory_unlock_all()`, fail another transaction's fence by
-//! holding its marker keys) is under guarantee 3. Pause
+//! holding the term's key and that transaction's marker keys) is under
+//! guarantee 3. Pause
 //! attribution (`paused_by`) is free text the caller gives, not an
 //! authenticated identity; the history also records the session's login
 //! user for unpause and run-now. The owner (or a superuser) cannot

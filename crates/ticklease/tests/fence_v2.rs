@@ -546,32 +546,63 @@ async fn a_gate_planted_by_a_login_with_connect_alone_stops_no_claim_and_no_take
     assert_eq!(db.claimed_by(2).await, None);
 }
 
+/// A claimer is found by the term's key it holds shared (generation 9),
+/// or, when a login holds that key exclusively, by its marker (the salt
+/// and its xid). A login with CONNECT alone that copies both from pg_locks
+/// and holds them in a transaction of its own is never taken for a
+/// claimer: the key counts only for a login that may call the fence, the
+/// marker only for the xid it names.
 #[tokio::test]
-async fn markers_planted_or_copied_by_a_login_with_connect_alone_are_never_taken_for_claimers() {
+async fn marks_planted_or_copied_by_a_login_with_connect_alone_are_never_taken_for_claimers() {
     let db = setup().await;
     let c = db.session().await;
     let t1 = acquire(&c, "billing", "a", 500).await.unwrap();
-    let claimer = open_claim(&db, "billing", t1, 1).await;
     let class: i32 = scalar(&db.owner, "SELECT leader_role_hash('billing', 3)").await;
-    // The claimer's marker as pg_locks shows it to anyone.
+    let key: i64 = db
+        .owner
+        .query_one(
+            "SELECT (leader_role_hash('billing', 3)::int8 << 32) | ($1::int8 & 4294967295)",
+            &[&t1],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // While a login holds the term's key exclusively, a claim marks itself
+    // with its marker instead.
+    let key_holder = db.login("key_holder", false).await;
+    let held: bool = key_holder
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(held, "the term's key is free before any claim");
+    let marked = open_claim(&db, "billing", t1, 1).await;
+    let marked_pid: i32 = scalar(&marked, "SELECT pg_backend_pid()").await;
     let copied: i64 = db
         .owner
         .query_one(
-            "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND classid = ($1::int8 & 4294967295)::oid
-                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&(class as i64)],
+            "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 AND objsubid = 2
+                AND classid = ($2::int8 & 4294967295)::oid",
+            &[&marked_pid, &(class as i64)],
         )
         .await
         .unwrap_or_else(|e| panic!("one marker: {e}"))
         .get(0);
     // pg_locks shows the key unsigned.
     let copied = copied as u32 as i32;
-    let planter = db.login("marker_planter", false).await;
+    key_holder
+        .query("SELECT pg_advisory_unlock($1)", &[&key])
+        .await
+        .unwrap();
+    let keyed = open_claim(&db, "billing", t1, 2).await;
+    let planter = db.login("mark_planter", false).await;
     // In a transaction with an xid of its own (a temp table's row), it holds
-    // the copied key and a spread of others of the role's class.
+    // the term's key, the copied marker and a spread of others of the
+    // role's class.
     planter
         .batch_execute(&format!(
             "BEGIN; CREATE TEMP TABLE t (x int); INSERT INTO t VALUES (1);
+             SELECT pg_advisory_xact_lock_shared({key});
              SELECT pg_advisory_xact_lock_shared({class}, {copied});
              SELECT pg_advisory_xact_lock_shared({class}, g) FROM generate_series(1, 200) g"
         ))
@@ -580,13 +611,58 @@ async fn markers_planted_or_copied_by_a_login_with_connect_alone_are_never_taken
     wait_expired(&db.owner, "billing").await;
     acquire(&c, "billing", "b", 30_000).await.expect("the takeover");
     assert!(
-        claimer.batch_execute("COMMIT").await.is_err(),
-        "the claimer was ended"
+        marked.batch_execute("COMMIT").await.is_err(),
+        "the claimer found by its marker was ended"
+    );
+    assert!(
+        keyed.batch_execute("COMMIT").await.is_err(),
+        "the claimer found by the term's key was ended"
     );
     planter
         .batch_execute("COMMIT")
         .await
         .expect("the planter's backend lives");
+    key_holder
+        .batch_execute("SELECT 1")
+        .await
+        .expect("the key holder's backend lives");
+    assert_eq!(db.claimed_by(1).await, None);
+    assert_eq!(db.claimed_by(2).await, None);
+}
+
+/// A login that has the app role's rights only after SET ROLE (a NOINHERIT
+/// member) claims through the term's key like any other, and the drain
+/// finds it: the key counts for a login that is a member of a role that may
+/// call the fence, not only for one that inherits the right.
+#[tokio::test]
+async fn a_claim_made_after_set_role_by_a_member_that_does_not_inherit_is_found_and_ended_by_a_takeover() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t1 = acquire(&c, "billing", "a", 500).await.unwrap();
+    db.owner
+        .batch_execute(
+            "CREATE ROLE set_role_claimer LOGIN NOINHERIT IN ROLE ticklease_app;
+             GRANT SELECT, UPDATE ON jobs TO ticklease_app",
+        )
+        .await
+        .unwrap();
+    let mut as_login = db.config.clone();
+    as_login.user("set_role_claimer");
+    let claimer = connect(&as_login).await.unwrap();
+    claimer
+        .batch_execute("SET ROLE ticklease_app; BEGIN")
+        .await
+        .unwrap();
+    assert!(claim(&claimer, "billing", t1, 1).await.unwrap(), "the live term claims");
+    wait_expired(&db.owner, "billing").await;
+    acquire(&c, "billing", "b", 30_000)
+        .await
+        .expect("the takeover finds the claimer");
+    assert!(
+        claimer.batch_execute("COMMIT").await.is_err(),
+        "the claimer was ended"
+    );
+    assert_eq!(db.claimed_by(1).await, None);
 }
 
 /// The drain sets lock_timeout for its waits for the gate inside a

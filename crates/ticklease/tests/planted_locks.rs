@@ -231,17 +231,18 @@ async fn a_login_with_connect_alone_that_plants_fence_keys_slows_no_takeover_or_
     println!("takeover {took:?}, pause {paused:?} with {PLANTED} planted pairs and {FILLER} more locks");
 }
 
-/// Issue 43, item 3: the generation-7 fence finds a claimer by its marker, a
-/// key derived from the term's salt (which a login with CONNECT alone cannot
-/// read) and the claimer's own xid, and the term's enders lock the lease
-/// row, which such a login cannot lock nor wait on. The audits' cases: 300
-/// backends of a CONNECT-only login, each in a transaction with an xid of
-/// its own, holding a prepared INSERT into the lease table (its lock is
-/// granted while parsing), copies of the claimer's marker and other keys of
-/// its class; one holds the term's gate exclusively, the others the next
-/// term's gate shared; another fills the lock table. With the default
-/// install (no REVOKE USAGE), owned by a superuser and by a login that is
-/// none.
+/// Issue 43, item 3: the fence (generation 9) finds a claimer by the term's
+/// key it holds shared, counted only for a login that may call the fence,
+/// or by its marker, a key derived from the term's salt (which a login with
+/// CONNECT alone cannot read) and the claimer's own xid; the term's enders
+/// lock the lease row, which such a login cannot lock nor wait on. The
+/// audits' cases: 300 backends of a CONNECT-only login, each in a
+/// transaction with an xid of its own, holding a prepared INSERT into the
+/// lease table (its lock is granted while parsing), the term's key shared,
+/// copies of the claimer's marks and other keys of its class; one holds the
+/// term's gate exclusively, the others the next term's gate shared; another
+/// fills the lock table. With the default install (no REVOKE USAGE), owned
+/// by a superuser and by a login that is none.
 mod generation_7 {
     use super::*;
 
@@ -281,6 +282,8 @@ mod generation_7 {
             .map(|k| format!(", pg_advisory_xact_lock_shared({class}, {k})"))
             .collect();
         let next_low = ((token + 1) & 0xffff_ffff) as u32 as i32;
+        // The term's key (generation 9), which the claimer holds shared.
+        let term_key = ((class as i64) << 32) | (token & 0xffff_ffff);
         let mut planted = Vec::with_capacity(PLANTED + 1);
         for i in 0..PLANTED {
             let nobody = logins.login("planted_nobody").await;
@@ -294,7 +297,7 @@ mod generation_7 {
                     "BEGIN;
                      CREATE TEMP TABLE mine (x int); INSERT INTO mine VALUES (1);
                      PREPARE planted AS INSERT INTO leader_leases (role) VALUES ('planted');
-                     SELECT {gate_lock}{copies},
+                     SELECT {gate_lock}{copies}, pg_advisory_xact_lock_shared({term_key}),
                             pg_advisory_xact_lock_shared({class}, {i}),
                             pg_advisory_xact_lock_shared({class}, -{i} - 1)"
                 ))

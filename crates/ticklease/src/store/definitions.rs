@@ -58,7 +58,7 @@ pub const DEFINITIONS: &[Definition] = &[
 /// applies its definitions only over a database at this generation or an
 /// older one. `definitions/generations.txt` holds each generation's
 /// checksums; a unit test fails on a changed file without a new block.
-pub const DEFINITIONS_GENERATION: i32 = 8;
+pub const DEFINITIONS_GENERATION: i32 = 9;
 
 /// The table that records the applied definitions.
 pub const DEFINITIONS_TABLE: &str = "ticklease_schema_definitions";

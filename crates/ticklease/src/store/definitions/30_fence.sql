@@ -329,9 +329,9 @@ AS $fn$
 DECLARE
     gate integer := @schema@.leader_role_hash(p_role, 4);
     low integer := @schema@.leader_token_low(p_token);
+    marker integer := @schema@.leader_role_hash(p_role, 3);
     salt bigint;
     xid bigint;
-    marker integer := @schema@.leader_role_hash(p_role, 3);
 BEGIN
     -- Under REPEATABLE READ or SERIALIZABLE the read would see the
     -- transaction's snapshot and miss a pause made since.
@@ -371,17 +371,29 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF salt IS NULL THEN
-        RAISE EXCEPTION 'ticklease: the term (%, %) has no fence salt; run `ticklease migrate`', p_role, p_token
-            USING ERRCODE = 'object_not_in_prerequisite_state';
-    END IF;
-    -- The marker: what the drain finds a claimer by, also from inside a
-    -- released savepoint (whose own xid's lock Postgres drops at once).
-    xid := pg_current_xact_id()::text::bigint & 4294967295;
-    IF NOT pg_try_advisory_xact_lock_shared(marker, @schema@.leader_fence_marker(salt, xid, 1)) THEN
-        IF NOT pg_try_advisory_xact_lock_shared(marker, @schema@.leader_fence_marker(salt, xid, 2)) THEN
-            RAISE EXCEPTION 'ticklease: the fence could not mark this transaction: both of its keys are locked by another backend'
-                USING ERRCODE = 'lock_not_available';
+    -- The mark: what the drain finds a claimer by. Generation 9: the
+    -- term's own key (its role's class, its token's low 32 bits, as one
+    -- bigint), shared, held to the transaction's end; the drain counts a
+    -- backend holding it only when its login may call this function
+    -- (leader_fence_claimers), so a login with CONNECT alone that holds it
+    -- is never taken for a claimer. One lock, as generation 8's marker was,
+    -- without its SHA-256 of the salt and the xid.
+    IF NOT pg_try_advisory_xact_lock_shared((marker::bigint << 32) | (p_token & 4294967295)) THEN
+        -- Another backend holds the term's key exclusively (no fence
+        -- does): generation 8's marker, from the salt and the top-level
+        -- xid (also from inside a released savepoint, whose own xid's lock
+        -- Postgres drops at once), which a login that cannot read the
+        -- salts cannot compute, so it cannot take it first.
+        IF salt IS NULL THEN
+            RAISE EXCEPTION 'ticklease: the term (%, %) has no fence salt; run `ticklease migrate`', p_role, p_token
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        xid := pg_current_xact_id()::text::bigint & 4294967295;
+        IF NOT pg_try_advisory_xact_lock_shared(marker, @schema@.leader_fence_marker(salt, xid, 1)) THEN
+            IF NOT pg_try_advisory_xact_lock_shared(marker, @schema@.leader_fence_marker(salt, xid, 2)) THEN
+                RAISE EXCEPTION 'ticklease: the fence could not mark this transaction: the term''s key and both of its own are locked by other backends'
+                    USING ERRCODE = 'lock_not_available';
+            END IF;
         END IF;
     END IF;
     IF current_setting('max_prepared_transactions') <> '0' THEN
@@ -399,21 +411,38 @@ LANGUAGE sql VOLATILE
 -- this query at every call.
 SET enable_nestloop = off SET jit = off
 AS $fn$
-    -- The backends in a transaction that passed the generation-7 fence in
-    -- the term of p_roles[i] whose salt is p_salts[i]: each holds the
-    -- marker computed from the salt and its own top-level xid (the oldest
-    -- xid it holds a lock on: a subtransaction's xid comes after its
-    -- parent's; compared from the oldest running xid, so wraparound does
-    -- not reorder them). A login that cannot read the salts cannot compute
-    -- a marker, and one copied from pg_locks names another backend's xid:
-    -- no planted lock is taken for a claimer. One read of the lock table.
+    -- The backends in a transaction that passed the fence in the current
+    -- term of p_roles[i], whose salt is p_salts[i] (the drain holds the
+    -- rows: the terms cannot change). One read of the lock table. A
+    -- backend counts when it holds either mark leader_fence_v2 takes:
+    -- * the term's key shared (generation 9), and its login is a member of
+    --   a role that may execute leader_fence_v2: the key is public, and a
+    --   login without that right is never taken for a claimer;
+    -- * a marker computed from the salt and its own top-level xid
+    --   (generation 8, and generation 9 when another backend holds the
+    --   term's key exclusively): the oldest xid it holds a lock on (a
+    --   subtransaction's xid comes after its parent's; compared from the
+    --   oldest running xid, so wraparound does not reorder them). A login
+    --   that cannot read the salts cannot compute one, and one copied from
+    --   pg_locks names another backend's xid.
     WITH locks AS MATERIALIZED (
-        SELECT k.pid, k.locktype, k.classid, k.objid, k.transactionid
+        SELECT k.pid, k.locktype, k.mode, k.classid, k.objid, k.objsubid, k.transactionid
           FROM pg_catalog.pg_locks AS k
          WHERE k.granted AND k.pid <> pg_backend_pid()
-           AND ((k.locktype = 'advisory' AND k.objsubid = 2
+           AND ((k.locktype = 'advisory' AND k.objsubid IN (1, 2)
                  AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))
                 OR (k.locktype = 'transactionid' AND k.mode = 'ExclusiveLock'))
+    ),
+    keys AS MATERIALIZED (
+        SELECT (@schema@.leader_role_hash(l.role, 3)::bigint & 4294967295)::oid AS classid,
+               (l.holder_token & 4294967295)::oid AS objid
+          FROM @schema@.leader_leases AS l
+         WHERE l.role = ANY (p_roles) AND l.holder_token IS NOT NULL
+    ),
+    keyed AS MATERIALIZED (
+        SELECT DISTINCT k.pid
+          FROM locks AS k JOIN keys AS t ON t.classid = k.classid AND t.objid = k.objid
+         WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.mode = 'ShareLock'
     ),
     terms AS MATERIALIZED (
         SELECT t.salt, (@schema@.leader_role_hash(t.role, 3)::bigint & 4294967295)::oid AS classid
@@ -423,7 +452,7 @@ AS $fn$
     marked AS MATERIALIZED (
         SELECT k.pid, t.salt, k.objid
           FROM locks AS k JOIN terms AS t ON t.classid = k.classid
-         WHERE k.locktype = 'advisory'
+         WHERE k.locktype = 'advisory' AND k.objsubid = 2
     ),
     oldest AS (
         SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint & 4294967295 AS xid
@@ -434,7 +463,18 @@ AS $fn$
          WHERE k.locktype = 'transactionid' AND k.pid IN (SELECT m.pid FROM marked AS m)
          ORDER BY k.pid, (k.transactionid::text::bigint - o.xid) & 4294967295
     )
-    SELECT DISTINCT m.pid
+    SELECT k.pid
+      FROM keyed AS k
+      JOIN pg_catalog.pg_stat_activity AS a ON a.pid = k.pid
+     -- Its login is a member of a role that may execute the fence, also
+     -- without inheriting its rights (a claim made after SET ROLE).
+     WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r
+                    WHERE pg_catalog.pg_has_role(a.usesysid, r.oid, 'MEMBER')
+                      AND pg_catalog.has_function_privilege(r.oid,
+                              pg_catalog.format('%I.leader_fence_v2(text, bigint)', @schema_text@)::regprocedure,
+                              'EXECUTE'))
+    UNION
+    SELECT m.pid
       FROM marked AS m JOIN tops AS t ON t.pid = m.pid
      WHERE m.objid = (@schema@.leader_fence_marker(m.salt, t.xid, 1)::bigint & 4294967295)::oid
         OR m.objid = (@schema@.leader_fence_marker(m.salt, t.xid, 2)::bigint & 4294967295)::oid
