@@ -322,7 +322,8 @@
 //!    advisory lock on one bigint, `leader_role_hash(role, 3)` in the high
 //!    32 bits and the token's low 32 bits in the low ones. The key is
 //!    public, so the drain counts a backend holding it only when its login
-//!    (`usesysid` in `pg_stat_activity`) may execute `leader_fence_v2`. When
+//!    (`usesysid` in `pg_stat_activity`) is a member, inheriting or not, of
+//!    a role that may execute `leader_fence_v2`. When
 //!    another backend holds or waits for the key exclusively (no fence
 //!    does), the fence takes the marker instead, as every fence did in
 //!    generations 7 and 8: a shared advisory lock whose key is 32 bits of
@@ -343,11 +344,12 @@
 //!    the drain miss no claimer, gets one of its own backends ended only by
 //!    such a guess, and can neither lock the lease row nor wait on it (row
 //!    locks need UPDATE, which no login but the owner, or a superuser, has).
-//!    A claim is found by the key only when its session's login may execute
-//!    the fence itself: a login that claims after `SET ROLE` to the app role
-//!    without inheriting it, or through a SECURITY DEFINER function of
-//!    another owner, holds the row through the three rounds (55P03;
-//!    generation 8 found it by its marker). No `REVOKE USAGE` is needed for
+//!    A claim is found by the key through its session's login: a member of
+//!    the app role that claims after `SET ROLE` without inheriting it is
+//!    found, but a claim through a SECURITY DEFINER function of another
+//!    owner, by a login that is a member of no role that may call the
+//!    fence, holds the row through the three rounds (55P03; generation 8
+//!    found it by its marker). No `REVOKE USAGE` is needed for
 //!    the drain (`tests/planted_locks.rs`: 300 such backends with prepared
 //!    inserts into the lease table, the term's key held shared, copied
 //!    markers, planted gates and 20,000 more locks; takeover and pause
@@ -377,11 +379,12 @@
 //!    `max_prepared_transactions` is not 0, `PREPARE TRANSACTION`: a
 //!    prepared claim would hold the row with no backend to end. The fence
 //!    takes a session-level and a transaction-level advisory lock on one key
-//!    of its backend (derived from a secret only the owner reads, and the
-//!    pid), and Postgres refuses to prepare a transaction holding both
-//!    (`feature_not_supported`); if another backend holds that key, the
-//!    fence exports a snapshot instead, which Postgres also refuses to
-//!    prepare (and which fails inside a savepoint). `SET CONSTRAINTS …
+//!    of its backend (its pid; when another backend holds that, one derived
+//!    from a secret only the owner reads, and the pid), and Postgres refuses
+//!    to prepare a transaction holding both (`feature_not_supported`); if
+//!    other backends hold both keys, the fence exports a snapshot instead,
+//!    which Postgres also refuses to prepare (and which fails inside a
+//!    savepoint). `SET CONSTRAINTS …
 //!    IMMEDIATE` has nothing left to bypass and is accepted. A fence in a
 //!    savepoint rolled back holds nothing afterwards; one in a released
 //!    savepoint keeps its row lock and its mark (Postgres passes a
@@ -515,8 +518,8 @@
 //! term that is over (their COMMIT would fail anyway), whoever calls it.
 //! Neither owns anything, nor can DELETE, TRUNCATE, lock a row of or alter
 //! the table (row locks need UPDATE, which only the owner has), nor read
-//! `leader_fence_secret`, the owner's secret the PREPARE guard's keys come
-//! from. A login with CONNECT alone (or USAGE on the schema) can see
+//! `leader_fence_secret`, the owner's secret the PREPARE guard's second
+//! keys come from. A login with CONNECT alone (or USAGE on the schema) can see
 //! `pg_locks` and hold advisory locks and the table locks Postgres grants
 //! while parsing: none of that delays or misleads the drain (guarantee 3).
 //! The drain ends claimers with the owner's rights: make the owner a

@@ -653,7 +653,10 @@ async fn a_claim_made_after_set_role_by_a_member_that_does_not_inherit_is_found_
         .batch_execute("SET ROLE ticklease_app; BEGIN")
         .await
         .unwrap();
-    assert!(claim(&claimer, "billing", t1, 1).await.unwrap(), "the live term claims");
+    assert!(
+        claim(&claimer, "billing", t1, 1).await.unwrap(),
+        "the live term claims"
+    );
     wait_expired(&db.owner, "billing").await;
     acquire(&c, "billing", "b", 30_000)
         .await
@@ -784,6 +787,50 @@ async fn a_fenced_transaction_cannot_be_prepared_also_from_a_released_savepoint(
     }
     assert_eq!(db.claimed_by(1).await, None);
     assert_eq!(db.claimed_by(2).await, None);
+}
+
+/// The guard takes its two locks on the backend's own key, its pid, which
+/// any login may hold first (pids are public): then on the key derived from
+/// the schema's secret, which no such login can compute. So a fence inside a
+/// savepoint still works (the snapshot the last resort exports cannot be
+/// taken there) and PREPARE is still refused by the locks.
+#[tokio::test]
+async fn a_fenced_transaction_cannot_be_prepared_when_a_login_with_connect_alone_holds_its_backends_key() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let claimer = db.session().await;
+    let pid: i32 = scalar(&claimer, "SELECT pg_backend_pid()").await;
+    let class: i32 = scalar(&db.owner, "SELECT leader_role_hash('', 5)").await;
+    let squatter = db.login("guard_squatter", false).await;
+    let held: bool = squatter
+        .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(held, "the claimer's key is free before its first fence");
+    claimer.batch_execute("BEGIN; SAVEPOINT s").await.unwrap();
+    assert!(
+        claim(&claimer, "billing", t, 1)
+            .await
+            .expect("a fence inside a savepoint"),
+        "the live term claims"
+    );
+    claimer.batch_execute("RELEASE SAVEPOINT s").await.unwrap();
+    let err = claimer
+        .batch_execute(&format!("PREPARE TRANSACTION 'squatted_{t}'"))
+        .await
+        .expect_err("PREPARE of a fenced transaction");
+    assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED), "{err:?}");
+    let message = err
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert!(
+        message.contains("session-level and transaction-level locks"),
+        "refused by the guard's locks: {message}"
+    );
+    assert_eq!(db.claimed_by(1).await, None);
 }
 
 /// What an application login can still do (crate docs): prepare a fenced
