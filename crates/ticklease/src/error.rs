@@ -229,7 +229,7 @@ fn pg_is_outage(e: &tokio_postgres::Error) -> bool {
 
 /// [`pg_is_outage`] of the first server error in `e`'s chain; without
 /// one, whether the pool timed out.
-fn chain_is_outage(e: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn chain_is_outage(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(e);
     while let Some(e) = next {
         if let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() {

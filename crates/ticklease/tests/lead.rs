@@ -272,6 +272,77 @@ async fn panicked_tick_is_not_a_completion_and_waits_a_full_interval() {
     );
 }
 
+/// The tracing lines logged on this thread while `f` runs (a
+/// current-thread runtime: every task of the test runs here).
+#[derive(Clone, Default)]
+struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Issue 42 item 4, one line per failover: a tick whose work failed because
+/// the database went away under it (here its server process was ended, as
+/// a switchover's shutdown ends it) is logged at INFO, since the
+/// connection's own WARN says the outage once; any other failure at WARN.
+#[tokio::test]
+async fn a_tick_failed_by_the_database_going_away_is_logged_below_warn_and_another_failure_at_warn() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let db = migrated_db(PgCluster::shared()).await;
+    let a = manager(&db, &["billing", "dunning"]).await;
+    let owner = connect(&db).await.unwrap();
+    let work_db = connect(&db).await.unwrap();
+    let pid: i32 = work_db
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let lead = a
+        .lead(&role("billing"), HOUR, |_| async {
+            owner
+                .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .await
+                .unwrap();
+            work_db.execute("SELECT 1", &[]).await.map(|_| ())
+        })
+        .await
+        .unwrap();
+    assert!(matches!(&lead, Lead::Failed { .. }), "{lead:?}");
+    let lead = a
+        .lead(&role("dunning"), HOUR, |_| async {
+            Err::<(), _>(std::io::Error::other("smtp down"))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(&lead, Lead::Failed { .. }), "{lead:?}");
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let failed: Vec<&str> = text.lines().filter(|l| l.contains("tick failed")).collect();
+    assert_eq!(failed.len(), 2, "{text}");
+    assert!(
+        failed[0].contains(" INFO ")
+            && failed[0].contains("while the database was away")
+            && failed[0].contains("billing"),
+        "{failed:#?}"
+    );
+    assert!(
+        failed[1].contains(" WARN ") && failed[1].contains("dunning"),
+        "{failed:#?}"
+    );
+}
+
 #[tokio::test]
 async fn work_error_is_released_as_failed() {
     let db = migrated_db(PgCluster::shared()).await;

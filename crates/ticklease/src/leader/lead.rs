@@ -869,8 +869,18 @@ impl<S: LeaseStore> Manager<S> {
         let settled = settle(token, ended, tick.is_cancelled());
         if let Ok(Lead::Failed { error, .. }) = &settled.lead {
             // A work's error may carry what a command wrote: escaped by the one rule.
+            let away = crate::error::chain_is_outage(&**error);
             let error = crate::HistoryEntry::escape(&crate::error::chain(&**error));
-            tracing::warn!(%role, %token, %error, "tick failed");
+            if away {
+                // The database went away under the work (a failover, a
+                // restart, a cut link): the connection's own line at WARN
+                // says so once per outage, so this one stays at INFO
+                // (issue 42 item 4: one line per failover; the failed tick
+                // is still in the history and the metrics).
+                tracing::info!(%role, %token, %error, "tick failed while the database was away");
+            } else {
+                tracing::warn!(%role, %token, %error, "tick failed");
+            }
         }
         let mut ending = ending(&settled);
         ending.output = tick.output.lock().expect("not poisoned").take();
