@@ -668,6 +668,33 @@ async fn a_claim_made_after_set_role_by_a_member_that_does_not_inherit_is_found_
     assert_eq!(db.claimed_by(1).await, None);
 }
 
+/// Postgres keeps a transaction's first read of pg_stat_activity until it
+/// ends: an ender in a transaction that read it before a claimer connected
+/// still finds the claimer (review 11, M1: it failed with 55P03 after three
+/// rounds).
+#[tokio::test]
+async fn a_pause_in_a_transaction_that_read_the_activity_before_the_claimer_connected_ends_the_claim() {
+    let db = setup().await;
+    let c = db.session().await;
+    let t = acquire(&c, "billing", "a", 30_000).await.unwrap();
+    let ender = db.session().await;
+    ender
+        .batch_execute("BEGIN; SELECT count(*) FROM pg_stat_activity")
+        .await
+        .unwrap();
+    let claimer = open_claim(&db, "billing", t, 1).await;
+    ender
+        .batch_execute("SELECT leader_pause('billing', 'op', 'stale activity')")
+        .await
+        .expect("the pause");
+    ender.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        claimer.batch_execute("COMMIT").await.is_err(),
+        "the claimer was ended"
+    );
+    assert_eq!(db.claimed_by(1).await, None);
+}
+
 /// The drain sets lock_timeout for its waits for the gate inside a
 /// function whose own setting gives the caller's back: a wait that got the
 /// gate (a holder let go while the drain was queued) leaves nothing behind

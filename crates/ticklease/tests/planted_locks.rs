@@ -241,12 +241,15 @@ async fn a_login_with_connect_alone_that_plants_fence_keys_slows_no_takeover_or_
 /// lease table (its lock is granted while parsing), the term's key shared,
 /// copies of the claimer's marks and other keys of its class; one holds the
 /// term's gate exclusively, the others the next term's gate shared; another
-/// fills the lock table. With the default install (no REVOKE USAGE), owned
-/// by a superuser and by a login that is none.
+/// fills the lock table; the cluster has 2,000 more roles. With the default
+/// install (no REVOKE USAGE), owned by a superuser and by a login that is
+/// none.
 mod generation_7 {
     use super::*;
 
     const PLANTED: usize = 300;
+    /// More roles in the cluster.
+    const ROLES: usize = 2_000;
 
     async fn marker_class_and_gate(owner: &Client, role: &str, token: i64) -> (i32, i32, i32) {
         let row = owner
@@ -321,6 +324,16 @@ mod generation_7 {
         let logins = Logins::create_owned(&cluster, owner).await;
         let app1 = logins.login("planted_app1").await;
         let app2 = logins.login("planted_app2").await;
+        // Roles of the cluster: the drain's login check once cost a test per
+        // role for each planted backend (review 11, H1: 300 backends and
+        // 5,000 roles, 18 s a call).
+        logins
+            .owner
+            .batch_execute(&format!(
+                "DO $$ BEGIN FOR i IN 1..{ROLES} LOOP EXECUTE format('CREATE ROLE planted_filler_%s', i); END LOOP; END $$"
+            ))
+            .await
+            .unwrap();
         let first = acquire(&app1, "victim", "a", 60_000).await;
         let claimer = logins.login("planted_app1").await;
         claim_and_freeze_with(&claimer, "leader_fence_v2", "victim", first, 1).await;
