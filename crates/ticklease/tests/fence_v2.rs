@@ -630,42 +630,60 @@ async fn marks_planted_or_copied_by_a_login_with_connect_alone_are_never_taken_f
     assert_eq!(db.claimed_by(2).await, None);
 }
 
-/// A login that has the app role's rights only after SET ROLE (a NOINHERIT
-/// member) claims through the term's key like any other, and the drain
-/// finds it: the key counts for a login that is a member of a role that may
-/// call the fence, not only for one that inherits the right.
+/// A login that has the rights to call the fence only after SET ROLE (a
+/// NOINHERIT member of the app role, or a member of a superuser role, an
+/// attribute no member inherits) claims through the term's key like any
+/// other, and the drain finds it: the key counts for a login that is a
+/// member of a role that may call the fence, not only for one that has the
+/// right itself (review 12: the superuser role's member was missed).
 #[tokio::test]
-async fn a_claim_made_after_set_role_by_a_member_that_does_not_inherit_is_found_and_ended_by_a_takeover() {
+async fn claims_made_after_set_role_by_members_without_the_right_of_their_own_are_found_and_ended_by_a_takeover(
+) {
     let db = setup().await;
     let c = db.session().await;
     let t1 = acquire(&c, "billing", "a", 500).await.unwrap();
     db.owner
         .batch_execute(
             "CREATE ROLE set_role_claimer LOGIN NOINHERIT IN ROLE ticklease_app;
+             CREATE ROLE set_role_admin NOLOGIN SUPERUSER;
+             CREATE ROLE set_role_dba LOGIN IN ROLE set_role_admin;
              GRANT SELECT, UPDATE ON jobs TO ticklease_app",
         )
         .await
         .unwrap();
-    let mut as_login = db.config.clone();
-    as_login.user("set_role_claimer");
-    let claimer = connect(&as_login).await.unwrap();
-    claimer
-        .batch_execute("SET ROLE ticklease_app; BEGIN")
-        .await
-        .unwrap();
-    assert!(
-        claim(&claimer, "billing", t1, 1).await.unwrap(),
-        "the live term claims"
-    );
+    let mut claimers = Vec::new();
+    for (id, (login, role)) in [
+        ("set_role_claimer", "ticklease_app"),
+        ("set_role_dba", "set_role_admin"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut as_login = db.config.clone();
+        as_login.user(login);
+        let claimer = connect(&as_login).await.unwrap();
+        claimer
+            .batch_execute(&format!("SET ROLE {role}; BEGIN"))
+            .await
+            .unwrap();
+        let id = id as i32 + 1;
+        assert!(
+            claim(&claimer, "billing", t1, id).await.unwrap(),
+            "{login} claims"
+        );
+        claimers.push((login, id, claimer));
+    }
     wait_expired(&db.owner, "billing").await;
     acquire(&c, "billing", "b", 30_000)
         .await
-        .expect("the takeover finds the claimer");
-    assert!(
-        claimer.batch_execute("COMMIT").await.is_err(),
-        "the claimer was ended"
-    );
-    assert_eq!(db.claimed_by(1).await, None);
+        .expect("the takeover finds the claimers");
+    for (login, id, claimer) in claimers {
+        assert!(
+            claimer.batch_execute("COMMIT").await.is_err(),
+            "{login}'s claimer was ended"
+        );
+        assert_eq!(db.claimed_by(id).await, None);
+    }
 }
 
 /// Postgres keeps a transaction's first read of pg_stat_activity until it
@@ -938,15 +956,18 @@ async fn a_gate_held_when_the_drain_comes_is_handed_to_the_drain_at_its_release(
     );
     wait_for("a release while the drain waits for the gate", &pause, || async {
         let row = holder.query_one(&handed, &[]).await.unwrap();
-        let (queued, released, again): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
+        let (released, again): (bool, bool) = (row.get(1), row.get(2));
         // Not held any more: the drain took it at an earlier release.
         if !released {
             return true;
         }
-        assert!(
-            !(queued && again),
-            "the holder took the gate again before the drain"
-        );
+        // The release hands it to the drain when the drain is queued at
+        // that instant; `queued` (column 0) is read before the release, and
+        // the drain's wait times out every 2 ms, so a holder descheduled for
+        // longer in between takes it again legitimately (an assertion on it
+        // failed once so in a loaded suite). Without the queued wait the
+        // drain never gets it, and this waits its 5 s out (generation 7's
+        // drain; a try per poll).
         !again
     })
     .await;

@@ -500,14 +500,16 @@ AS $fn$
          WHERE p.oid = pg_catalog.format('%I.leader_fence_v2(text, bigint)', @schema_text@)::regprocedure
            AND g.privilege_type = 'EXECUTE'
     ),
-    -- Logins that are a member of a grantee, also without inheriting its
-    -- rights (a claim made after SET ROLE), or superusers.
+    -- Logins that are a member of a grantee or of a superuser role (the
+    -- attribute is not inherited: a claim may come after SET ROLE to it),
+    -- also without inheriting its rights (a claim made after SET ROLE).
     allowed AS MATERIALIZED (
         SELECT u.usesysid
           FROM (SELECT DISTINCT a.usesysid FROM activity AS a) AS u
          WHERE EXISTS (SELECT 1 FROM grantees AS g
                         WHERE g.grantee = 0 OR pg_catalog.pg_has_role(u.usesysid, g.grantee, 'MEMBER'))
-            OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r WHERE r.oid = u.usesysid AND r.rolsuper)
+            OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r
+                        WHERE r.rolsuper AND pg_catalog.pg_has_role(u.usesysid, r.oid, 'MEMBER'))
     )
     SELECT a.pid
       FROM activity AS a JOIN allowed AS w ON w.usesysid = a.usesysid
