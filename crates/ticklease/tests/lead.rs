@@ -303,8 +303,11 @@ async fn a_tick_failed_by_the_database_going_away_is_logged_below_warn_and_anoth
     let _default = tracing::subscriber::set_default(subscriber);
     let db = migrated_db(PgCluster::shared()).await;
     let a = manager(&db, &["billing", "dunning"]).await;
-    let owner = connect(&db).await.unwrap();
-    let work_db = connect(&db).await.unwrap();
+    // Straight to the server, also where the suite runs through PgBouncer:
+    // its transaction pooling could give both clients one server backend,
+    // and the owner would end its own.
+    let owner = connect(&ticklease_testkit::direct(&db)).await.unwrap();
+    let work_db = connect(&ticklease_testkit::direct(&db)).await.unwrap();
     let pid: i32 = work_db
         .query_one("SELECT pg_backend_pid()", &[])
         .await
