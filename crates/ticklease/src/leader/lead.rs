@@ -868,19 +868,7 @@ impl<S: LeaseStore> Manager<S> {
         let took = sent.elapsed();
         let settled = settle(token, ended, tick.is_cancelled());
         if let Ok(Lead::Failed { error, .. }) = &settled.lead {
-            // A work's error may carry what a command wrote: escaped by the one rule.
-            let away = crate::error::chain_is_outage(&**error);
-            let error = crate::HistoryEntry::escape(&crate::error::chain(&**error));
-            if away {
-                // The database went away under the work (a failover, a
-                // restart, a cut link): the connection's own line at WARN
-                // says so once per outage, so this one stays at INFO
-                // (issue 42 item 4: one line per failover; the failed tick
-                // is still in the history and the metrics).
-                tracing::info!(%role, %token, %error, "tick failed while the database was away");
-            } else {
-                tracing::warn!(%role, %token, %error, "tick failed");
-            }
+            log_failed_tick(role, token, &**error);
         }
         let mut ending = ending(&settled);
         ending.output = tick.output.lock().expect("not poisoned").take();
@@ -1194,6 +1182,22 @@ impl<S: LeaseStore> Drop for TermGuard<S> {
         if self.armed && tokio::runtime::Handle::try_current().is_ok() {
             drop(self.spawn_release(Release::Interrupted, Ending::of(Release::Interrupted)));
         }
+    }
+}
+
+/// The log line of a tick whose work returned `Err`. A work's error may
+/// carry what a command wrote: escaped by the one rule. When the database
+/// went away under the work (a failover, a restart, a cut link), the
+/// connection's own line at WARN says so once per outage, so this one stays
+/// at INFO (issue 42 item 4: one line per failover; the failed tick is
+/// still in the history and the metrics).
+fn log_failed_tick(role: &Role, token: Token, error: &(dyn std::error::Error + 'static)) {
+    let away = crate::error::chain_is_outage(error);
+    let error = crate::HistoryEntry::escape(&crate::error::chain(error));
+    if away {
+        tracing::info!(%role, %token, %error, "tick failed while the database was away");
+    } else {
+        tracing::warn!(%role, %token, %error, "tick failed");
     }
 }
 
